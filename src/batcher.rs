@@ -1,0 +1,167 @@
+//! [`Batcher`]: the open batch. Readings are merged into per-bucket [`Summary`]s in memory and the
+//! acknowledgement tokens of the messages they came from are kept in arrival order; the flush
+//! policy decides when the batch must be committed. Pure: the caller passes the time in.
+//!
+//! The flush policy commits when the first of these holds:
+//! - `flush_interval` has passed since the batch's first message;
+//! - `max_pending_readings` readings are pending;
+//! - half of the broker's in-flight window (`receive_maximum`) is waiting for acknowledgement.
+//!   A strict broker sends nothing more once the window is full, so waiting for the interval
+//!   would cap throughput at `window / flush_interval`; flushing at half the window keeps the
+//!   other half flowing while the commit runs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::ack::AckToken;
+use crate::summary::Summary;
+
+/// A bucket: (series name, bucket start in seconds since the epoch).
+pub type BucketKey = (Arc<str>, i64);
+
+/// When a batch is committed.
+#[derive(Debug, Clone, Copy)]
+pub struct FlushPolicy {
+    pub flush_interval: Duration,
+    pub max_pending_readings: usize,
+    /// The broker's in-flight window for QoS 1/2 messages.
+    pub window: u16,
+}
+
+impl FlushPolicy {
+    /// Unacknowledged messages at which a flush is due: half the window, at least one.
+    pub fn ack_threshold(&self) -> usize {
+        (usize::from(self.window) / 2).max(1)
+    }
+}
+
+/// Why a batch is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushReason {
+    Interval,
+    Readings,
+    AckWindow,
+}
+
+/// What the writer commits: the merged buckets of a contiguous run of messages.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Batch {
+    pub buckets: BTreeMap<BucketKey, Summary>,
+    pub readings: usize,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+}
+
+/// The open batch plus its acknowledgement tokens.
+#[derive(Debug)]
+pub struct Batcher {
+    policy: FlushPolicy,
+    bucket_width_secs: i64,
+    batch: Batch,
+    acks: Vec<AckToken>,
+    opened_at: Option<Instant>,
+}
+
+impl Batcher {
+    pub fn new(policy: FlushPolicy, bucket_width_secs: i64) -> Batcher {
+        assert!(
+            bucket_width_secs > 0,
+            "config validation guarantees a width"
+        );
+        Batcher {
+            policy,
+            bucket_width_secs,
+            batch: Batch::default(),
+            acks: Vec::new(),
+            opened_at: None,
+        }
+    }
+
+    /// Merges one reading into its bucket.
+    pub fn push(
+        &mut self,
+        series: Arc<str>,
+        ts: crate::reading::Timestamp,
+        value: f64,
+        now: Instant,
+    ) {
+        self.opened_at.get_or_insert(now);
+        let key = (series, ts.bucket_start(self.bucket_width_secs));
+        match self.batch.buckets.get_mut(&key) {
+            Some(summary) => summary.push(ts.as_nanos(), value),
+            None => {
+                self.batch
+                    .buckets
+                    .insert(key, Summary::of(ts.as_nanos(), value));
+            }
+        }
+        self.batch.readings += 1;
+    }
+
+    /// Records the acknowledgement a message needs once everything before it is committed.
+    pub fn push_ack(&mut self, ack: AckToken, now: Instant) {
+        self.opened_at.get_or_insert(now);
+        debug_assert!(
+            self.acks
+                .last()
+                .is_none_or(|prev| prev.arrival < ack.arrival),
+            "acks are pushed in arrival order"
+        );
+        self.acks.push(ack);
+    }
+
+    pub fn pending_readings(&self) -> usize {
+        self.batch.readings
+    }
+
+    pub fn pending_acks(&self) -> usize {
+        self.acks.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.opened_at.is_none()
+    }
+
+    /// Whether the batch is due for commit at `now`, and why.
+    pub fn flush_reason(&self, now: Instant) -> Option<FlushReason> {
+        let opened_at = self.opened_at?;
+        if self.batch.readings >= self.policy.max_pending_readings {
+            Some(FlushReason::Readings)
+        } else if self.acks.len() >= self.policy.ack_threshold() {
+            Some(FlushReason::AckWindow)
+        } else if now.duration_since(opened_at) >= self.policy.flush_interval {
+            Some(FlushReason::Interval)
+        } else {
+            None
+        }
+    }
+
+    /// When the interval flush falls due, if anything is pending.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.opened_at.map(|t| t + self.policy.flush_interval)
+    }
+
+    /// Whether the batch may take no more messages until it is handed to the writer: the
+    /// reading limit or the whole window is reached. The caller then stops reading from the broker.
+    pub fn is_full(&self) -> bool {
+        self.batch.readings >= self.policy.max_pending_readings
+            || self.acks.len() >= usize::from(self.policy.window)
+    }
+
+    /// Takes the batch and its acks, leaving an empty batch behind.
+    pub fn take(&mut self) -> (Batch, Vec<AckToken>) {
+        self.opened_at = None;
+        (
+            std::mem::take(&mut self.batch),
+            std::mem::take(&mut self.acks),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

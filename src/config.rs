@@ -1,0 +1,576 @@
+//! Configuration: layered loading (built-in defaults, `--config FILE`, `BUCKETD__SECTION__KEY`
+//! environment variables) into [`RawConfig`], then validation into the typed [`Config`] the rest
+//! of the daemon uses. Knows nothing about MQTT sockets or redb files beyond their settings.
+//!
+//! `config/default.toml` is compiled in and is the defaults layer, so the documented defaults and
+//! the real ones cannot drift apart.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use crate::decode::{Format, Template, TimestampUnit};
+
+/// The defaults layer: `config/default.toml`, verbatim.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// Prefix of environment overrides: `BUCKETD__MQTT__HOST=...`.
+pub const ENV_PREFIX: &str = "BUCKETD";
+
+/// A configuration that cannot be used. The message names the key and says what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Parse(String),
+    #[error("invalid value for `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// The configuration as written, before validation. Field names are the config keys.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub mqtt: RawMqtt,
+    pub store: RawStore,
+    pub batch: RawBatch,
+    pub limits: RawLimits,
+    pub log: RawLog,
+    pub subscriptions: Vec<RawSubscription>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMqtt {
+    pub host: String,
+    pub port: u16,
+    pub client_id: String,
+    pub protocol: Protocol,
+    #[serde(with = "humantime_serde")]
+    pub keep_alive: Duration,
+    pub username: String,
+    pub password_file: String,
+    pub receive_maximum: u16,
+    pub max_packet_size: ByteSize,
+    #[serde(with = "humantime_serde")]
+    pub session_expiry: Duration,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_delay_min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub reconnect_delay_max: Duration,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    V5,
+    V311,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub path: PathBuf,
+    #[serde(with = "humantime_serde")]
+    pub bucket_width: Duration,
+    pub durability: Durability,
+    pub quick_repair: bool,
+    pub cache_size: ByteSize,
+}
+
+/// How a commit reaches the disk. Both are durable before `commit()` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    Immediate,
+    TwoPhase,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBatch {
+    #[serde(with = "humantime_serde")]
+    pub flush_interval: Duration,
+    pub max_pending_readings: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    pub max_series: usize,
+    pub max_payload_bytes: ByteSize,
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_future: Duration,
+    pub dead_letters: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    pub level: String,
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Full,
+    Compact,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSubscription {
+    pub filter: String,
+    pub template: String,
+    pub format: Format,
+    #[serde(default = "default_qos")]
+    pub qos: u8,
+    #[serde(default)]
+    pub timestamp_field: Option<String>,
+    #[serde(default)]
+    pub timestamp_unit: TimestampUnit,
+    #[serde(default)]
+    pub sensor_field: Option<String>,
+}
+
+fn default_qos() -> u8 {
+    1
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mqtt: MqttConfig,
+    pub store: StoreConfig,
+    pub batch: BatchConfig,
+    pub limits: Limits,
+    pub log: RawLog,
+    pub subscriptions: Vec<Subscription>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MqttConfig {
+    pub host: String,
+    pub port: u16,
+    pub client_id: String,
+    pub protocol: Protocol,
+    pub keep_alive: Duration,
+    /// Username and the file holding the password; the password itself is read at connect time.
+    pub credentials: Option<(String, Option<PathBuf>)>,
+    pub receive_maximum: u16,
+    pub max_packet_bytes: usize,
+    pub session_expiry: Duration,
+    pub reconnect_delay_min: Duration,
+    pub reconnect_delay_max: Duration,
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub path: PathBuf,
+    pub bucket_width: Duration,
+    pub durability: Durability,
+    pub quick_repair: bool,
+    pub cache_bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct BatchConfig {
+    pub flush_interval: Duration,
+    pub max_pending_readings: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_series: usize,
+    pub max_payload_bytes: usize,
+    pub max_age: Duration,
+    pub max_future: Duration,
+    pub dead_letters: usize,
+}
+
+/// One validated subscription: the MQTT filter plus how to turn its messages into readings.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub filter: String,
+    pub qos: u8,
+    pub template: Template,
+    pub format: Format,
+    pub timestamp_field: Option<String>,
+    pub timestamp_unit: TimestampUnit,
+    pub sensor_field: Option<String>,
+}
+
+impl RawConfig {
+    /// Loads the layers: built-in defaults, then `file` (if any), then the environment `env`
+    /// (pass `std::env::vars()`; tests pass their own).
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<RawConfig, ConfigError> {
+        use config::{Environment, File, FileFormat};
+
+        let user_text = match file {
+            Some(path) => {
+                Some(
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                        path: path.to_owned(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
+        // Arrays from two layers would be merged element by element; a file that lists its own
+        // subscriptions replaces the default ones instead.
+        let mut defaults: toml::Table = DEFAULT_TOML.parse().expect("default.toml is valid TOML");
+        if let Some(text) = &user_text {
+            let user: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+                ConfigError::Parse(format!(
+                    "{}: {}",
+                    file.expect("text came from a file").display(),
+                    e.message()
+                ))
+            })?;
+            if user.contains_key("subscriptions") {
+                defaults.remove("subscriptions");
+            }
+        }
+        let defaults = toml::to_string(&defaults).expect("a parsed table serializes");
+
+        let env: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(&format!("{ENV_PREFIX}__")))
+            .collect();
+        let mut builder =
+            config::Config::builder().add_source(File::from_str(&defaults, FileFormat::Toml));
+        if let Some(text) = &user_text {
+            builder = builder.add_source(File::from_str(text, FileFormat::Toml));
+        }
+        let built = builder
+            .add_source(
+                Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true)
+                    .source(Some(env)),
+            )
+            .build()
+            .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        built
+            .try_deserialize()
+            .map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawConfig) -> Result<Config, ConfigError> {
+        let mqtt = validate_mqtt(&raw.mqtt)?;
+        let store = validate_store(&raw.store)?;
+
+        if raw.batch.flush_interval.is_zero() {
+            return Err(invalid("batch.flush_interval", "must be greater than 0"));
+        }
+        if raw.batch.max_pending_readings == 0 {
+            return Err(invalid("batch.max_pending_readings", "must be at least 1"));
+        }
+        let batch = BatchConfig {
+            flush_interval: raw.batch.flush_interval,
+            max_pending_readings: raw.batch.max_pending_readings,
+        };
+
+        if raw.limits.max_series == 0 {
+            return Err(invalid("limits.max_series", "must be at least 1"));
+        }
+        let max_payload_bytes = usize::try_from(raw.limits.max_payload_bytes.as_u64())
+            .map_err(|_| invalid("limits.max_payload_bytes", "too large"))?;
+        if max_payload_bytes == 0 {
+            return Err(invalid(
+                "limits.max_payload_bytes",
+                "must be greater than 0",
+            ));
+        }
+        if max_payload_bytes >= mqtt.max_packet_bytes {
+            return Err(invalid(
+                "limits.max_payload_bytes",
+                format!(
+                    "must be smaller than mqtt.max_packet_size ({} bytes), which also carries the topic",
+                    mqtt.max_packet_bytes
+                ),
+            ));
+        }
+        let limits = Limits {
+            max_series: raw.limits.max_series,
+            max_payload_bytes,
+            max_age: raw.limits.max_age,
+            max_future: raw.limits.max_future,
+            dead_letters: raw.limits.dead_letters,
+        };
+
+        if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
+            return Err(invalid(
+                "log.level",
+                format!(
+                    "`{}` is not a level or filter (error, warn, info, debug, trace)",
+                    raw.log.level
+                ),
+            ));
+        }
+
+        if raw.subscriptions.is_empty() {
+            return Err(invalid(
+                "subscriptions",
+                "at least one [[subscriptions]] table is needed",
+            ));
+        }
+        let subscriptions = raw
+            .subscriptions
+            .iter()
+            .enumerate()
+            .map(|(i, s)| validate_subscription(i, s))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        Ok(Config {
+            mqtt,
+            store,
+            batch,
+            limits,
+            log: raw.log,
+            subscriptions,
+        })
+    }
+}
+
+fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
+    if raw.host.trim().is_empty() {
+        return Err(invalid("mqtt.host", "must not be empty"));
+    }
+    if raw.port == 0 {
+        return Err(invalid("mqtt.port", "must be 1..=65535"));
+    }
+    if raw.client_id.is_empty() || raw.client_id.len() > 23 * 8 {
+        return Err(invalid(
+            "mqtt.client_id",
+            "must be a non-empty, stable id (the broker keeps the session under it)",
+        ));
+    }
+    if raw.receive_maximum == 0 {
+        return Err(invalid("mqtt.receive_maximum", "must be 1..=65535"));
+    }
+    if raw.keep_alive < Duration::from_secs(5) {
+        return Err(invalid("mqtt.keep_alive", "must be at least 5s"));
+    }
+    if raw.reconnect_delay_min.is_zero() || raw.reconnect_delay_min > raw.reconnect_delay_max {
+        return Err(invalid(
+            "mqtt.reconnect_delay_min",
+            "must be greater than 0 and not above mqtt.reconnect_delay_max",
+        ));
+    }
+    if raw.connect_timeout.is_zero() {
+        return Err(invalid("mqtt.connect_timeout", "must be greater than 0"));
+    }
+    if u32::try_from(raw.session_expiry.as_secs()).is_err() {
+        return Err(invalid("mqtt.session_expiry", "must fit in 2^32 seconds"));
+    }
+    let max_packet_bytes = usize::try_from(raw.max_packet_size.as_u64())
+        .ok()
+        .filter(|n| (1024..=256 << 20).contains(n))
+        .ok_or_else(|| invalid("mqtt.max_packet_size", "must be between 1KiB and 256MiB"))?;
+    let credentials = match (raw.username.is_empty(), raw.password_file.is_empty()) {
+        (true, true) => None,
+        (true, false) => {
+            return Err(invalid(
+                "mqtt.username",
+                "must be set when mqtt.password_file is",
+            ));
+        }
+        (false, true) => Some((raw.username.clone(), None)),
+        (false, false) => Some((
+            raw.username.clone(),
+            Some(PathBuf::from(&raw.password_file)),
+        )),
+    };
+    Ok(MqttConfig {
+        host: raw.host.clone(),
+        port: raw.port,
+        client_id: raw.client_id.clone(),
+        protocol: raw.protocol,
+        keep_alive: raw.keep_alive,
+        credentials,
+        receive_maximum: raw.receive_maximum,
+        max_packet_bytes,
+        session_expiry: raw.session_expiry,
+        reconnect_delay_min: raw.reconnect_delay_min,
+        reconnect_delay_max: raw.reconnect_delay_max,
+        connect_timeout: raw.connect_timeout,
+    })
+}
+
+fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
+    const DAY_SECONDS: u64 = 86_400;
+    let width = raw.bucket_width;
+    if width.subsec_nanos() != 0 || width.as_secs() == 0 || DAY_SECONDS % width.as_secs() != 0 {
+        return Err(invalid(
+            "store.bucket_width",
+            format!(
+                "{} does not divide a day into whole seconds (1h, 30m, 15m, 1d, ... do)",
+                humantime::format_duration(width)
+            ),
+        ));
+    }
+    if raw.path.as_os_str().is_empty() {
+        return Err(invalid("store.path", "must not be empty"));
+    }
+    let cache_bytes = usize::try_from(raw.cache_size.as_u64())
+        .map_err(|_| invalid("store.cache_size", "too large for this machine"))?;
+    Ok(StoreConfig {
+        path: raw.path.clone(),
+        bucket_width: width,
+        durability: raw.durability,
+        quick_repair: raw.quick_repair,
+        cache_bytes,
+    })
+}
+
+fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription, ConfigError> {
+    let key = |k: &str| format!("subscriptions[{i}].{k}");
+    validate_filter(&raw.filter).map_err(|m| invalid(key("filter"), m))?;
+    let template = Template::parse(&raw.template).map_err(|m| invalid(key("template"), m))?;
+    let topic_filter = strip_share(&raw.filter);
+    if !template.fits_filter(topic_filter) {
+        return Err(invalid(
+            key("template"),
+            format!(
+                "`{}` does not line up with filter `{}`: give one template level per filter level",
+                raw.template, raw.filter
+            ),
+        ));
+    }
+    if raw.qos > 2 {
+        return Err(invalid(key("qos"), "must be 0, 1 or 2"));
+    }
+    match raw.format {
+        Format::Value => {
+            if !template.has_sensor() || !template.has_metric() {
+                return Err(invalid(
+                    key("template"),
+                    "format \"value\" needs {sensor} and {metric} in the template",
+                ));
+            }
+            if raw.sensor_field.is_some() || raw.timestamp_field.is_some() {
+                return Err(invalid(
+                    key("format"),
+                    "sensor_field and timestamp_field need format = \"json\"",
+                ));
+            }
+        }
+        Format::Json => {
+            if template.has_metric() {
+                return Err(invalid(
+                    key("template"),
+                    "format \"json\" takes metric names from the payload's fields; remove {metric}",
+                ));
+            }
+            if template.has_sensor() == raw.sensor_field.is_some() {
+                return Err(invalid(
+                    key("sensor_field"),
+                    "give the sensor either as {sensor} in the template or as sensor_field, exactly one",
+                ));
+            }
+        }
+    }
+    for (name, field) in [
+        ("timestamp_field", &raw.timestamp_field),
+        ("sensor_field", &raw.sensor_field),
+    ] {
+        if field.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid(key(name), "must not be empty"));
+        }
+    }
+    Ok(Subscription {
+        filter: raw.filter.clone(),
+        qos: raw.qos,
+        template,
+        format: raw.format,
+        timestamp_field: raw.timestamp_field.clone(),
+        timestamp_unit: raw.timestamp_unit,
+        sensor_field: raw.sensor_field.clone(),
+    })
+}
+
+/// `$share/group/a/b` -> `a/b`: the template applies to the topic, not the share prefix.
+fn strip_share(filter: &str) -> &str {
+    filter
+        .strip_prefix("$share/")
+        .and_then(|rest| rest.split_once('/'))
+        .map_or(filter, |(_group, f)| f)
+}
+
+fn validate_filter(filter: &str) -> Result<(), String> {
+    let topic = strip_share(filter);
+    if filter.starts_with("$share/") && topic == filter {
+        return Err("a shared subscription is `$share/GROUP/FILTER`".into());
+    }
+    if topic.is_empty() || topic.len() > 65_535 {
+        return Err("must not be empty".into());
+    }
+    let levels: Vec<&str> = topic.split('/').collect();
+    for (i, level) in levels.iter().enumerate() {
+        let wildcard_misused = (level.contains('+') && *level != "+")
+            || (level.contains('#') && (*level != "#" || i + 1 != levels.len()));
+        if wildcard_misused {
+            return Err(format!(
+                "`{filter}`: + must stand alone in a level and # alone in the last level"
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Loads and validates in one step.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        Config::try_from(RawConfig::load(file, env)?)
+    }
+
+    /// The store path with a relative path resolved against `state_directory`
+    /// (systemd's `$STATE_DIRECTORY`) when one is given.
+    pub fn resolved_store_path(&self, state_directory: Option<&Path>) -> PathBuf {
+        match state_directory {
+            Some(dir) if self.store.path.is_relative() => dir.join(&self.store.path),
+            _ => self.store.path.clone(),
+        }
+    }
+}
+
+/// The effective configuration as TOML, for `bucketd check-config`. It contains no secret: the
+/// password stays in its file.
+pub fn render(raw: &RawConfig) -> String {
+    toml::to_string_pretty(raw).expect("RawConfig serializes to TOML")
+}
+
+#[cfg(test)]
+mod tests;

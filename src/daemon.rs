@@ -1,0 +1,184 @@
+//! Wiring: opens the store, starts the writer thread and the ingest task, and owns the shutdown
+//! order. The only place that spawns long-lived workers.
+//!
+//! Shutdown: cancel -> ingest stops taking messages, commits the batch in flight and the open one,
+//! acknowledges them, waits until the acks are written, disconnects -> the writer thread ends
+//! when its channel closes -> the store is closed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::batcher::{Batcher, FlushPolicy};
+use crate::config::Config;
+use crate::ingest::Ingest;
+use crate::mqtt::{Backoff, Mqtt};
+use crate::series::SeriesSet;
+use crate::stats::Stats;
+use crate::store::{Store, StoreOpenError, StoreSettings};
+
+/// Why the daemon could not start. `Config` problems will not fix themselves on a restart
+/// (exit 78); the others may.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Store(#[from] StoreOpenError),
+}
+
+/// A started daemon: its counters and the handle to stop it.
+pub struct RunningDaemon {
+    pub stats: Arc<Stats>,
+    pub store_path: PathBuf,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl RunningDaemon {
+    /// Asks the daemon to stop (what SIGTERM does).
+    pub fn shutdown(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Waits until the daemon has stopped: pending readings committed and acknowledged, store
+    /// closed.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task
+            .await
+            .map_err(|e| anyhow::anyhow!("the daemon task panicked: {e}"))?
+    }
+
+    /// Stops and waits.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown();
+        self.wait().await
+    }
+}
+
+/// Starts the daemon on the current Tokio runtime.
+pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
+    let state_dir = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
+    let store_path = config.resolved_store_path(state_dir.as_deref());
+    let password = read_password(config)?;
+
+    let store = Store::open(&StoreSettings {
+        path: store_path.clone(),
+        bucket_width_secs: i64::try_from(config.store.bucket_width.as_secs())
+            .expect("validated to divide a day"),
+        durability: config.store.durability,
+        quick_repair: config.store.quick_repair,
+        cache_bytes: config.store.cache_bytes,
+    })?;
+    let stats = Arc::new(Stats::new(config.limits.dead_letters));
+    let series = SeriesSet::new(config.limits.max_series, store.series_names().cloned());
+    stats
+        .series
+        .store(series.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    info!(
+        path = %store_path.display(),
+        series = series.len(),
+        "Opened the store."
+    );
+
+    let policy = FlushPolicy {
+        flush_interval: config.batch.flush_interval,
+        max_pending_readings: config.batch.max_pending_readings,
+        window: config.mqtt.receive_maximum,
+    };
+    let (writer, writer_thread) = crate::writer::spawn(store, stats.clone());
+    let ingest = Ingest {
+        mqtt: Mqtt::new(&config.mqtt, password, &config.subscriptions),
+        subscriptions: config.subscriptions.clone(),
+        limits: config.limits.clone(),
+        batcher: Batcher::new(
+            policy,
+            i64::try_from(config.store.bucket_width.as_secs()).expect("validated"),
+        ),
+        series,
+        stats: stats.clone(),
+        backoff: Backoff::new(
+            config.mqtt.reconnect_delay_min,
+            config.mqtt.reconnect_delay_max,
+        ),
+        writer,
+    };
+    info!(
+        broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
+        client_id = %config.mqtt.client_id,
+        protocol = ?config.mqtt.protocol,
+        window = config.mqtt.receive_maximum,
+        "Starting ingestion."
+    );
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run_ingest(ingest, cancel.clone(), writer_thread));
+    Ok(RunningDaemon {
+        stats,
+        store_path,
+        cancel,
+        task,
+    })
+}
+
+async fn run_ingest(
+    ingest: Ingest,
+    cancel: CancellationToken,
+    writer_thread: std::thread::JoinHandle<Store>,
+) -> anyhow::Result<()> {
+    let result = ingest.run(cancel).await;
+    // Ingest has dropped the batch sender (or a commit failed), so the writer thread ends and
+    // hands back the store, which closes the file when dropped.
+    let joined = tokio::task::spawn_blocking(move || writer_thread.join()).await;
+    match joined {
+        Ok(Ok(store)) => drop(store),
+        Ok(Err(_)) | Err(_) => anyhow::bail!("the writer thread panicked"),
+    }
+    result.map_err(anyhow::Error::from)
+}
+
+/// Runs until `shutdown` resolves (SIGTERM / Ctrl-C in the binary), then stops cleanly.
+pub async fn run(
+    config: &Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let daemon = start(config)?;
+    let cancel = daemon.cancel.clone();
+    let mut task = daemon.task;
+    tokio::select! {
+        result = &mut task => {
+            return result.map_err(|e| anyhow::anyhow!("the daemon task panicked: {e}"))?;
+        }
+        () = shutdown => {
+            info!("Shutdown requested.");
+            cancel.cancel();
+        }
+    }
+    task.await
+        .map_err(|e| anyhow::anyhow!("the daemon task panicked: {e}"))?
+}
+
+/// Reads the MQTT password from `mqtt.password_file`; a relative path is looked up in systemd's
+/// `$CREDENTIALS_DIRECTORY` when set (LoadCredential=).
+fn read_password(config: &Config) -> Result<Option<String>, StartError> {
+    let Some((_, Some(file))) = &config.mqtt.credentials else {
+        return Ok(None);
+    };
+    let creds = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+    let path = match creds {
+        Some(dir) if file.is_relative() => dir.join(file),
+        _ => file.clone(),
+    };
+    read_secret(&path).map(Some)
+}
+
+fn read_secret(path: &Path) -> Result<String, StartError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        StartError::Config(format!(
+            "cannot read mqtt.password_file {}: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(text.trim_end_matches(['\r', '\n']).to_owned())
+}

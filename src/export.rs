@@ -1,0 +1,141 @@
+//! `bucketd export`: buckets of a database file as NDJSON or CSV, one bucket per line. The
+//! formatting is pure; [`crate::store::StoreReader`] does the reading.
+
+use std::io::Write;
+
+use serde_json::json;
+
+use crate::reading::Timestamp;
+use crate::store::BucketDoc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    Ndjson,
+    Csv,
+}
+
+/// The JSON object of one bucket: the stored fields plus `stddev`; times in RFC 3339 UTC with
+/// milliseconds; numbers in shortest round-trip form.
+pub fn bucket_json(doc: &BucketDoc) -> serde_json::Value {
+    let s = doc.summary();
+    json!({
+        "series": doc.series,
+        "sensor": doc.sensor,
+        "metric": doc.metric,
+        "start": Timestamp::from_secs(doc.start).to_rfc3339_millis(),
+        "end": Timestamp::from_secs(doc.end).to_rfc3339_millis(),
+        "count": doc.count,
+        "sum": s.total(),
+        "min": doc.min,
+        "max": doc.max,
+        "mean": doc.mean,
+        "m2": doc.m2,
+        "stddev": s.stddev(),
+        "first": {"ts": Timestamp::from_nanos(doc.first.ts).to_rfc3339_millis(), "value": doc.first.value},
+        "last": {"ts": Timestamp::from_nanos(doc.last.ts).to_rfc3339_millis(), "value": doc.last.value},
+        "pages": doc.pages,
+        "schema_version": doc.schema_version,
+    })
+}
+
+pub const CSV_HEADER: &str = "series,sensor,metric,start,end,count,sum,min,max,mean,m2,stddev,\
+first_ts,first_value,last_ts,last_value,pages";
+
+/// One CSV line (no newline) in the column order of [`CSV_HEADER`].
+pub fn bucket_csv(doc: &BucketDoc) -> String {
+    let s = doc.summary();
+    let fields = [
+        csv_text(&doc.series),
+        csv_text(&doc.sensor),
+        csv_text(&doc.metric),
+        Timestamp::from_secs(doc.start).to_rfc3339_millis(),
+        Timestamp::from_secs(doc.end).to_rfc3339_millis(),
+        doc.count.to_string(),
+        number(s.total()),
+        number(doc.min),
+        number(doc.max),
+        number(doc.mean),
+        number(doc.m2),
+        number(s.stddev()),
+        Timestamp::from_nanos(doc.first.ts).to_rfc3339_millis(),
+        number(doc.first.value),
+        Timestamp::from_nanos(doc.last.ts).to_rfc3339_millis(),
+        number(doc.last.value),
+        doc.pages.to_string(),
+    ];
+    fields.join(",")
+}
+
+/// Shortest representation that parses back to the same f64 (`1e300`, not 301 digits).
+pub fn number(v: f64) -> String {
+    if v.is_finite() {
+        serde_json::to_string(&v).expect("finite floats serialize")
+    } else {
+        v.to_string()
+    }
+}
+
+fn csv_text(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_owned()
+    }
+}
+
+/// Writes `docs` in `format` to `out`.
+pub fn write(
+    out: &mut impl Write,
+    docs: &[BucketDoc],
+    format: ExportFormat,
+) -> std::io::Result<()> {
+    match format {
+        ExportFormat::Ndjson => {
+            for doc in docs {
+                serde_json::to_writer(&mut *out, &bucket_json(doc))?;
+                out.write_all(b"\n")?;
+            }
+        }
+        ExportFormat::Csv => {
+            writeln!(out, "{CSV_HEADER}")?;
+            for doc in docs {
+                writeln!(out, "{}", bucket_csv(doc))?;
+            }
+        }
+    }
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::summary::Summary;
+
+    #[test]
+    fn numbers_print_in_shortest_round_trip_form() {
+        for v in [0.1, 1e300, f64::MAX, f64::MIN_POSITIVE / 3.0, -21.5, 1.0] {
+            assert_eq!(number(v).parse::<f64>().unwrap().to_bits(), v.to_bits());
+        }
+        assert_eq!(number(1e300), "1e300");
+        assert_eq!(number(21.5), "21.5");
+    }
+
+    #[test]
+    fn csv_quotes_names_with_commas_and_has_a_column_per_header() {
+        let mut s = Summary::of(3_600_000_000_000, 1.5);
+        s.push(3_600_000_000_001, 2.5);
+        let doc = BucketDoc::new("a,b/t", 3600, 3600, &s);
+        let line = bucket_csv(&doc);
+        assert!(line.starts_with("\"a,b/t\",\"a,b\",t,1970-01-01T01:00:00.000Z,"));
+        assert_eq!(
+            line.split(',').count() - 2,
+            CSV_HEADER.split(',').count(),
+            "two commas are inside quotes"
+        );
+        let json = bucket_json(&doc);
+        assert_eq!(json["count"], 2);
+        assert_eq!(json["sum"], 4.0);
+        assert_eq!(json["first"]["value"], 1.5);
+        assert_eq!(json["last"]["ts"], "1970-01-01T01:00:00.000Z");
+    }
+}

@@ -1,0 +1,367 @@
+//! The ingest task: owns the MQTT connection and the [`Batcher`]. It decodes every PUBLISH,
+//! merges its readings into the open batch, hands due batches to the writer thread, and sends the
+//! acknowledgements of a batch, in arrival order, once the writer reports it committed.
+//!
+//! Nothing inside the loop blocks: decoding and merging are in-memory, the writer runs on its own
+//! thread, and acks go through `try_ack` into a request channel sized for two full windows. When
+//! the open batch is full while a commit runs, the loop stops reading from the broker until the
+//! commit ends (backpressure: the broker holds the rest).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::ack::AckToken;
+use crate::batcher::Batcher;
+use crate::config::{Limits, Subscription};
+use crate::decode::{self, DecodeContext, DecodeError, Decoded};
+use crate::mqtt::{Backoff, Mqtt, MqttEvent, PollError};
+use crate::reading::Timestamp;
+use crate::series::SeriesSet;
+use crate::stats::Stats;
+use crate::store::CommitError;
+use crate::writer::{Committed, Writer};
+
+/// How long shutdown waits for the last commit's acknowledgements to reach the broker.
+pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
+
+/// Why ingestion stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("commit failed; nothing of the failed batch was acknowledged: {0}")]
+    Commit(#[from] CommitError),
+    #[error("the writer thread stopped unexpectedly")]
+    WriterGone,
+}
+
+pub struct Ingest {
+    pub mqtt: Mqtt,
+    pub subscriptions: Vec<Subscription>,
+    pub limits: Limits,
+    pub batcher: Batcher,
+    pub series: SeriesSet,
+    pub stats: Arc<Stats>,
+    pub writer: Writer,
+    pub backoff: Backoff,
+}
+
+/// The loop's state besides its parts.
+struct State {
+    /// Counts CONNACKs; a token from an older connection is never sent.
+    connection: u64,
+    connected: bool,
+    /// Next arrival sequence number.
+    arrival: u64,
+    /// Acks of the batch at the writer, sent when it reports the commit.
+    in_flight: Option<Vec<AckToken>>,
+    /// Acks queued to the client and not yet written to the socket.
+    acks_unwritten: usize,
+    /// While the connection is down: when to try again.
+    reconnect_at: Option<Instant>,
+    decoded: Decoded,
+}
+
+impl Ingest {
+    /// Runs until `cancel`, then commits what is pending, acknowledges it and disconnects.
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), IngestError> {
+        let mut st = State {
+            connection: 0,
+            connected: false,
+            arrival: 0,
+            in_flight: None,
+            acks_unwritten: 0,
+            reconnect_at: None,
+            decoded: Decoded::default(),
+        };
+        loop {
+            self.hand_over_due_batch(&mut st, Instant::now())?;
+            let deadline = self.batcher.deadline().map(Instant::from_std);
+            let reconnect_at = st.reconnect_at;
+            let can_poll = reconnect_at.is_none() && !self.batcher.is_full();
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                result = self.writer.results.recv(), if st.in_flight.is_some() => {
+                    self.on_commit(&mut st, result)?;
+                }
+                () = sleep_until_opt(reconnect_at), if reconnect_at.is_some() => {
+                    st.reconnect_at = None;
+                }
+                () = sleep_until_opt(deadline), if deadline.is_some() && st.in_flight.is_none() => {}
+                event = self.mqtt.poll(), if can_poll => self.on_event(&mut st, event, true),
+            }
+        }
+        self.shut_down(&mut st).await
+    }
+
+    /// Sends the open batch to the writer when it is due and the writer is idle.
+    fn hand_over_due_batch(&mut self, st: &mut State, now: Instant) -> Result<(), IngestError> {
+        if st.in_flight.is_some() || self.batcher.flush_reason(now.into_std()).is_none() {
+            return Ok(());
+        }
+        self.send_batch(st)
+    }
+
+    fn send_batch(&mut self, st: &mut State) -> Result<(), IngestError> {
+        debug_assert!(st.in_flight.is_none(), "one batch at the writer at a time");
+        let (batch, acks) = self.batcher.take();
+        st.in_flight = Some(acks);
+        self.writer
+            .batches
+            .try_send(batch)
+            .map_err(|_| IngestError::WriterGone)?;
+        self.update_gauges(st);
+        Ok(())
+    }
+
+    fn on_commit(
+        &mut self,
+        st: &mut State,
+        result: Option<Result<Committed, CommitError>>,
+    ) -> Result<(), IngestError> {
+        let committed = result.ok_or(IngestError::WriterGone)??;
+        let acks = st
+            .in_flight
+            .take()
+            .expect("a result answers the batch in flight");
+        debug!(
+            readings = committed.readings,
+            buckets = committed.stats.buckets_written,
+            acks = acks.len(),
+            took_ms = committed.took.as_secs_f64() * 1e3,
+            "Committed batch."
+        );
+        for ack in &acks {
+            // A packet id from an earlier connection may name another message now; the broker
+            // redelivers those messages instead.
+            if !st.connected || ack.connection != st.connection {
+                continue;
+            }
+            match self.mqtt.try_ack(ack) {
+                Ok(()) => st.acks_unwritten += 1,
+                Err(e) => error!(
+                    error = %e,
+                    pkid = ack.pkid,
+                    "Could not queue an acknowledgement; the broker will redeliver the message. \
+                     This is a bug: the request channel is sized for two windows."
+                ),
+            }
+        }
+        self.update_gauges(st);
+        Ok(())
+    }
+
+    fn on_event(&mut self, st: &mut State, event: Result<MqttEvent, PollError>, accept: bool) {
+        match event {
+            Ok(MqttEvent::Publish {
+                topic,
+                payload,
+                pkid,
+                qos,
+            }) => {
+                if accept {
+                    self.on_publish(st, &topic, &payload, pkid, qos);
+                }
+            }
+            Ok(MqttEvent::AckSent) => {
+                st.acks_unwritten = st.acks_unwritten.saturating_sub(1);
+                self.stats.acks_sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(MqttEvent::Connected { session_present }) => {
+                st.connection += 1;
+                st.connected = true;
+                st.acks_unwritten = 0;
+                self.backoff.reset();
+                self.stats.connected.store(true, Ordering::Relaxed);
+                if session_present {
+                    info!("Connected to the MQTT broker; it kept our session and subscriptions.");
+                    self.stats.subscribed.store(true, Ordering::Relaxed);
+                } else {
+                    info!("Connected to the MQTT broker with a new session; subscribing.");
+                    if let Err(e) = self.mqtt.subscribe_all() {
+                        error!(error = %e, "Could not queue the subscription request.");
+                    }
+                }
+            }
+            Ok(MqttEvent::Subscribed { refused }) => {
+                if refused.is_empty() {
+                    info!(
+                        filters = self.subscriptions.len(),
+                        "Subscribed to every configured filter."
+                    );
+                    self.stats.subscribed.store(true, Ordering::Relaxed);
+                } else {
+                    error!(
+                        refused = ?refused,
+                        "The broker refused subscriptions; check the filters and the broker's ACL."
+                    );
+                    let any_ok = refused.len() < self.subscriptions.len();
+                    self.stats.subscribed.store(any_ok, Ordering::Relaxed);
+                }
+            }
+            Ok(MqttEvent::Other | MqttEvent::DisconnectSent) => {}
+            Err(e) => self.on_connection_lost(st, &e),
+        }
+    }
+
+    fn on_connection_lost(&mut self, st: &mut State, e: &PollError) {
+        let was_connected = st.connected;
+        st.connected = false;
+        st.acks_unwritten = 0;
+        self.stats.connected.store(false, Ordering::Relaxed);
+        self.stats.subscribed.store(false, Ordering::Relaxed);
+        if was_connected {
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        let delay = self.backoff.next_delay();
+        let attempt = self.backoff.attempts;
+        if e.refused {
+            error!(
+                error = %e,
+                retry_in = ?delay,
+                attempt,
+                "The MQTT broker refused the connection; check mqtt.username, the password file \
+                 and mqtt.client_id."
+            );
+        } else if was_connected || attempt == 1 {
+            warn!(
+                error = %e,
+                retry_in = ?delay,
+                "MQTT connection lost; reconnecting. Unacknowledged messages will be redelivered."
+            );
+        } else {
+            warn!(error = %e, retry_in = ?delay, attempt, "MQTT broker still unreachable.");
+        }
+        st.reconnect_at = Some(Instant::now() + delay);
+    }
+
+    fn on_publish(&mut self, st: &mut State, topic: &Bytes, payload: &Bytes, pkid: u16, qos: u8) {
+        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
+        let now = std::time::Instant::now();
+        let received = Timestamp::now();
+        let ctx = DecodeContext {
+            received,
+            oldest: received.saturating_sub(self.limits.max_age),
+            newest: received.saturating_add(self.limits.max_future),
+            max_payload_bytes: self.limits.max_payload_bytes,
+        };
+        let subscription = std::str::from_utf8(topic).ok().and_then(|t| {
+            self.subscriptions
+                .iter()
+                .find(|s| decode::topic_matches(&s.filter, t))
+        });
+        let result = match subscription {
+            Some(sub) => decode::decode(sub, topic, payload, &ctx, &mut st.decoded),
+            None if std::str::from_utf8(topic).is_err() => Err(DecodeError::InvalidUtf8),
+            None => Err(DecodeError::TopicMismatch),
+        };
+        match result {
+            Err(e) => {
+                debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");
+                self.stats.reject(e, topic, payload);
+            }
+            Ok(()) => {
+                for reading in st.decoded.readings.drain(..) {
+                    match self.series.intern(&reading.series) {
+                        Ok(series) => self.batcher.push(series, reading.ts, reading.value, now),
+                        Err(e) => self.stats.reject(e, topic, payload),
+                    }
+                }
+                for e in st.decoded.rejected.drain(..) {
+                    self.stats.reject(e, topic, payload);
+                }
+            }
+        }
+        if qos > 0 {
+            st.arrival += 1;
+            self.batcher.push_ack(
+                AckToken {
+                    arrival: st.arrival,
+                    connection: st.connection,
+                    pkid,
+                    qos,
+                },
+                now,
+            );
+        }
+        self.update_gauges(st);
+    }
+
+    fn update_gauges(&self, st: &State) {
+        let in_flight = st.in_flight.as_ref().map_or(0, Vec::len);
+        self.stats
+            .pending_readings
+            .store(self.batcher.pending_readings() as u64, Ordering::Relaxed);
+        self.stats.unacked_messages.store(
+            (self.batcher.pending_acks() + in_flight) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Shutdown: commit the commit in flight and the open batch, acknowledge them, wait until
+    /// the acks are written, then disconnect. Messages arriving meanwhile are not acknowledged;
+    /// the broker keeps them for the next start.
+    async fn shut_down(mut self, st: &mut State) -> Result<(), IngestError> {
+        let deadline = Instant::now() + SHUTDOWN_DRAIN_MAX;
+        info!(
+            pending_readings = self.batcher.pending_readings(),
+            "Shutting down: committing pending readings."
+        );
+        loop {
+            if st.in_flight.is_none() {
+                if self.batcher.is_empty() {
+                    break;
+                }
+                self.send_batch(st)?;
+            }
+            // Keep polling while the commit runs so the connection stays alive.
+            tokio::select! {
+                result = self.writer.results.recv() => self.on_commit(st, result)?,
+                event = self.mqtt.poll(), if st.connected => self.on_event(st, event, false),
+            }
+        }
+        while st.connected && st.acks_unwritten > 0 {
+            match tokio::time::timeout_at(deadline, self.mqtt.poll()).await {
+                Ok(event) => self.on_event(st, event, false),
+                Err(_) => {
+                    warn!(
+                        unwritten = st.acks_unwritten,
+                        "Gave up waiting for acknowledgements to reach the broker; it will \
+                         redeliver those messages."
+                    );
+                    break;
+                }
+            }
+        }
+        if st.connected && self.mqtt.try_disconnect().is_ok() {
+            // Poll until the DISCONNECT is written (the event loop then reports an error or
+            // goes quiet).
+            let written = tokio::time::timeout_at(deadline, async {
+                while let Ok(event) = self.mqtt.poll().await {
+                    if matches!(event, MqttEvent::DisconnectSent) {
+                        break;
+                    }
+                }
+            })
+            .await;
+            if written.is_err() {
+                warn!("Timed out sending DISCONNECT to the broker.");
+            }
+        }
+        self.stats.connected.store(false, Ordering::Relaxed);
+        info!("Shut down cleanly.");
+        Ok(())
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

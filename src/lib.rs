@@ -1,0 +1,36 @@
+//! bucketd: an MQTT time-series ingestion daemon for edge gateways. Devices publish readings to a
+//! broker; bucketd folds them into hourly bucket summaries and keeps them in a redb file,
+//! acknowledging each message only once its readings are durable.
+//!
+//! # Layout
+//! - [`config`]: layered configuration, `RawConfig` -> validated `Config`.
+//! - [`reading`]: `Timestamp`, `Reading`, series names. Pure.
+//! - [`decode`]: (topic, payload) -> readings or rejections with a reason. Pure.
+//! - [`summary`]: `Summary` and its merge (a commutative monoid). Pure.
+//! - [`batcher`]: the open batch and the flush policy. Pure.
+//! - [`series`]: the bounded set of known series names. Pure.
+//! - [`store`]: the redb file; the only importer of redb.
+//! - [`writer`]: the writer thread; the only place that commits.
+//! - [`mqtt`], [`ack`]: the rumqttc client (v5 / v3.1.1) and acknowledgement tokens.
+//! - [`ingest`]: the MQTT loop: decode, batch, hand over, acknowledge after commit.
+//! - [`stats`]: counters and gauges; [`export`]: offline export formatting.
+//! - [`daemon`]: wiring and shutdown order.
+//!
+//! # Data flow
+//! broker -> `ingest` (decode, `Batcher::push`) -> `writer` (`Store::commit`: one durable
+//! upsert-and-increment transaction) -> `ingest` (PUBACKs in arrival order).
+
+pub mod ack;
+pub mod batcher;
+pub mod config;
+pub mod daemon;
+pub mod decode;
+pub mod export;
+pub mod ingest;
+pub mod mqtt;
+pub mod reading;
+pub mod series;
+pub mod stats;
+pub mod store;
+pub mod summary;
+pub mod writer;

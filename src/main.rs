@@ -1,0 +1,208 @@
+//! The `bucketd` command: parses the command line, loads the config, sets up logging, runs the
+//! requested command and maps its outcome to an exit code (78 = EX_CONFIG for configuration
+//! errors, so systemd does not restart-loop on them; 1 for everything else).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use bucketd::config::{self, Config, LogFormat, RawConfig};
+use bucketd::daemon::{self, StartError};
+use bucketd::export::{self, ExportFormat};
+use bucketd::reading::Timestamp;
+use bucketd::store::StoreReader;
+use clap::{Parser, Subcommand};
+
+/// EX_CONFIG from sysexits.h: a configuration error; restarting will not help.
+const EXIT_CONFIG: u8 = 78;
+
+#[derive(Parser)]
+#[command(
+    name = "bucketd",
+    version,
+    about = "MQTT time-series ingestion into hourly buckets, for edge gateways",
+    long_about = "bucketd subscribes to an MQTT broker, folds sensor readings into hourly buckets \
+(count, sum, min, max, first, last, mean, variance) and keeps them in a redb file. Each QoS 1 \
+message is acknowledged only after its readings are on disk.\n\nWith no command, `bucketd` runs \
+the daemon (`bucketd run`).",
+    after_help = "Configuration layers: built-in defaults (config/default.toml), then --config FILE, \
+then BUCKETD__SECTION__KEY environment variables."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Configuration file (TOML) for the default `run` command.
+    #[arg(long, short, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon until SIGTERM or Ctrl-C (the default command).
+    Run,
+    /// Validate the configuration and print the effective config; exit 78 on an error.
+    CheckConfig,
+    /// Print the buckets of a database file, one per line, while the daemon is stopped.
+    Export {
+        /// The redb database file.
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+        /// Only this series (`sensor/metric`).
+        #[arg(long, value_name = "NAME")]
+        series: Option<String>,
+        /// Buckets starting at or after this time (RFC 3339 or epoch seconds).
+        #[arg(long, value_name = "T", value_parser = parse_time)]
+        from: Option<Timestamp>,
+        /// Buckets starting before this time (RFC 3339 or epoch seconds).
+        #[arg(long, value_name = "T", value_parser = parse_time)]
+        to: Option<Timestamp>,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "ndjson")]
+        format: ExportFormat,
+    },
+}
+
+fn parse_time(s: &str) -> Result<Timestamp, String> {
+    Timestamp::parse(s).ok_or_else(|| {
+        format!("`{s}` is not an RFC 3339 time (2026-11-21T10:00:00Z) or epoch seconds")
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => run(cli.config),
+        Command::CheckConfig => check_config(cli.config),
+        Command::Export {
+            db,
+            series,
+            from,
+            to,
+            format,
+        } => export(&db, series.as_deref(), from, to, format),
+    }
+}
+
+fn load_config(file: Option<PathBuf>) -> Result<(RawConfig, Config), ExitCode> {
+    let result = RawConfig::load(file.as_deref(), std::env::vars())
+        .and_then(|raw| Ok((raw.clone(), Config::try_from(raw)?)));
+    result.map_err(|e| {
+        eprintln!("bucketd: configuration error: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn check_config(file: Option<PathBuf>) -> ExitCode {
+    match load_config(file) {
+        Ok((raw, _)) => {
+            print!("{}", config::render(&raw));
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match config.log.format {
+        LogFormat::Full => builder.init(),
+        LogFormat::Compact => builder.compact().init(),
+    }
+}
+
+fn run(file: Option<PathBuf>) -> ExitCode {
+    let config = match load_config(file) {
+        Ok((_, config)) => config,
+        Err(code) => return code,
+    };
+    init_logging(&config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("building the Tokio runtime");
+    let result = runtime.block_on(daemon::run(&config, shutdown_signal()));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("bucketd: {e:#}");
+            match e.downcast_ref::<StartError>() {
+                Some(StartError::Config(_)) => ExitCode::from(EXIT_CONFIG),
+                _ => ExitCode::FAILURE,
+            }
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+fn export(
+    db: &std::path::Path,
+    series: Option<&str>,
+    from: Option<Timestamp>,
+    to: Option<Timestamp>,
+    format: ExportFormat,
+) -> ExitCode {
+    let reader = match StoreReader::open(db) {
+        Ok(reader) => reader,
+        Err(e) => {
+            eprintln!("bucketd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(name) = series {
+        match reader.series() {
+            Ok(names) if !names.iter().any(|n| n == name) => {
+                eprintln!(
+                    "bucketd: no series `{name}` in {}; it has {} series",
+                    db.display(),
+                    names.len()
+                );
+                return ExitCode::FAILURE;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("bucketd: reading {}: {e}", db.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let from = from.map_or(i64::MIN, |t| t.as_nanos().div_euclid(1_000_000_000));
+    // `to` is exclusive; a bucket starting in the same second as a fractional `to` is before it.
+    let to = to.map_or(i64::MAX, |t| {
+        let nanos = t.as_nanos();
+        nanos.div_euclid(1_000_000_000) + i64::from(nanos.rem_euclid(1_000_000_000) != 0)
+    });
+    let docs = match reader.buckets(series, from, to) {
+        Ok(docs) => docs,
+        Err(e) => {
+            eprintln!("bucketd: reading {}: {e}", db.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    match export::write(&mut out, &docs, format) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A closed pipe (`bucketd export | head`) is not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bucketd: writing output: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! [`Mqtt`]: one rumqttc client (MQTT 5 or 3.1.1) behind one type, with the events bucketd cares
+//! about normalised into [`MqttEvent`]. Sets up the persistent session, manual acknowledgements,
+//! the in-flight window and packet size limits. Knows nothing about decoding or storage.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::ack::AckToken;
+use crate::config::{MqttConfig, Protocol, Subscription};
+
+/// The events the ingest loop acts on.
+#[derive(Debug)]
+pub enum MqttEvent {
+    /// CONNACK: connected; `session_present` says whether the broker kept our session.
+    Connected { session_present: bool },
+    /// SUBACK: `refused` lists the filters the broker refused.
+    Subscribed { refused: Vec<String> },
+    Publish {
+        topic: Bytes,
+        payload: Bytes,
+        pkid: u16,
+        qos: u8,
+    },
+    /// A PUBACK or PUBREC was written to the socket.
+    AckSent,
+    /// Our DISCONNECT was written to the socket.
+    DisconnectSent,
+    /// Anything else (pings, outgoing subscribe, ...).
+    Other,
+}
+
+/// Why a poll failed: the connection is down, and the next poll reconnects.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct PollError {
+    pub message: String,
+    /// The broker refused the connection (bad credentials, client id refused, ...): retrying
+    /// alone will not fix it, the operator must.
+    pub refused: bool,
+}
+
+/// Request channel sized so that acknowledgements never find it full: two batches can be
+/// waiting to go out (the whole window each) plus subscribes and the disconnect.
+fn request_capacity(window: u16) -> usize {
+    2 * usize::from(window) + 64
+}
+
+enum Client {
+    V4 {
+        client: rumqttc::AsyncClient,
+        eventloop: rumqttc::EventLoop,
+    },
+    V5 {
+        client: rumqttc::v5::AsyncClient,
+        eventloop: rumqttc::v5::EventLoop,
+    },
+}
+
+pub struct Mqtt {
+    client: Client,
+    subscriptions: Vec<(String, u8)>,
+}
+
+impl Mqtt {
+    /// Builds the client. Nothing connects until the first [`Mqtt::poll`].
+    pub fn new(cfg: &MqttConfig, password: Option<String>, subscriptions: &[Subscription]) -> Mqtt {
+        let cap = request_capacity(cfg.receive_maximum);
+        let client = match cfg.protocol {
+            Protocol::V311 => {
+                let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
+                o.set_clean_session(false)
+                    .set_manual_acks(true)
+                    .set_keep_alive(cfg.keep_alive)
+                    .set_max_packet_size(cfg.max_packet_bytes, cfg.max_packet_bytes);
+                if let Some((user, _)) = &cfg.credentials {
+                    o.set_credentials(user, password.unwrap_or_default());
+                }
+                let (client, mut eventloop) = rumqttc::AsyncClient::new(o, cap);
+                eventloop
+                    .network_options
+                    .set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
+                Client::V4 { client, eventloop }
+            }
+            Protocol::V5 => {
+                let mut o = rumqttc::v5::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
+                o.set_clean_start(false)
+                    .set_manual_acks(true)
+                    .set_keep_alive(cfg.keep_alive)
+                    .set_receive_maximum(Some(cfg.receive_maximum))
+                    .set_max_packet_size(Some(
+                        u32::try_from(cfg.max_packet_bytes).expect("validated below 256 MiB"),
+                    ))
+                    .set_session_expiry_interval(Some(
+                        u32::try_from(cfg.session_expiry.as_secs()).expect("validated to fit"),
+                    ))
+                    .set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
+                if let Some((user, _)) = &cfg.credentials {
+                    o.set_credentials(user, password.unwrap_or_default());
+                }
+                let (client, eventloop) = rumqttc::v5::AsyncClient::new(o, cap);
+                Client::V5 { client, eventloop }
+            }
+        };
+        Mqtt {
+            client,
+            subscriptions: subscriptions
+                .iter()
+                .map(|s| (s.filter.clone(), s.qos))
+                .collect(),
+        }
+    }
+
+    /// Drives the connection and returns the next event. Cancel-safe: it may be dropped inside
+    /// `select!` (rumqttc's `poll` keeps its state in the event loop).
+    pub async fn poll(&mut self) -> Result<MqttEvent, PollError> {
+        match &mut self.client {
+            Client::V4 { eventloop, .. } => {
+                use rumqttc::{Event, Outgoing, Packet};
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
+                        session_present: ack.session_present,
+                    }),
+                    Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
+                        refused: self
+                            .subscriptions
+                            .iter()
+                            .zip(&ack.return_codes)
+                            .filter(|(_, c)| matches!(c, rumqttc::SubscribeReasonCode::Failure))
+                            .map(|((f, _), _)| f.clone())
+                            .collect(),
+                    }),
+                    Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
+                        topic: Bytes::from(p.topic),
+                        payload: p.payload,
+                        pkid: p.pkid,
+                        qos: p.qos as u8,
+                    }),
+                    Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
+                        Ok(MqttEvent::AckSent)
+                    }
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
+                    Ok(_) => Ok(MqttEvent::Other),
+                    Err(e) => Err(PollError {
+                        refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+            Client::V5 { eventloop, .. } => {
+                use rumqttc::Outgoing;
+                use rumqttc::v5::Event;
+                use rumqttc::v5::mqttbytes::v5::{Packet, SubscribeReasonCode};
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
+                        session_present: ack.session_present,
+                    }),
+                    Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
+                        refused: self
+                            .subscriptions
+                            .iter()
+                            .zip(&ack.return_codes)
+                            .filter(|(_, c)| !matches!(c, SubscribeReasonCode::Success(_)))
+                            .map(|((f, _), c)| format!("{f} ({c:?})"))
+                            .collect(),
+                    }),
+                    Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
+                        topic: p.topic,
+                        payload: p.payload,
+                        pkid: p.pkid,
+                        qos: p.qos as u8,
+                    }),
+                    Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
+                        Ok(MqttEvent::AckSent)
+                    }
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
+                    Ok(_) => Ok(MqttEvent::Other),
+                    Err(e) => Err(PollError {
+                        refused: matches!(e, rumqttc::v5::ConnectionError::ConnectionRefused(_)),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Queues one SUBSCRIBE carrying every configured filter.
+    pub fn subscribe_all(&self) -> Result<(), String> {
+        match &self.client {
+            Client::V4 { client, .. } => {
+                let filters = self.subscriptions.iter().map(|(f, q)| {
+                    rumqttc::SubscribeFilter::new(f.clone(), rumqttc::qos(*q).expect("validated"))
+                });
+                client
+                    .try_subscribe_many(filters)
+                    .map_err(|e| e.to_string())
+            }
+            Client::V5 { client, .. } => {
+                use rumqttc::v5::mqttbytes::v5::Filter;
+                let filters = self.subscriptions.iter().map(|(f, q)| {
+                    Filter::new(
+                        f.clone(),
+                        rumqttc::v5::mqttbytes::qos(*q).expect("validated"),
+                    )
+                });
+                client
+                    .try_subscribe_many(filters)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Queues the acknowledgement for one message. It is written by a later [`Mqtt::poll`].
+    pub fn try_ack(&self, token: &AckToken) -> Result<(), String> {
+        match &self.client {
+            Client::V4 { client, .. } => {
+                let publish = rumqttc::Publish {
+                    dup: false,
+                    qos: rumqttc::qos(token.qos).expect("tokens are made for QoS 1/2"),
+                    retain: false,
+                    topic: String::new(),
+                    pkid: token.pkid,
+                    payload: Bytes::new(),
+                };
+                client.try_ack(&publish).map_err(|e| e.to_string())
+            }
+            Client::V5 { client, .. } => {
+                let mut publish = rumqttc::v5::mqttbytes::v5::Publish::new(
+                    "",
+                    rumqttc::v5::mqttbytes::qos(token.qos).expect("tokens are made for QoS 1/2"),
+                    Bytes::new(),
+                    None,
+                );
+                publish.pkid = token.pkid;
+                client.try_ack(&publish).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Queues a DISCONNECT.
+    pub fn try_disconnect(&self) -> Result<(), String> {
+        match &self.client {
+            Client::V4 { client, .. } => client.try_disconnect().map_err(|e| e.to_string()),
+            Client::V5 { client, .. } => client.try_disconnect().map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Capped exponential backoff for reconnects: `min`, doubling to `max`, reset on success.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+    pub attempts: u32,
+}
+
+impl Backoff {
+    pub fn new(min: Duration, max: Duration) -> Backoff {
+        Backoff {
+            min,
+            max,
+            next: min,
+            attempts: 0,
+        }
+    }
+
+    /// The delay before the next attempt; doubles the one after.
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(self.max);
+        self.attempts += 1;
+        delay
+    }
+
+    pub fn reset(&mut self) {
+        self.next = self.min;
+        self.attempts = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_resets() {
+        let mut b = Backoff::new(Duration::from_millis(500), Duration::from_secs(3));
+        let delays: Vec<_> = (0..5).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, [500, 1000, 2000, 3000, 3000]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn request_channel_holds_two_full_windows_of_acks() {
+        assert!(request_capacity(u16::MAX) >= 2 * 65_535);
+        assert!(request_capacity(1) >= 2);
+    }
+}

@@ -1,0 +1,114 @@
+//! [`Stats`]: the daemon's counters and gauges, shared by the tasks that move them and the code
+//! that reports them. Plain atomics: no labels built from topics or device ids, so the set is
+//! fixed and small. The dead-letter ring keeps the last few rejected payloads for inspection.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::decode::DecodeError;
+
+/// Longest payload prefix kept in a dead letter.
+pub const DEAD_LETTER_BYTES_MAX: usize = 256;
+
+/// One rejected message or reading, as kept in the dead-letter ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub reason: &'static str,
+    pub topic: String,
+    /// The payload, truncated to [`DEAD_LETTER_BYTES_MAX`] bytes.
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub messages_received: AtomicU64,
+    /// Readings committed to the store.
+    pub readings_ingested: AtomicU64,
+    rejected: [AtomicU64; DecodeError::ALL.len()],
+    pub flushes: AtomicU64,
+    pub buckets_written: AtomicU64,
+    pub pending_readings: AtomicU64,
+    pub unacked_messages: AtomicU64,
+    pub acks_sent: AtomicU64,
+    pub series: AtomicU64,
+    pub store_bytes: AtomicU64,
+    pub connected: AtomicBool,
+    pub subscribed: AtomicBool,
+    pub reconnects: AtomicU64,
+    dead_letters: Mutex<VecDeque<DeadLetter>>,
+    dead_letters_max: usize,
+}
+
+impl Stats {
+    pub fn new(dead_letters_max: usize) -> Stats {
+        Stats {
+            dead_letters_max,
+            ..Stats::default()
+        }
+    }
+
+    pub fn reject(&self, reason: DecodeError, topic: &[u8], payload: &[u8]) {
+        self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
+        if self.dead_letters_max == 0 {
+            return;
+        }
+        let letter = DeadLetter {
+            reason: reason.reason(),
+            topic: String::from_utf8_lossy(topic).into_owned(),
+            payload: payload[..payload.len().min(DEAD_LETTER_BYTES_MAX)].to_vec(),
+        };
+        let mut ring = self
+            .dead_letters
+            .lock()
+            .expect("no panic while holding the lock");
+        if ring.len() == self.dead_letters_max {
+            ring.pop_front();
+        }
+        ring.push_back(letter);
+    }
+
+    pub fn rejected(&self, reason: DecodeError) -> u64 {
+        self.rejected[reason.index()].load(Ordering::Relaxed)
+    }
+
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The kept rejections, oldest first.
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        let ring = self
+            .dead_letters
+            .lock()
+            .expect("no panic while holding the lock");
+        ring.iter().cloned().collect()
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_letter_ring_keeps_the_newest_and_truncates() {
+        let stats = Stats::new(2);
+        stats.reject(DecodeError::InvalidJson, b"a", b"1");
+        stats.reject(DecodeError::InvalidJson, b"b", &[b'x'; 1000]);
+        stats.reject(DecodeError::NonFinite, b"c", b"NaN");
+        let letters = stats.dead_letters();
+        assert_eq!(letters.len(), 2);
+        assert_eq!(letters[0].topic, "b");
+        assert_eq!(letters[0].payload.len(), DEAD_LETTER_BYTES_MAX);
+        assert_eq!(letters[1].reason, "non_finite");
+        assert_eq!(stats.rejected(DecodeError::InvalidJson), 2);
+        assert_eq!(stats.rejected_total(), 3);
+    }
+}

@@ -1,0 +1,505 @@
+//! [`Store`]: the redb file. Table definitions, key and document encoding, schema version, and
+//! the upsert-and-increment commit. The only module that imports `redb`.
+//!
+//! Tables:
+//! - `series_by_name`: `&str` (`sensor/metric`) -> `u64` id; `series_by_id`: the reverse. Ids are
+//!   dense, starting at 0.
+//! - `buckets`: `(series_id: u64, start: i64)` -> BSON [`BucketDoc`]. redb orders integer tuples
+//!   numerically, so one series' buckets are contiguous and in time order.
+//! - `meta`: `&str` -> `&str`: `format_version`, `bucket_width_secs`, `created_at`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use crate::batcher::Batch;
+use crate::config::Durability;
+use crate::summary::{Point, Summary};
+
+const SERIES_BY_NAME: TableDefinition<&str, u64> = TableDefinition::new("series_by_name");
+const SERIES_BY_ID: TableDefinition<u64, &str> = TableDefinition::new("series_by_id");
+const BUCKETS: TableDefinition<(u64, i64), &[u8]> = TableDefinition::new("buckets");
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+
+/// Version of the table layout, in `meta.format_version`.
+pub const FORMAT_VERSION: u32 = 1;
+/// Version of the bucket document, in every document's `schema_version`.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Settings the store needs, from `[store]`.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub path: PathBuf,
+    pub bucket_width_secs: i64,
+    pub durability: Durability,
+    pub quick_repair: bool,
+    pub cache_bytes: usize,
+}
+
+/// Why the database file could not be opened. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreOpenError {
+    #[error(
+        "database file {path} is in use by another process (is bucketd already running?); \
+         stop it, or read through its HTTP API with `bucketd query`"
+    )]
+    Locked { path: PathBuf },
+    #[error("database file {path} does not exist")]
+    Missing { path: PathBuf },
+    #[error(
+        "cannot open database file {path}: {source}; check that the directory exists and is \
+         writable by this user"
+    )]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "database file {path} is damaged or not a bucketd database ({source}); move it aside \
+         and restart to begin a new one, or restore a backup"
+    )]
+    Corrupt { path: PathBuf, source: redb::Error },
+    #[error(
+        "database file {path} was created with bucket_width {stored}s but the config says {configured}s; \
+         set store.bucket_width back, or use a new file"
+    )]
+    WidthMismatch {
+        path: PathBuf,
+        stored: i64,
+        configured: i64,
+    },
+    #[error(
+        "database file {path} has format version {found}, this bucketd reads version {FORMAT_VERSION}; \
+         use the bucketd release that wrote it"
+    )]
+    UnsupportedFormat { path: PathBuf, found: String },
+}
+
+/// A commit that failed. redb refuses further writes after a failed commit until the file is
+/// reopened, so the daemon treats this as fatal: nothing of the batch was acknowledged.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("redb: {0}")]
+    Redb(#[from] redb::Error),
+    #[error("stored bucket document for series id {series_id} at {start} is unreadable: {source}")]
+    Decode {
+        series_id: u64,
+        start: i64,
+        source: bson::error::Error,
+    },
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for CommitError {
+            fn from(e: $t) -> Self {
+                CommitError::Redb(e.into())
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
+
+/// What one commit wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    pub buckets_written: usize,
+    pub buckets_created: usize,
+    pub series_created: usize,
+}
+
+/// `first` / `last` in a stored document.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PointDoc {
+    /// Nanoseconds since the Unix epoch.
+    pub ts: i64,
+    pub value: f64,
+}
+
+/// The stored bucket document (schema version 1). Field names follow the MongoDB bucket pattern
+/// so exported documents load into a collection as they are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BucketDoc {
+    pub schema_version: i32,
+    pub series: String,
+    pub sensor: String,
+    pub metric: String,
+    /// Bucket start and end, seconds since the Unix epoch; `end` is exclusive.
+    pub start: i64,
+    pub end: i64,
+    pub count: i64,
+    /// Compensated sum: the sum is `sum + sum_comp`.
+    pub sum: f64,
+    pub sum_comp: f64,
+    pub min: f64,
+    pub max: f64,
+    pub first: PointDoc,
+    pub last: PointDoc,
+    pub mean: f64,
+    pub m2: f64,
+    /// Raw reading pages of this bucket (none until raw storage exists).
+    pub pages: i32,
+}
+
+impl BucketDoc {
+    pub fn new(series: &str, start: i64, width_secs: i64, s: &Summary) -> BucketDoc {
+        let (sensor, metric) = crate::reading::split_series(series);
+        BucketDoc {
+            schema_version: SCHEMA_VERSION,
+            series: series.to_owned(),
+            sensor: sensor.to_owned(),
+            metric: metric.to_owned(),
+            start,
+            end: start + width_secs,
+            count: i64::try_from(s.count).expect("bucket counts stay below 2^63"),
+            sum: s.sum,
+            sum_comp: s.sum_comp,
+            min: s.min,
+            max: s.max,
+            first: PointDoc {
+                ts: s.first.ts,
+                value: s.first.value,
+            },
+            last: PointDoc {
+                ts: s.last.ts,
+                value: s.last.value,
+            },
+            mean: s.mean,
+            m2: s.m2,
+            pages: 0,
+        }
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary {
+            count: u64::try_from(self.count).unwrap_or(0),
+            sum: self.sum,
+            sum_comp: self.sum_comp,
+            min: self.min,
+            max: self.max,
+            first: Point {
+                ts: self.first.ts,
+                value: self.first.value,
+            },
+            last: Point {
+                ts: self.last.ts,
+                value: self.last.value,
+            },
+            mean: self.mean,
+            m2: self.m2,
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        bson::serialize_to_vec(self).expect("a BucketDoc has only BSON-representable fields")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<BucketDoc, bson::error::Error> {
+        bson::deserialize_from_slice(bytes)
+    }
+}
+
+/// The open database, owned by the writer thread (one writer).
+pub struct Store {
+    db: redb::Database,
+    path: PathBuf,
+    settings: StoreSettings,
+    /// Every series in the file, name -> id; bounded by `limits.max_series` through the ingest
+    /// side, which refuses new series past the limit.
+    series: HashMap<Arc<str>, u64>,
+}
+
+impl Store {
+    /// Opens (or creates) the database file and checks its format and bucket width.
+    pub fn open(settings: &StoreSettings) -> Result<Store, StoreOpenError> {
+        let path = settings.path.clone();
+        let db = redb::Builder::new()
+            .set_cache_size(settings.cache_bytes)
+            .create(&path)
+            .map_err(|e| open_error(&path, e))?;
+        let mut store = Store {
+            db,
+            path: path.clone(),
+            settings: settings.clone(),
+            series: HashMap::new(),
+        };
+        store
+            .init_meta()
+            .map_err(|source| StoreOpenError::Corrupt {
+                path: path.clone(),
+                source,
+            })??;
+        store.series = read_series(&store.db).map_err(|source| StoreOpenError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(store)
+    }
+
+    /// Creates the tables and meta entries of a new file, or checks those of an existing one.
+    fn init_meta(&mut self) -> Result<Result<(), StoreOpenError>, redb::Error> {
+        let tx = self.db.begin_write()?;
+        let checked = {
+            let mut meta = tx.open_table(META)?;
+            tx.open_table(SERIES_BY_NAME)?;
+            tx.open_table(SERIES_BY_ID)?;
+            tx.open_table(BUCKETS)?;
+            let format = meta.get("format_version")?.map(|v| v.value().to_owned());
+            match format {
+                None => {
+                    meta.insert("format_version", FORMAT_VERSION.to_string().as_str())?;
+                    meta.insert(
+                        "bucket_width_secs",
+                        self.settings.bucket_width_secs.to_string().as_str(),
+                    )?;
+                    meta.insert(
+                        "created_at",
+                        crate::reading::Timestamp::now()
+                            .to_rfc3339_millis()
+                            .as_str(),
+                    )?;
+                    Ok(())
+                }
+                Some(v) if v != FORMAT_VERSION.to_string() => {
+                    Err(StoreOpenError::UnsupportedFormat {
+                        path: self.path.clone(),
+                        found: v,
+                    })
+                }
+                Some(_) => {
+                    let stored = meta
+                        .get("bucket_width_secs")?
+                        .and_then(|v| v.value().parse::<i64>().ok())
+                        .unwrap_or(-1);
+                    if stored == self.settings.bucket_width_secs {
+                        Ok(())
+                    } else {
+                        Err(StoreOpenError::WidthMismatch {
+                            path: self.path.clone(),
+                            stored,
+                            configured: self.settings.bucket_width_secs,
+                        })
+                    }
+                }
+            }
+        };
+        tx.commit()?;
+        Ok(checked)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Names of every stored series.
+    pub fn series_names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.series.keys()
+    }
+
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+
+    /// Size of the database file in bytes.
+    pub fn file_bytes(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// Upsert-and-increment: in one durable write transaction, for every bucket of the batch,
+    /// read the stored summary (if any), merge the batch's summary into it, and write it back.
+    /// When this returns `Ok`, the batch is on disk.
+    pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, CommitError> {
+        let mut stats = CommitStats::default();
+        if batch.is_empty() {
+            return Ok(stats);
+        }
+        let mut tx = self.db.begin_write()?;
+        // Acknowledgements wait for this commit, so it must be durable; say so explicitly.
+        tx.set_durability(redb::Durability::Immediate)?;
+        tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
+        tx.set_quick_repair(self.settings.quick_repair);
+        let mut new_series = Vec::new();
+        {
+            let mut by_name = tx.open_table(SERIES_BY_NAME)?;
+            let mut by_id = tx.open_table(SERIES_BY_ID)?;
+            let mut buckets = tx.open_table(BUCKETS)?;
+            let mut next_id = self.series.len() as u64;
+            let mut buf = Vec::with_capacity(512);
+            for ((series, start), delta) in &batch.buckets {
+                let id = match self.series.get(series) {
+                    Some(&id) => id,
+                    None => match new_series.iter().find(|(name, _)| name == series) {
+                        Some(&(_, id)) => id,
+                        None => {
+                            let id = next_id;
+                            next_id += 1;
+                            by_name.insert(&**series, id)?;
+                            by_id.insert(id, &**series)?;
+                            new_series.push((series.clone(), id));
+                            id
+                        }
+                    },
+                };
+                let merged = match buckets.get((id, *start))? {
+                    Some(stored) => {
+                        let doc = BucketDoc::decode(stored.value()).map_err(|source| {
+                            CommitError::Decode {
+                                series_id: id,
+                                start: *start,
+                                source,
+                            }
+                        })?;
+                        let mut summary = doc.summary();
+                        summary.merge(delta);
+                        doc.with_summary(&summary)
+                    }
+                    None => {
+                        stats.buckets_created += 1;
+                        BucketDoc::new(series, *start, self.settings.bucket_width_secs, delta)
+                    }
+                };
+                buf.clear();
+                bson::serialize_to_buffer(&merged, &mut buf)
+                    .expect("a BucketDoc has only BSON-representable fields");
+                buckets.insert((id, *start), buf.as_slice())?;
+                stats.buckets_written += 1;
+            }
+        }
+        tx.commit()?;
+        stats.series_created = new_series.len();
+        self.series.extend(new_series);
+        Ok(stats)
+    }
+}
+
+impl BucketDoc {
+    /// This document with its aggregates replaced by `s` (names, start, pages kept).
+    fn with_summary(self, s: &Summary) -> BucketDoc {
+        BucketDoc {
+            pages: self.pages,
+            ..BucketDoc::new(&self.series, self.start, self.end - self.start, s)
+        }
+    }
+}
+
+fn open_error(path: &Path, e: redb::DatabaseError) -> StoreOpenError {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreOpenError::Locked {
+            path: path.to_owned(),
+        },
+        redb::DatabaseError::Storage(redb::StorageError::Io(source)) => {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                StoreOpenError::Missing {
+                    path: path.to_owned(),
+                }
+            } else {
+                StoreOpenError::Io {
+                    path: path.to_owned(),
+                    source,
+                }
+            }
+        }
+        other => StoreOpenError::Corrupt {
+            path: path.to_owned(),
+            source: other.into(),
+        },
+    }
+}
+
+fn read_series(db: &impl ReadableDatabase) -> Result<HashMap<Arc<str>, u64>, redb::Error> {
+    let tx = db.begin_read()?;
+    let table = tx.open_table(SERIES_BY_NAME)?;
+    let mut series = HashMap::with_capacity(usize::try_from(table.len()?).unwrap_or(0));
+    for entry in table.iter()? {
+        let (name, id) = entry?;
+        series.insert(Arc::from(name.value()), id.value());
+    }
+    Ok(series)
+}
+
+/// Read access to a database file that no daemon holds (`bucketd export`).
+pub struct StoreReader {
+    db: redb::ReadOnlyDatabase,
+}
+
+impl StoreReader {
+    /// Opens the file read-only. Fails with [`StoreOpenError::Locked`] while a daemon holds it.
+    pub fn open(path: &Path) -> Result<StoreReader, StoreOpenError> {
+        if !path.exists() {
+            return Err(StoreOpenError::Missing {
+                path: path.to_owned(),
+            });
+        }
+        let db = redb::Builder::new()
+            .open_read_only(path)
+            .map_err(|e| open_error(path, e))?;
+        Ok(StoreReader { db })
+    }
+
+    /// Every series name, sorted.
+    pub fn series(&self) -> Result<Vec<String>, redb::Error> {
+        let mut names: Vec<String> = read_series(&self.db)?
+            .into_keys()
+            .map(|n| n.to_string())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Buckets of `series` (all series when `None`) with `from <= start < to` (seconds), in
+    /// series-id then time order.
+    pub fn buckets(
+        &self,
+        series: Option<&str>,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<BucketDoc>, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let by_name = tx.open_table(SERIES_BY_NAME)?;
+        let buckets = tx.open_table(BUCKETS)?;
+        let ids: Vec<u64> = match series {
+            Some(name) => by_name
+                .get(name)?
+                .map(|id| id.value())
+                .into_iter()
+                .collect(),
+            None => {
+                let by_id = tx.open_table(SERIES_BY_ID)?;
+                let mut ids = Vec::new();
+                for entry in by_id.iter()? {
+                    ids.push(entry?.0.value());
+                }
+                ids
+            }
+        };
+        let mut out = Vec::new();
+        if from >= to {
+            return Ok(out);
+        }
+        for id in ids {
+            for entry in buckets.range((id, from)..(id, to))? {
+                let (key, value) = entry?;
+                let doc = BucketDoc::decode(value.value()).map_err(|e| {
+                    redb::Error::Corrupted(format!(
+                        "bucket document {:?} is unreadable: {e}",
+                        key.value()
+                    ))
+                })?;
+                out.push(doc);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;
