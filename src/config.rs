@@ -327,7 +327,7 @@ impl TryFrom<RawConfig> for Config {
             dead_letters: raw.limits.dead_letters,
         };
 
-        if tracing_subscriber::EnvFilter::try_new(&raw.log.level).is_err() {
+        if !valid_log_filter(&raw.log.level) {
             return Err(invalid(
                 "log.level",
                 format!(
@@ -516,6 +516,18 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
         timestamp_unit: raw.timestamp_unit,
         sensor_field: raw.sensor_field.clone(),
     })
+}
+
+/// A level (`info`) or a list of directives (`info,bucketd=debug`) with known level names.
+fn valid_log_filter(filter: &str) -> bool {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    !filter.trim().is_empty()
+        && filter.split(',').all(|directive| {
+            let level = directive.rsplit('=').next().unwrap_or("").trim();
+            LEVELS.iter().any(|l| l.eq_ignore_ascii_case(level))
+                || (directive.contains('=') && level.is_empty())
+        })
+        && tracing_subscriber::EnvFilter::try_new(filter).is_ok()
 }
 
 /// `$share/group/a/b` -> `a/b`: the template applies to the topic, not the share prefix.

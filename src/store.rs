@@ -392,24 +392,22 @@ impl BucketDoc {
 }
 
 fn open_error(path: &Path, e: redb::DatabaseError) -> StoreOpenError {
+    let path = path.to_owned();
     match e {
-        redb::DatabaseError::DatabaseAlreadyOpen => StoreOpenError::Locked {
-            path: path.to_owned(),
-        },
-        redb::DatabaseError::Storage(redb::StorageError::Io(source)) => {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                StoreOpenError::Missing {
-                    path: path.to_owned(),
-                }
-            } else {
-                StoreOpenError::Io {
-                    path: path.to_owned(),
-                    source,
-                }
-            }
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreOpenError::Locked { path },
+        redb::DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            StoreOpenError::Missing { path }
+        }
+        // redb reports a wrong magic number or a truncated header as InvalidData.
+        redb::DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.kind() != std::io::ErrorKind::InvalidData =>
+        {
+            StoreOpenError::Io { path, source }
         }
         other => StoreOpenError::Corrupt {
-            path: path.to_owned(),
+            path,
             source: other.into(),
         },
     }

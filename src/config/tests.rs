@@ -1,1 +1,173 @@
+use std::io::Write;
 
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+fn load(text: &str) -> Result<Config, ConfigError> {
+    let f = file(text);
+    Config::load(Some(f.path()), env(&[]))
+}
+
+fn error_of(text: &str) -> String {
+    load(text)
+        .expect_err("config should be refused")
+        .to_string()
+}
+
+#[test]
+fn default_toml_alone_is_a_valid_config_with_documented_defaults() {
+    let c = Config::load(None, env(&[])).unwrap();
+    assert_eq!(c.mqtt.host, "localhost");
+    assert_eq!(c.mqtt.port, 1883);
+    assert_eq!(c.mqtt.protocol, Protocol::V5);
+    assert_eq!(c.mqtt.receive_maximum, 1024);
+    assert_eq!(c.batch.flush_interval, Duration::from_secs(1));
+    assert_eq!(c.store.bucket_width, Duration::from_secs(3600));
+    assert_eq!(c.store.cache_bytes, 16 << 20);
+    assert_eq!(c.limits.max_payload_bytes, 64 << 10);
+    assert_eq!(c.subscriptions.len(), 2);
+}
+
+#[test]
+fn file_then_environment_override_defaults() {
+    let f =
+        file("[mqtt]\nport = 1999\nhost = \"from-file\"\n[batch]\nflush_interval = \"250ms\"\n");
+    let c = Config::load(
+        Some(f.path()),
+        env(&[
+            ("BUCKETD__MQTT__HOST", "from-env"),
+            ("BUCKETD__STORE__CACHE_SIZE", "4MiB"),
+            ("UNRELATED", "x"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.mqtt.port, 1999);
+    assert_eq!(c.mqtt.host, "from-env");
+    assert_eq!(c.batch.flush_interval, Duration::from_millis(250));
+    assert_eq!(c.store.cache_bytes, 4 << 20);
+}
+
+#[test]
+fn subscriptions_in_a_file_replace_the_default_ones() {
+    let c = load(
+        "[[subscriptions]]\nfilter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.subscriptions.len(), 1);
+    assert_eq!(c.subscriptions[0].filter, "a/+/+");
+    assert_eq!(c.subscriptions[0].qos, 1, "qos defaults to 1");
+}
+
+#[test]
+fn unknown_keys_are_errors_that_name_the_key() {
+    let e = error_of("[mqtt]\npasswrod = \"x\"\n");
+    assert!(e.contains("passwrod"), "{e}");
+    let e = error_of("[nonsense]\nx = 1\n");
+    assert!(e.contains("nonsense"), "{e}");
+    let e = Config::load(None, env(&[("BUCKETD__BATCH__FLUSH_INTERVALL", "1s")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("flush_intervall"), "{e}");
+}
+
+#[test]
+fn bad_values_are_errors_that_name_the_key() {
+    let cases = [
+        ("[batch]\nflush_interval = \"soon\"\n", "flush_interval"),
+        ("[batch]\nflush_interval = \"0s\"\n", "batch.flush_interval"),
+        ("[store]\nbucket_width = \"7m\"\n", "store.bucket_width"),
+        ("[store]\ncache_size = \"lots\"\n", "cache_size"),
+        ("[store]\ndurability = \"none\"\n", "durability"),
+        ("[mqtt]\nprotocol = \"v4\"\n", "protocol"),
+        ("[mqtt]\nreceive_maximum = 0\n", "mqtt.receive_maximum"),
+        ("[mqtt]\nreceive_maximum = 70000\n", "receive_maximum"),
+        ("[mqtt]\nport = \"x\"\n", "port"),
+        ("[mqtt]\npassword_file = \"/p\"\n", "mqtt.username"),
+        (
+            "[limits]\nmax_payload_bytes = \"1MiB\"\n",
+            "limits.max_payload_bytes",
+        ),
+        ("[log]\nlevel = \"loud!!\"\n", "log.level"),
+    ];
+    for (text, key) in cases {
+        let e = error_of(text);
+        assert!(e.contains(key), "{text:?}: {e}");
+    }
+}
+
+#[test]
+fn subscriptions_are_checked_against_their_format_and_filter() {
+    let sub = |body: &str| format!("[[subscriptions]]\n{body}\n");
+    let cases = [
+        (
+            "filter = \"a/+\"\ntemplate = \"a/{sensor}\"\nformat = \"value\"",
+            "needs {sensor} and {metric}",
+        ),
+        (
+            "filter = \"a/+/+\"\ntemplate = \"a/{sensor}\"\nformat = \"value\"",
+            "does not line up",
+        ),
+        (
+            "filter = \"a/+/+\"\ntemplate = \"b/{sensor}/{metric}\"\nformat = \"value\"",
+            "does not line up",
+        ),
+        (
+            "filter = \"a/+\"\ntemplate = \"a/{sensor}\"\nformat = \"json\"\nsensor_field = \"id\"",
+            "exactly one",
+        ),
+        (
+            "filter = \"a/b+\"\ntemplate = \"a/b\"\nformat = \"json\"",
+            "filter",
+        ),
+        (
+            "filter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\nqos = 3",
+            "qos",
+        ),
+        (
+            "filter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\nfoo = 1",
+            "foo",
+        ),
+    ];
+    for (body, needle) in cases {
+        let e = error_of(&sub(body));
+        assert!(e.contains(needle), "{body:?}: {e}");
+        assert!(e.contains("subscriptions"), "{body:?}: {e}");
+    }
+    let ok = load(&sub(
+        "filter = \"$share/g/devices/+/telemetry\"\ntemplate = \"devices/{sensor}/telemetry\"\nformat = \"json\"",
+    ));
+    assert!(ok.is_ok(), "{ok:?}");
+}
+
+#[test]
+fn relative_store_path_resolves_against_the_state_directory() {
+    let c = Config::load(None, env(&[])).unwrap();
+    assert_eq!(
+        c.resolved_store_path(Some(Path::new("/var/lib/bucketd"))),
+        Path::new("/var/lib/bucketd/bucketd.redb")
+    );
+    assert_eq!(c.resolved_store_path(None), Path::new("bucketd.redb"));
+}
+
+#[test]
+fn rendered_config_reloads_to_the_same_config() {
+    let f = file("[mqtt]\nusername = \"u\"\npassword_file = \"/run/secret\"\n");
+    let raw = RawConfig::load(Some(f.path()), env(&[])).unwrap();
+    let text = render(&raw);
+    let again = file(&text);
+    let reloaded = RawConfig::load(Some(again.path()), env(&[])).unwrap();
+    assert_eq!(render(&reloaded), text);
+    assert!(text.contains("password_file = \"/run/secret\""));
+}

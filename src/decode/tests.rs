@@ -1,1 +1,292 @@
+use super::*;
+use crate::config::Config;
 
+const NOW_S: i64 = 1_763_719_200; // 2025-11-21T10:00:00Z
+
+fn ctx() -> DecodeContext {
+    DecodeContext {
+        received: Timestamp::from_secs(NOW_S),
+        oldest: Timestamp::from_secs(NOW_S - 30 * 86_400),
+        newest: Timestamp::from_secs(NOW_S + 600),
+        max_payload_bytes: 1024,
+    }
+}
+
+/// The two subscriptions of config/default.toml: [0] value, [1] json.
+fn subs() -> Vec<Subscription> {
+    Config::load(None, Vec::new()).unwrap().subscriptions
+}
+
+fn json_sub(f: impl FnOnce(&mut Subscription)) -> Subscription {
+    let mut s = subs().remove(1);
+    f(&mut s);
+    s
+}
+
+fn run(sub: &Subscription, topic: &str, payload: &[u8]) -> Result<Decoded, DecodeError> {
+    let mut out = Decoded::default();
+    decode(sub, topic.as_bytes(), payload, &ctx(), &mut out).map(|()| out)
+}
+
+fn readings(sub: &Subscription, topic: &str, payload: &str) -> Vec<(String, i64, f64)> {
+    let d = run(sub, topic, payload.as_bytes()).unwrap();
+    assert!(d.rejected.is_empty(), "{:?}", d.rejected);
+    d.readings
+        .into_iter()
+        .map(|r| (r.series, r.ts.as_nanos(), r.value))
+        .collect()
+}
+
+const NOW_NS: i64 = NOW_S * 1_000_000_000;
+
+#[test]
+fn value_payloads_take_names_from_the_topic_and_the_receive_time() {
+    let s = &subs()[0];
+    assert_eq!(
+        readings(s, "sensors/s1/temperature", " 21.5\n"),
+        [("s1/temperature".to_owned(), NOW_NS, 21.5)]
+    );
+    assert_eq!(readings(s, "sensors/s1/t", "-4e-3")[0].2, -0.004);
+}
+
+#[test]
+fn value_payload_rejections_have_reasons() {
+    let s = &subs()[0];
+    let cases: [(&str, &[u8], DecodeError); 8] = [
+        ("sensors/s1/t", b"", DecodeError::EmptyPayload),
+        ("sensors/s1/t", b"  ", DecodeError::EmptyPayload),
+        ("sensors/s1/t", b"warm", DecodeError::InvalidNumber),
+        ("sensors/s1/t", b"NaN", DecodeError::NonFinite),
+        ("sensors/s1/t", b"-inf", DecodeError::NonFinite),
+        ("sensors/s1/t", b"1e999", DecodeError::NonFinite),
+        ("sensors/s1/t", b"\xff\xfe", DecodeError::InvalidUtf8),
+        ("sensors/s1/t/extra", b"1", DecodeError::TopicMismatch),
+    ];
+    for (topic, payload, want) in cases {
+        assert_eq!(run(s, topic, payload).unwrap_err(), want, "{payload:?}");
+    }
+    assert_eq!(
+        run(s, "sensors/s1/t", &[b'1'; 1025]).unwrap_err(),
+        DecodeError::PayloadTooLarge
+    );
+    assert_eq!(
+        decode(s, b"sensors/\xff/t", b"1", &ctx(), &mut Decoded::default()).unwrap_err(),
+        DecodeError::InvalidUtf8
+    );
+}
+
+#[test]
+fn values_come_back_bit_for_bit() {
+    let s = &subs()[0];
+    for v in [
+        f64::MAX,
+        -f64::MAX,
+        f64::MIN_POSITIVE,
+        5e-324, // smallest subnormal
+        0.1,
+        1.0 / 3.0,
+        -0.0,
+        123_456_789.123_456_79,
+    ] {
+        let text = crate::export::number(v);
+        let got = readings(s, "sensors/a/b", &text)[0].2;
+        assert_eq!(got.to_bits(), v.to_bits(), "{text}");
+        let got = readings(
+            &subs()[1],
+            "devices/a/telemetry",
+            &format!("{{\"x\":{text}}}"),
+        )[0]
+        .2;
+        assert_eq!(got.to_bits(), v.to_bits(), "json {text}");
+    }
+}
+
+#[test]
+fn json_object_fields_are_metrics_with_the_payload_timestamp() {
+    let s = &subs()[1];
+    let mut got = readings(
+        s,
+        "devices/d7/telemetry",
+        r#"{"ts": 1763719200123, "temperature": 21.5, "humidity": 40, "status": "ok", "on": true, "nested": {"x": 1}}"#,
+    );
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    let ts = 1_763_719_200_123 * 1_000_000;
+    assert_eq!(
+        got,
+        [
+            ("d7/humidity".to_owned(), ts, 40.0),
+            ("d7/temperature".to_owned(), ts, 21.5)
+        ]
+    );
+}
+
+#[test]
+fn json_arrays_are_batches_and_each_reading_keeps_its_own_timestamp() {
+    let s = &subs()[1];
+    let got = readings(
+        s,
+        "devices/d7/telemetry",
+        r#"[{"ts": 1763719100, "t": 1}, {"ts": "2025-11-21T10:00:00.5Z", "t": 2}, {"t": 3}]"#,
+    );
+    assert_eq!(
+        got,
+        [
+            ("d7/t".to_owned(), 1_763_719_100 * 1_000_000_000, 1.0),
+            ("d7/t".to_owned(), NOW_NS + 500_000_000, 2.0),
+            ("d7/t".to_owned(), NOW_NS, 3.0),
+        ]
+    );
+}
+
+#[test]
+fn timestamp_units_by_magnitude_and_by_config() {
+    let auto = TimestampUnit::Auto;
+    let n = |v: serde_json::Value, unit| parse_timestamp(&v, unit).map(Timestamp::as_nanos);
+    let want = Some(NOW_NS);
+    assert_eq!(n(serde_json::json!(NOW_S), auto), want);
+    assert_eq!(n(serde_json::json!(NOW_S * 1000), auto), want);
+    assert_eq!(n(serde_json::json!(NOW_S * 1_000_000), auto), want);
+    assert_eq!(n(serde_json::json!(NOW_NS), auto), want);
+    assert_eq!(
+        n(serde_json::json!(1_763_719_200.25), auto),
+        Some(NOW_NS + 250_000_000)
+    );
+    assert_eq!(n(serde_json::json!(NOW_S * 1000), TimestampUnit::Ms), want);
+    assert_eq!(
+        n(serde_json::json!(NOW_S), TimestampUnit::Ms),
+        Some(NOW_NS / 1000)
+    );
+    assert_eq!(
+        n(serde_json::json!("2025-11-21T11:00:00+01:00"), auto),
+        want
+    );
+    assert_eq!(n(serde_json::json!("yesterday"), auto), None);
+    assert_eq!(n(serde_json::json!(true), auto), None);
+    assert_eq!(
+        n(serde_json::json!(i64::MAX), TimestampUnit::S),
+        None,
+        "overflow"
+    );
+}
+
+#[test]
+fn json_rejections_are_per_message_or_per_reading() {
+    let s = &subs()[1];
+    let t = "devices/d/telemetry";
+    assert_eq!(
+        run(s, t, b"{not json").unwrap_err(),
+        DecodeError::InvalidJson
+    );
+    assert_eq!(run(s, t, b"42").unwrap_err(), DecodeError::NotAnObject);
+    assert_eq!(run(s, t, b"[1, 2]").unwrap_err(), DecodeError::NotAnObject);
+    assert_eq!(
+        run(s, t, br#"{"status": "ok"}"#).unwrap_err(),
+        DecodeError::NoReadings
+    );
+    assert_eq!(run(s, t, b"[]").unwrap_err(), DecodeError::NoReadings);
+    assert_eq!(
+        run(s, t, b"{\"x\": 1e999}").unwrap_err(),
+        DecodeError::NonFinite
+    );
+    assert_eq!(
+        run(s, t, b"{\"x\": \"\xff\"}").unwrap_err(),
+        DecodeError::InvalidUtf8
+    );
+
+    // A bad timestamp rejects that object's readings, never replaced by the receive time.
+    let d = run(s, t, br#"[{"ts": "yesterday", "a": 1}, {"a": 2}]"#).unwrap();
+    assert_eq!(d.rejected, [DecodeError::InvalidTimestamp]);
+    assert_eq!(d.readings.len(), 1);
+
+    let too_old = NOW_S - 31 * 86_400;
+    let too_new = NOW_S + 601;
+    let payload =
+        format!(r#"[{{"ts": {too_old}, "a": 1}}, {{"ts": {too_new}, "a": 1}}, {{"a/b": 1}}]"#);
+    let d = run(s, t, payload.as_bytes()).unwrap();
+    assert_eq!(
+        d.rejected,
+        [
+            DecodeError::TimestampOutOfRange,
+            DecodeError::TimestampOutOfRange,
+            DecodeError::InvalidName
+        ]
+    );
+    assert!(d.readings.is_empty());
+}
+
+#[test]
+fn deeply_nested_json_is_rejected_not_a_stack_overflow() {
+    let s = &subs()[1];
+    let mut payload = "[".repeat(100_000);
+    payload.push_str(&"]".repeat(100_000));
+    let mut out = Decoded::default();
+    let mut c = ctx();
+    c.max_payload_bytes = 1 << 20;
+    let e = decode(s, b"devices/d/telemetry", payload.as_bytes(), &c, &mut out).unwrap_err();
+    assert_eq!(e, DecodeError::InvalidJson);
+}
+
+#[test]
+fn sensor_field_takes_the_sensor_from_the_payload() {
+    let mut sub = json_sub(|s| {
+        s.template = Template::parse("gw/{_}/bulk").unwrap();
+        s.sensor_field = Some("id".into());
+    });
+    let got = readings(
+        &sub,
+        "gw/x/bulk",
+        r#"[{"id": "a", "v": 1}, {"id": 7, "v": 2}]"#,
+    );
+    assert_eq!(got[0].0, "a/v");
+    assert_eq!(got[1].0, "7/v");
+    let d = run(&sub, "gw/x/bulk", br#"[{"v": 1}, {"id": null, "v": 2}]"#).unwrap();
+    assert_eq!(
+        d.rejected,
+        [DecodeError::InvalidName, DecodeError::InvalidName]
+    );
+    sub.timestamp_field = None;
+    let got = readings(&sub, "gw/x/bulk", r#"{"id": "a", "ts": 5}"#);
+    assert_eq!(
+        got,
+        [("a/ts".to_owned(), NOW_NS, 5.0)],
+        "without timestamp_field, ts is a metric"
+    );
+}
+
+#[test]
+fn templates_capture_levels_and_check_literals() {
+    let t = Template::parse("site/{_}/{sensor}/{metric}").unwrap();
+    assert_eq!(t.capture("site/x/s1/t"), Some((Some("s1"), Some("t"))));
+    assert_eq!(t.capture("other/x/s1/t"), None);
+    assert_eq!(t.capture("site/x/s1"), None);
+    assert_eq!(t.capture("site/x/s1/t/u"), None);
+    let rest = Template::parse("a/{sensor}/#").unwrap();
+    assert_eq!(rest.capture("a/s/b/c"), Some((Some("s"), None)));
+    assert!(rest.fits_filter("a/+/#"));
+    assert!(!rest.fits_filter("a/+/+"));
+    assert!(Template::parse("a/{sensor}/{sensor}").is_err());
+    assert!(Template::parse("a/{nope}").is_err());
+    assert!(Template::parse("a/#/b").is_err());
+}
+
+#[test]
+fn topic_filters_match_like_mqtt() {
+    assert!(topic_matches("sensors/+/+", "sensors/a/b"));
+    assert!(!topic_matches("sensors/+/+", "sensors/a"));
+    assert!(topic_matches("sensors/#", "sensors"));
+    assert!(topic_matches("sensors/#", "sensors/a/b/c"));
+    assert!(topic_matches("$share/g/sensors/+", "sensors/a"));
+    assert!(!topic_matches("+/x", "$SYS/x"));
+    assert!(!topic_matches("a/b", "a/c"));
+}
+
+#[test]
+fn every_reason_is_distinct_and_indexed() {
+    for (i, e) in DecodeError::ALL.iter().enumerate() {
+        assert_eq!(e.index(), i);
+    }
+    let mut reasons: Vec<_> = DecodeError::ALL.iter().map(|e| e.reason()).collect();
+    reasons.sort_unstable();
+    reasons.dedup();
+    assert_eq!(reasons.len(), DecodeError::ALL.len());
+}

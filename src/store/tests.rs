@@ -1,1 +1,157 @@
+use std::collections::BTreeMap;
 
+use proptest::prelude::*;
+
+use super::*;
+
+fn settings(path: &Path) -> StoreSettings {
+    StoreSettings {
+        path: path.to_owned(),
+        bucket_width_secs: 3600,
+        durability: Durability::Immediate,
+        quick_repair: true,
+        cache_bytes: 1 << 20,
+    }
+}
+
+fn batch(readings: &[(&str, i64, f64)]) -> Batch {
+    let mut b = Batch::default();
+    for &(series, ts_s, v) in readings {
+        let key = (Arc::from(series), ts_s.div_euclid(3600) * 3600);
+        let ts = ts_s * 1_000_000_000;
+        b.buckets
+            .entry(key)
+            .and_modify(|s: &mut Summary| s.push(ts, v))
+            .or_insert_with(|| Summary::of(ts, v));
+        b.readings += 1;
+    }
+    b
+}
+
+#[test]
+fn commit_increments_stored_buckets_instead_of_replacing_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.redb");
+    let mut store = Store::open(&settings(&path)).unwrap();
+    let stats = store
+        .commit(&batch(&[
+            ("a/t", 10, 1.0),
+            ("a/t", 20, 3.0),
+            ("b/t", 3700, 5.0),
+        ]))
+        .unwrap();
+    assert_eq!(stats.buckets_created, 2);
+    assert_eq!(stats.series_created, 2);
+    let stats = store.commit(&batch(&[("a/t", 5, -1.0)])).unwrap();
+    assert_eq!((stats.buckets_created, stats.buckets_written), (0, 1));
+    drop(store);
+
+    let reader = StoreReader::open(&path).unwrap();
+    assert_eq!(reader.series().unwrap(), ["a/t", "b/t"]);
+    let docs = reader.buckets(Some("a/t"), i64::MIN, i64::MAX).unwrap();
+    assert_eq!(docs.len(), 1);
+    let d = &docs[0];
+    assert_eq!(
+        (d.count, d.min, d.max, d.start, d.end),
+        (3, -1.0, 3.0, 0, 3600)
+    );
+    assert_eq!((d.first.ts, d.first.value), (5_000_000_000, -1.0));
+    assert_eq!((d.last.ts, d.last.value), (20_000_000_000, 3.0));
+    assert_eq!(d.summary().total(), 3.0);
+    assert_eq!(d.schema_version, SCHEMA_VERSION);
+    assert_eq!((d.sensor.as_str(), d.metric.as_str()), ("a", "t"));
+    assert!(
+        reader.buckets(Some("a/t"), 1, 3600).unwrap().is_empty(),
+        "from is inclusive on start"
+    );
+    assert!(
+        reader
+            .buckets(Some("nope/x"), i64::MIN, i64::MAX)
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_second_open_while_held_says_the_file_is_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.redb");
+    let _store = Store::open(&settings(&path)).unwrap();
+    let e = StoreReader::open(&path).err().expect("locked");
+    assert!(matches!(e, StoreOpenError::Locked { .. }), "{e}");
+    assert!(e.to_string().contains("in use by another process"));
+    let e = Store::open(&settings(&path)).err().expect("locked");
+    assert!(matches!(e, StoreOpenError::Locked { .. }), "{e}");
+}
+
+#[test]
+fn reopening_with_another_bucket_width_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.redb");
+    drop(Store::open(&settings(&path)).unwrap());
+    let e = Store::open(&StoreSettings {
+        bucket_width_secs: 900,
+        ..settings(&path)
+    })
+    .err()
+    .expect("width mismatch");
+    assert!(e.to_string().contains("bucket_width 3600s"), "{e}");
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_reported_as_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.redb");
+    std::fs::write(&path, vec![0x42u8; 8192]).unwrap();
+    let e = Store::open(&settings(&path)).err().expect("garbage file");
+    assert!(matches!(e, StoreOpenError::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains(path.to_str().unwrap()));
+    let missing = StoreReader::open(&dir.path().join("missing.redb"))
+        .err()
+        .unwrap();
+    assert!(matches!(missing, StoreOpenError::Missing { .. }));
+}
+
+fn series_name() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec!["a/t", "a/h", "b/t", "c/x"])
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Model-based: random batches go to the store and to an in-memory model; after a reopen
+    /// every stored bucket equals the model's.
+    #[test]
+    fn stored_buckets_equal_the_model_after_reopen(
+        batches in prop::collection::vec(
+            prop::collection::vec((series_name(), 0i64..5 * 3600, -1e3f64..1e3), 1..30),
+            1..6,
+        )
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let mut model: BTreeMap<(String, i64), Summary> = BTreeMap::new();
+        {
+            let mut store = Store::open(&settings(&path)).unwrap();
+            for readings in &batches {
+                let b = batch(readings);
+                for ((series, start), s) in &b.buckets {
+                    model
+                        .entry((series.to_string(), *start))
+                        .and_modify(|m| m.merge(s))
+                        .or_insert(*s);
+                }
+                store.commit(&b).unwrap();
+            }
+        }
+        let reader = StoreReader::open(&path).unwrap();
+        let docs = reader.buckets(None, i64::MIN, i64::MAX).unwrap();
+        prop_assert_eq!(docs.len(), model.len());
+        for doc in docs {
+            let want = model[&(doc.series.clone(), doc.start)];
+            // The store merges in the same order as the model, so even the floats are equal.
+            prop_assert_eq!(doc.summary(), want);
+            prop_assert_eq!(BucketDoc::decode(&doc.encode()).unwrap(), doc.clone());
+        }
+    }
+}
