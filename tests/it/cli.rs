@@ -1,0 +1,1 @@
+//! The `bucketd` binary. (Filled in below.)

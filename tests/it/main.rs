@@ -1,0 +1,52 @@
+//! The integration tests: one binary (`cargo test --test it`), one module per theme. End-to-end
+//! tests run against the in-process rumqttd and, when `BUCKETD_TEST_MQTT=host:port` is set,
+//! against that broker too (CI points it at Mosquitto).
+
+mod support;
+
+/// The `bucketd` binary: SIGTERM shutdown, export, exit codes.
+mod cli;
+/// End to end through a real broker and a real redb file: ground truth, restart, bad input.
+mod ingest;
+
+/// Runs an async scenario `fn(Broker, Protocol)` against every broker, as one test per broker
+/// and protocol. Against the external broker, the test passes without running when
+/// `BUCKETD_TEST_MQTT` is unset and says so on stderr.
+#[macro_export]
+macro_rules! on_every_broker {
+    ($scenario:ident) => {
+        mod $scenario {
+            use bucketd::config::Protocol;
+
+            use $crate::support::Broker;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rumqttd_v5() {
+                super::$scenario(Broker::hermetic(), Protocol::V5).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rumqttd_v311() {
+                super::$scenario(Broker::hermetic(), Protocol::V311).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn external_v5() {
+                let Some(broker) = Broker::external() else {
+                    eprintln!("not run: BUCKETD_TEST_MQTT is not set");
+                    return;
+                };
+                super::$scenario(broker, Protocol::V5).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn external_v311() {
+                let Some(broker) = Broker::external() else {
+                    eprintln!("not run: BUCKETD_TEST_MQTT is not set");
+                    return;
+                };
+                super::$scenario(broker, Protocol::V311).await;
+            }
+        }
+    };
+}

@@ -1,0 +1,403 @@
+//! Shared test harness: brokers (an in-process rumqttd, and the external broker named by
+//! `BUCKETD_TEST_MQTT`), a QoS 1 publisher that waits for the broker's PUBACKs, daemon configs,
+//! `eventually` for polling assertions, and ground-truth bucket computation.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use bucketd::config::{Config, Protocol, RawConfig, RawSubscription};
+use bucketd::decode::{Format, TimestampUnit};
+use bucketd::store::BucketDoc;
+
+/// A broker the tests can reach.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    pub name: &'static str,
+    pub host: String,
+    /// Port for MQTT 3.1.1 clients.
+    pub v311_port: u16,
+    /// Port for MQTT 5 clients (the same as `v311_port` on brokers that speak both on one port).
+    pub v5_port: u16,
+}
+
+impl Broker {
+    /// The in-process rumqttd, started once per test binary (it has no shutdown API).
+    pub fn hermetic() -> Broker {
+        static BROKER: OnceLock<Broker> = OnceLock::new();
+        BROKER.get_or_init(start_rumqttd).clone()
+    }
+
+    /// The broker named by `BUCKETD_TEST_MQTT=host:port`, if set.
+    pub fn external() -> Option<Broker> {
+        let addr = std::env::var("BUCKETD_TEST_MQTT").ok()?;
+        let (host, port) = addr
+            .rsplit_once(':')
+            .expect("BUCKETD_TEST_MQTT is host:port");
+        let port: u16 = port.parse().expect("BUCKETD_TEST_MQTT port is a number");
+        Some(Broker {
+            name: "external",
+            host: host.to_owned(),
+            v311_port: port,
+            v5_port: port,
+        })
+    }
+
+    pub fn port(&self, protocol: Protocol) -> u16 {
+        match protocol {
+            Protocol::V5 => self.v5_port,
+            Protocol::V311 => self.v311_port,
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral port")
+        .port()
+}
+
+fn start_rumqttd() -> Broker {
+    use rumqttd::{ConnectionSettings, RouterConfig, ServerSettings};
+    let v4 = free_port();
+    let v5 = free_port();
+    let server = |name: &str, port: u16| ServerSettings {
+        name: name.to_owned(),
+        listen: format!("127.0.0.1:{port}").parse().unwrap(),
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 60_000,
+            max_payload_size: 1 << 20,
+            max_inflight_count: 500,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    let config = rumqttd::Config {
+        id: 0,
+        router: RouterConfig {
+            max_connections: 10_000,
+            max_outgoing_packet_count: 200,
+            max_segment_size: 100 << 20,
+            max_segment_count: 10,
+            ..Default::default()
+        },
+        v4: Some(HashMap::from([("1".to_owned(), server("v4", v4))])),
+        v5: Some(HashMap::from([("1".to_owned(), server("v5", v5))])),
+        ..Default::default()
+    };
+    std::thread::spawn(move || {
+        rumqttd::Broker::new(config)
+            .start()
+            .expect("rumqttd starts");
+    });
+    for port in [v4, v5] {
+        eventually_sync(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+    Broker {
+        name: "rumqttd",
+        host: "127.0.0.1".into(),
+        v311_port: v4,
+        v5_port: v5,
+    }
+}
+
+/// A name unique to this test process and call, for client ids and topic prefixes.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Polls `cond` until it holds; panics with `what` after `timeout`. For conditions that become
+/// true through work elsewhere (never a sleep standing in for a wait).
+pub async fn eventually(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn eventually_sync(timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Topics of one test: `{prefix}/sensors/{sensor}/{metric}` (value) and
+/// `{prefix}/devices/{sensor}/telemetry` (json with `ts`).
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub prefix: String,
+}
+
+impl Topics {
+    pub fn new() -> Topics {
+        Topics {
+            prefix: unique("t"),
+        }
+    }
+
+    pub fn value(&self, sensor: &str, metric: &str) -> String {
+        format!("{}/sensors/{sensor}/{metric}", self.prefix)
+    }
+
+    pub fn json(&self, sensor: &str) -> String {
+        format!("{}/devices/{sensor}/telemetry", self.prefix)
+    }
+
+    pub fn subscriptions(&self) -> Vec<RawSubscription> {
+        vec![
+            RawSubscription {
+                filter: format!("{}/sensors/+/+", self.prefix),
+                template: format!("{}/sensors/{{sensor}}/{{metric}}", self.prefix),
+                format: Format::Value,
+                qos: 1,
+                timestamp_field: None,
+                timestamp_unit: TimestampUnit::Auto,
+                sensor_field: None,
+            },
+            RawSubscription {
+                filter: format!("{}/devices/+/telemetry", self.prefix),
+                template: format!("{}/devices/{{sensor}}/telemetry", self.prefix),
+                format: Format::Json,
+                qos: 1,
+                timestamp_field: Some("ts".into()),
+                timestamp_unit: TimestampUnit::Auto,
+                sensor_field: None,
+            },
+        ]
+    }
+}
+
+/// A daemon config for `broker` with the store at `db` and `topics`' subscriptions.
+pub fn raw_config(broker: &Broker, protocol: Protocol, db: &Path, topics: &Topics) -> RawConfig {
+    let mut raw = RawConfig::load(None, Vec::new()).expect("defaults load");
+    raw.mqtt.host = broker.host.clone();
+    raw.mqtt.port = broker.port(protocol);
+    raw.mqtt.protocol = protocol;
+    raw.mqtt.client_id = format!("bucketd-{}", topics.prefix);
+    raw.mqtt.reconnect_delay_min = Duration::from_millis(100);
+    raw.mqtt.reconnect_delay_max = Duration::from_secs(1);
+    raw.store.path = db.to_owned();
+    raw.store.cache_size = bytesize::ByteSize::mib(4);
+    raw.batch.flush_interval = Duration::from_millis(200);
+    raw.subscriptions = topics.subscriptions();
+    raw
+}
+
+pub fn config(raw: &RawConfig) -> Config {
+    Config::try_from(raw.clone()).expect("test config is valid")
+}
+
+/// Publishes every message with `qos` and returns once the broker has acknowledged all of them
+/// (QoS 1), so they are the broker's responsibility from then on.
+pub async fn publish_all(broker: &Broker, messages: &[(String, Vec<u8>)], qos: u8) {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+    let mut opts = MqttOptions::new(unique("pub"), broker.host.clone(), broker.v311_port);
+    opts.set_keep_alive(Duration::from_secs(30))
+        .set_max_packet_size(1 << 20, 1 << 20)
+        .set_inflight(100);
+    let (client, mut eventloop) = AsyncClient::new(opts, 1000);
+    let qos = rumqttc::qos(qos).unwrap();
+    let total = messages.len();
+    let messages = messages.to_vec();
+    let publisher = tokio::spawn(async move {
+        for (topic, payload) in messages {
+            client.publish(topic, qos, false, payload).await.unwrap();
+        }
+        client
+    });
+    let mut acked = 0;
+    let mut sent = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let done = match qos {
+            QoS::AtMostOnce => sent == total,
+            _ => acked == total,
+        };
+        if done {
+            break;
+        }
+        let event = tokio::time::timeout_at(deadline, eventloop.poll())
+            .await
+            .expect("publishing took over 60 s")
+            .expect("publisher connection failed");
+        match event {
+            Event::Incoming(Packet::PubAck(_)) => acked += 1,
+            Event::Outgoing(Outgoing::Publish(_)) => sent += 1,
+            _ => {}
+        }
+    }
+    let client = publisher.await.unwrap();
+    client.disconnect().await.unwrap();
+    // Drive the event loop until the DISCONNECT is written.
+    while let Ok(Ok(event)) = tokio::time::timeout(Duration::from_secs(5), eventloop.poll()).await {
+        if matches!(event, Event::Outgoing(Outgoing::Disconnect)) {
+            break;
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift), so failures reproduce.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    /// A value with a few decimals, sometimes negative or large.
+    pub fn value(&mut self) -> f64 {
+        let base = (self.below(2_000_001) as f64 - 1_000_000.0) / 1000.0;
+        match self.below(20) {
+            0 => base * 1e12,
+            1 => base * 1e-9,
+            _ => base,
+        }
+    }
+}
+
+/// One expected reading: series, timestamp (ns, `None` when the receive time is used), value.
+#[derive(Debug, Clone)]
+pub struct Expected {
+    pub series: String,
+    pub ts: Option<i64>,
+    pub value: f64,
+}
+
+/// The exact aggregates a set of readings must produce.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Truth {
+    pub count: i64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub variance: f64,
+    pub first: Option<(i64, f64)>,
+    pub last: Option<(i64, f64)>,
+}
+
+/// Ground truth per (series, bucket start) for readings with device timestamps, and per series
+/// (all buckets together) for readings stamped with the receive time.
+pub fn truth(readings: &[Expected], width_secs: i64) -> BTreeMap<(String, Option<i64>), Truth> {
+    let mut groups: BTreeMap<(String, Option<i64>), Vec<(Option<i64>, f64)>> = BTreeMap::new();
+    for r in readings {
+        let start =
+            r.ts.map(|ts| ts.div_euclid(1_000_000_000).div_euclid(width_secs) * width_secs);
+        groups
+            .entry((r.series.clone(), start))
+            .or_default()
+            .push((r.ts, r.value));
+    }
+    groups
+        .into_iter()
+        .map(|(key, values)| {
+            let n = values.len() as f64;
+            // Exact-ish reference: sum in sorted order of magnitude with f64, compared with
+            // a relative tolerance by the caller.
+            let sum: f64 = values.iter().map(|v| v.1).sum();
+            let mean = sum / n;
+            let variance = values.iter().map(|v| (v.1 - mean).powi(2)).sum::<f64>() / n;
+            let timed: Vec<(i64, f64)> = values
+                .iter()
+                .filter_map(|(ts, v)| ts.map(|ts| (ts, *v)))
+                .collect();
+            let order = |a: &(i64, f64), b: &(i64, f64)| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1));
+            let t = Truth {
+                count: values.len() as i64,
+                sum,
+                min: values.iter().map(|v| v.1).fold(f64::INFINITY, f64::min),
+                max: values.iter().map(|v| v.1).fold(f64::NEG_INFINITY, f64::max),
+                mean,
+                variance,
+                first: timed.iter().copied().min_by(order),
+                last: timed.iter().copied().max_by(order),
+            };
+            (key, t)
+        })
+        .collect()
+}
+
+pub fn close(a: f64, b: f64, rel: f64) -> bool {
+    a == b || (a - b).abs() <= rel * a.abs().max(b.abs())
+}
+
+/// Compares stored buckets with the ground truth: every field of every bucket.
+/// Readings without device timestamps are compared per series (their hour is the receive hour).
+pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<(String, Option<i64>), Truth>) {
+    let mut seen = 0;
+    for ((series, start), want) in truth {
+        let mine: Vec<&BucketDoc> = docs
+            .iter()
+            .filter(|d| &d.series == series && start.is_none_or(|s| d.start == s))
+            .collect();
+        assert!(!mine.is_empty(), "no bucket for {series} {start:?}");
+        let mut got = mine[0].summary();
+        for d in &mine[1..] {
+            got.merge(&d.summary());
+        }
+        let ctx = format!("{series} @ {start:?}: got {got:?}, want {want:?}");
+        assert_eq!(got.count as i64, want.count, "count {ctx}");
+        assert_eq!(got.min.to_bits(), want.min.to_bits(), "min {ctx}");
+        assert_eq!(got.max.to_bits(), want.max.to_bits(), "max {ctx}");
+        assert!(close(got.total(), want.sum, 1e-9), "sum {ctx}");
+        assert!(close(got.mean, want.mean, 1e-9), "mean {ctx}");
+        let spread = (want.max - want.min).powi(2);
+        assert!(
+            (got.variance() - want.variance).abs() <= 1e-9 * spread.max(f64::MIN_POSITIVE),
+            "variance {ctx}"
+        );
+        if let (Some(first), Some(last)) = (want.first, want.last) {
+            assert_eq!(
+                (got.first.ts, got.first.value.to_bits()),
+                (first.0, first.1.to_bits()),
+                "first {ctx}"
+            );
+            assert_eq!(
+                (got.last.ts, got.last.value.to_bits()),
+                (last.0, last.1.to_bits()),
+                "last {ctx}"
+            );
+            let d = mine[0];
+            assert_eq!(d.end - d.start, 3600, "end {ctx}");
+            let (sensor, metric) = series.split_once('/').unwrap();
+            assert_eq!((d.sensor.as_str(), d.metric.as_str()), (sensor, metric));
+        }
+        seen += mine.len();
+    }
+    assert_eq!(seen, docs.len(), "buckets exist that no reading explains");
+}
