@@ -429,7 +429,10 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
 fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     const DAY_SECONDS: u64 = 86_400;
     let width = raw.bucket_width;
-    if width.subsec_nanos() != 0 || width.as_secs() == 0 || DAY_SECONDS % width.as_secs() != 0 {
+    if width.subsec_nanos() != 0
+        || width.as_secs() == 0
+        || !DAY_SECONDS.is_multiple_of(width.as_secs())
+    {
         return Err(invalid(
             "store.bucket_width",
             format!(

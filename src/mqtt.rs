@@ -46,14 +46,15 @@ fn request_capacity(window: u16) -> usize {
     2 * usize::from(window) + 64
 }
 
+// Boxed event loops: the two differ in size by kilobytes and only one exists per daemon.
 enum Client {
     V4 {
         client: rumqttc::AsyncClient,
-        eventloop: rumqttc::EventLoop,
+        eventloop: Box<rumqttc::EventLoop>,
     },
     V5 {
         client: rumqttc::v5::AsyncClient,
-        eventloop: rumqttc::v5::EventLoop,
+        eventloop: Box<rumqttc::v5::EventLoop>,
     },
 }
 
@@ -80,7 +81,10 @@ impl Mqtt {
                 eventloop
                     .network_options
                     .set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
-                Client::V4 { client, eventloop }
+                Client::V4 {
+                    client,
+                    eventloop: Box::new(eventloop),
+                }
             }
             Protocol::V5 => {
                 let mut o = rumqttc::v5::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
@@ -99,7 +103,10 @@ impl Mqtt {
                     o.set_credentials(user, password.unwrap_or_default());
                 }
                 let (client, eventloop) = rumqttc::v5::AsyncClient::new(o, cap);
-                Client::V5 { client, eventloop }
+                Client::V5 {
+                    client,
+                    eventloop: Box::new(eventloop),
+                }
             }
         };
         Mqtt {

@@ -311,10 +311,13 @@ pub struct Truth {
     pub last: Option<(i64, f64)>,
 }
 
+/// (series, bucket start); no start for readings stamped with the receive time.
+pub type TruthKey = (String, Option<i64>);
+
 /// Ground truth per (series, bucket start) for readings with device timestamps, and per series
 /// (all buckets together) for readings stamped with the receive time.
-pub fn truth(readings: &[Expected], width_secs: i64) -> BTreeMap<(String, Option<i64>), Truth> {
-    let mut groups: BTreeMap<(String, Option<i64>), Vec<(Option<i64>, f64)>> = BTreeMap::new();
+pub fn truth(readings: &[Expected], width_secs: i64) -> BTreeMap<TruthKey, Truth> {
+    let mut groups: BTreeMap<TruthKey, Vec<(Option<i64>, f64)>> = BTreeMap::new();
     for r in readings {
         let start =
             r.ts.map(|ts| ts.div_euclid(1_000_000_000).div_euclid(width_secs) * width_secs);
@@ -358,7 +361,7 @@ pub fn close(a: f64, b: f64, rel: f64) -> bool {
 
 /// Compares stored buckets with the ground truth: every field of every bucket.
 /// Readings without device timestamps are compared per series (their hour is the receive hour).
-pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<(String, Option<i64>), Truth>) {
+pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>) {
     let mut seen = 0;
     for ((series, start), want) in truth {
         let mine: Vec<&BucketDoc> = docs
