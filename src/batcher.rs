@@ -8,7 +8,16 @@
 //! - half of the broker's in-flight window (`receive_maximum`) is waiting for acknowledgement.
 //!   A strict broker sends nothing more once the window is full, so waiting for the interval
 //!   would cap throughput at `window / flush_interval`; flushing at half the window keeps the
-//!   other half flowing while the commit runs.
+//!   other half flowing while the commit runs;
+//! - the broker has stalled on a window smaller than the configured one. Brokers may enforce a
+//!   smaller window than we ask for (rumqttd: 100 whatever the Receive Maximum; a v3.1.1 broker's
+//!   own limit, which the client cannot learn), so the policy also recognises the signature of a
+//!   full window: the batch's messages arrived right after our previous acknowledgements were
+//!   released (the broker was waiting for them), and then the stream went quiet for much longer
+//!   than the gaps between those messages. Ordinary traffic rarely shows both: a steady stream has
+//!   no quiet gap many times its own spacing, and a batch that began long after the last release
+//!   was not released by it. A broker window of 1 gives no spacing to judge by: set
+//!   `receive_maximum = 1` for such a broker.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,12 +45,41 @@ impl FlushPolicy {
     }
 }
 
+/// A batch whose first message arrived within this time after the previous acknowledgements
+/// were released counts as released by them (an "echo").
+pub const ECHO_MAX: Duration = Duration::from_millis(100);
+/// The shortest quiet period taken for a stalled window.
+pub const QUIET_MIN: Duration = Duration::from_millis(10);
+/// The quiet period that marks a stall, in multiples of the batch's mean message spacing.
+pub const QUIET_SPACINGS: u32 = 8;
+
 /// Why a batch is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlushReason {
     Interval,
     Readings,
     AckWindow,
+    /// The broker stopped sending right after releasing messages: its window is full.
+    Stall,
+}
+
+impl FlushReason {
+    pub const ALL: [FlushReason; 4] = [
+        FlushReason::Interval,
+        FlushReason::Readings,
+        FlushReason::AckWindow,
+        FlushReason::Stall,
+    ];
+
+    /// The metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            FlushReason::Interval => "interval",
+            FlushReason::Readings => "readings",
+            FlushReason::AckWindow => "ack_window",
+            FlushReason::Stall => "stall",
+        }
+    }
 }
 
 /// What the writer commits: the merged buckets of a contiguous run of messages.
@@ -65,6 +103,12 @@ pub struct Batcher {
     batch: Batch,
     acks: Vec<AckToken>,
     opened_at: Option<Instant>,
+    /// Arrival times of the batch's first and last message, and how many messages it has.
+    first_arrival: Option<Instant>,
+    last_arrival: Option<Instant>,
+    arrivals: u32,
+    /// When acknowledgements (or a new connection) last let the broker send more.
+    released_at: Option<Instant>,
 }
 
 impl Batcher {
@@ -79,7 +123,36 @@ impl Batcher {
             batch: Batch::default(),
             acks: Vec::new(),
             opened_at: None,
+            first_arrival: None,
+            last_arrival: None,
+            arrivals: 0,
+            released_at: None,
         }
+    }
+
+    /// Records that a message arrived (every message, whatever its fate).
+    pub fn arrived(&mut self, now: Instant) {
+        self.first_arrival.get_or_insert(now);
+        self.last_arrival = Some(now);
+        self.arrivals = self.arrivals.saturating_add(1);
+    }
+
+    /// Records that the broker was allowed to send more: acknowledgements were queued, or a
+    /// connection was (re)established.
+    pub fn released(&mut self, now: Instant) {
+        self.released_at = Some(now);
+    }
+
+    /// When a stall would be recognised if nothing else arrives, for batches that qualify.
+    fn stall_at(&self) -> Option<Instant> {
+        let (first, last, released) = (self.first_arrival?, self.last_arrival?, self.released_at?);
+        let echo = first.saturating_duration_since(released) <= ECHO_MAX;
+        if self.acks.is_empty() || self.arrivals < 2 || !echo {
+            return None;
+        }
+        let spacing = last.duration_since(first) / (self.arrivals - 1);
+        let quiet = (spacing * QUIET_SPACINGS).clamp(QUIET_MIN, self.policy.flush_interval);
+        Some(last + quiet)
     }
 
     /// Merges one reading into its bucket.
@@ -136,14 +209,21 @@ impl Batcher {
             Some(FlushReason::AckWindow)
         } else if now.duration_since(opened_at) >= self.policy.flush_interval {
             Some(FlushReason::Interval)
+        } else if self.stall_at().is_some_and(|at| now >= at) {
+            Some(FlushReason::Stall)
         } else {
             None
         }
     }
 
-    /// When the interval flush falls due, if anything is pending.
+    /// When a flush falls due by time (the interval, or a stall if nothing else arrives), if
+    /// anything is pending.
     pub fn deadline(&self) -> Option<Instant> {
-        self.opened_at.map(|t| t + self.policy.flush_interval)
+        let interval = self.opened_at? + self.policy.flush_interval;
+        Some(
+            self.stall_at()
+                .map_or(interval, |stall| stall.min(interval)),
+        )
     }
 
     /// Whether the batch may take no more messages until it is handed to the writer: the
@@ -156,6 +236,9 @@ impl Batcher {
     /// Takes the batch and its acks, leaving an empty batch behind.
     pub fn take(&mut self) -> (Batch, Vec<AckToken>) {
         self.opened_at = None;
+        self.first_arrival = None;
+        self.last_arrival = None;
+        self.arrivals = 0;
         (
             std::mem::take(&mut self.batch),
             std::mem::take(&mut self.acks),

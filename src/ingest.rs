@@ -101,10 +101,16 @@ impl Ingest {
 
     /// Sends the open batch to the writer when it is due and the writer is idle.
     fn hand_over_due_batch(&mut self, st: &mut State, now: Instant) -> Result<(), IngestError> {
-        if st.in_flight.is_some() || self.batcher.flush_reason(now.into_std()).is_none() {
+        if st.in_flight.is_some() {
             return Ok(());
         }
-        self.send_batch(st)
+        match self.batcher.flush_reason(now.into_std()) {
+            Some(reason) => {
+                self.stats.flush_started(reason);
+                self.send_batch(st)
+            }
+            None => Ok(()),
+        }
     }
 
     fn send_batch(&mut self, st: &mut State) -> Result<(), IngestError> {
@@ -143,7 +149,10 @@ impl Ingest {
                 continue;
             }
             match self.mqtt.try_ack(ack) {
-                Ok(()) => st.acks_unwritten += 1,
+                Ok(()) => {
+                    st.acks_unwritten += 1;
+                    self.batcher.released(std::time::Instant::now());
+                }
                 Err(e) => error!(
                     error = %e,
                     pkid = ack.pkid,
@@ -176,6 +185,7 @@ impl Ingest {
                 st.connection += 1;
                 st.connected = true;
                 st.acks_unwritten = 0;
+                self.batcher.released(std::time::Instant::now());
                 self.backoff.reset();
                 self.stats.connected.store(true, Ordering::Relaxed);
                 if session_present {
@@ -243,6 +253,7 @@ impl Ingest {
     fn on_publish(&mut self, st: &mut State, topic: &Bytes, payload: &Bytes, pkid: u16, qos: u8) {
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
+        self.batcher.arrived(now);
         let received = Timestamp::now();
         let ctx = DecodeContext {
             received,

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use crate::batcher::FlushReason;
 use crate::decode::DecodeError;
 
 /// Longest payload prefix kept in a dead letter.
@@ -27,6 +28,7 @@ pub struct Stats {
     pub readings_ingested: AtomicU64,
     rejected: [AtomicU64; DecodeError::ALL.len()],
     pub flushes: AtomicU64,
+    flush_reasons: [AtomicU64; FlushReason::ALL.len()],
     pub buckets_written: AtomicU64,
     pub pending_readings: AtomicU64,
     pub unacked_messages: AtomicU64,
@@ -66,6 +68,23 @@ impl Stats {
             ring.pop_front();
         }
         ring.push_back(letter);
+    }
+
+    /// Counts why a batch was handed to the writer (shutdown flushes are not counted here).
+    pub fn flush_started(&self, reason: FlushReason) {
+        let i = FlushReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .expect("ALL lists every reason");
+        self.flush_reasons[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn flushes_by(&self, reason: FlushReason) -> u64 {
+        let i = FlushReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .expect("ALL lists every reason");
+        self.flush_reasons[i].load(Ordering::Relaxed)
     }
 
     pub fn rejected(&self, reason: DecodeError) -> u64 {

@@ -102,73 +102,161 @@ fn a_window_of_one_flushes_every_message() {
     assert_eq!(policy(u16::MAX).ack_threshold(), 32_767);
 }
 
-/// A strict broker (it never has more than `window` unacknowledged messages out) feeding the
-/// batcher with a one-hour flush interval, as an operator might configure to save SD writes.
-/// Commits take `commit` of simulated time. If the policy waited for the interval, 10,000
-/// messages through a window of 20 would take 500 simulated hours; the policy must instead get
-/// them through at the rate of the commits, with no simulated hour ever passing.
+/// What a simulated run measured.
+#[derive(Debug)]
+struct Run {
+    /// Time until all but the last partial batch was acknowledged.
+    elapsed: Duration,
+    commits: u32,
+    stalls: u32,
+}
+
+/// Event-driven simulation of the ingest loop against a broker that never has more than
+/// `broker_window` messages unacknowledged. Messages become available at `schedule` times
+/// (offsets from the start); the broker delivers an available message as soon as its window
+/// has room. Commits take `commit`. Runs until every message that is not in the final partial
+/// batch is acknowledged.
+fn simulate(p: FlushPolicy, broker_window: u64, schedule: &[Duration], commit: Duration) -> Run {
+    let total = schedule.len() as u64;
+    let mut b = Batcher::new(p, 3600);
+    let start = Instant::now();
+    let mut now = start;
+    b.released(now); // connected
+    let mut sent = 0u64;
+    let mut acked = 0u64;
+    let mut committing: Option<(Instant, Vec<AckToken>)> = None;
+    let mut queue: VecDeque<u64> = VecDeque::new(); // delivered, not yet read by the batcher
+    let mut run = Run {
+        elapsed: Duration::ZERO,
+        commits: 0,
+        stalls: 0,
+    };
+    let tail = (total % p.ack_threshold() as u64).max(1);
+    while acked < total - tail {
+        // The broker sends what is available while its window has room.
+        while sent < total && sent - acked < broker_window && start + schedule[sent as usize] <= now
+        {
+            queue.push_back(sent);
+            sent += 1;
+        }
+        // The ingest loop reads what arrived unless the batch is full.
+        while !b.is_full() {
+            let Some(i) = queue.pop_front() else { break };
+            b.arrived(now);
+            b.push(Arc::from("s/m"), Timestamp::from_secs(0), 1.0, now);
+            b.push_ack(token(i), now);
+        }
+        // A finished commit releases its acks.
+        if let Some((_, acks)) = committing.take_if(|(done_at, _)| *done_at <= now) {
+            acked += acks.len() as u64;
+            b.released(now);
+            continue;
+        }
+        // Hand a due batch to an idle writer.
+        if let Some(reason) = b.flush_reason(now).filter(|_| committing.is_none()) {
+            run.commits += 1;
+            run.stalls += u32::from(reason == FlushReason::Stall);
+            let (_batch, acks) = b.take();
+            committing = Some((now + commit, acks));
+            continue;
+        }
+        // Otherwise time moves to the next event: a commit ending, a flush falling due, or the
+        // next message becoming available while the window has room.
+        let next_message =
+            (sent < total && sent - acked < broker_window).then(|| start + schedule[sent as usize]);
+        let next = [committing.as_ref().map(|c| c.0), b.deadline(), next_message]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("with messages outstanding, some event is always ahead");
+        assert!(
+            next > now || !queue.is_empty() || next_message == Some(now),
+            "time must advance"
+        );
+        now = now.max(next);
+    }
+    run.elapsed = now - start;
+    run
+}
+
+fn flat_out(n: usize) -> Vec<Duration> {
+    vec![Duration::ZERO; n]
+}
+
+/// A strict broker whose window is the one configured, with a one-hour flush interval as an
+/// operator might set to save SD writes. Waiting for the interval would take 500 simulated
+/// hours for 10,000 messages through a window of 20; the policy must get them through at the
+/// speed of the commits.
 #[test]
 fn a_strict_broker_window_never_stalls_ingestion() {
     for window in [1u16, 2, 20, 100, 65_535] {
-        let total = (4 * u64::from(window)).max(10_000);
-        let commit = Duration::from_millis(5);
         let p = FlushPolicy {
             flush_interval: Duration::from_secs(3600),
-            max_pending_readings: 100_000,
+            max_pending_readings: 1_000_000,
             window,
         };
-        let mut b = Batcher::new(p, 3600);
-        let start = Instant::now();
-        let mut now = start;
-        let mut sent = 0u64; // published by the broker
-        let mut acked = 0u64;
-        let mut committing: Option<(Instant, Vec<AckToken>)> = None;
-        let mut queue: VecDeque<u64> = VecDeque::new(); // delivered, not yet read by the batcher
-        // The last partial batch legitimately waits for the interval once traffic stops; every
-        // message before it must be through without waiting.
-        let before_tail = total - p.ack_threshold() as u64;
-        while acked < before_tail {
-            // The broker sends while its window has room.
-            while sent < total && sent - acked < u64::from(window) {
-                queue.push_back(sent);
-                sent += 1;
-            }
-            // The ingest loop reads what arrived unless the batch is full.
-            while !b.is_full() {
-                let Some(i) = queue.pop_front() else { break };
-                b.push(Arc::from("s/m"), Timestamp::from_secs(0), 1.0, now);
-                b.push_ack(token(i), now);
-            }
-            // A finished commit releases its acks.
-            if let Some((done_at, acks)) = committing.take_if(|(done_at, _)| *done_at <= now) {
-                assert!(done_at <= now);
-                acked += acks.len() as u64;
-                continue;
-            }
-            // Hand a due batch to an idle writer.
-            if committing.is_none() && b.flush_reason(now).is_some() {
-                let (_batch, acks) = b.take();
-                committing = Some((now + commit, acks));
-                continue;
-            }
-            // Otherwise time moves to the next event: a commit ending or the flush deadline.
-            let next = [committing.as_ref().map(|c| c.0), b.deadline()]
-                .into_iter()
-                .flatten()
-                .min()
-                .expect("with messages outstanding, some event is always ahead");
-            now = now.max(next);
-        }
-        let elapsed = now - start;
+        let total = (4 * usize::from(window)).max(10_000);
+        let commit = Duration::from_millis(5);
+        let run = simulate(p, u64::from(window), &flat_out(total), commit);
+        let commits_needed = total.div_ceil(p.ack_threshold());
         assert!(
-            elapsed < Duration::from_secs(3600),
-            "window {window}: {before_tail} messages took {elapsed:?} of simulated time"
-        );
-        // At least half a window per commit: never slower than the commits allow.
-        let commits_needed = total.div_ceil(p.ack_threshold() as u64);
-        assert!(
-            elapsed <= commit * u32::try_from(commits_needed + 1).unwrap(),
-            "window {window}: {elapsed:?} for {commits_needed} commits"
+            run.elapsed <= commit * u32::try_from(commits_needed + 1).unwrap(),
+            "window {window}: {run:?} for {commits_needed} commits"
         );
     }
+}
+
+/// The broker enforces a smaller window than the one configured (rumqttd: 100; EMQX's default
+/// max_inflight: 32; Mosquitto's v3.1.1 default: 20). The half-window rule never triggers; the
+/// stall rule must keep messages flowing at roughly one window per quiet period plus commit.
+#[test]
+fn a_broker_window_smaller_than_configured_is_detected_as_a_stall() {
+    for broker_window in [2u64, 20, 32, 100, 1000] {
+        let p = FlushPolicy {
+            flush_interval: Duration::from_secs(3600),
+            max_pending_readings: 1_000_000,
+            window: 4096,
+        };
+        let commit = Duration::from_millis(5);
+        let run = simulate(p, broker_window, &flat_out(20_000), commit);
+        let cycles = 20_000u32.div_ceil(u32::try_from(broker_window).unwrap());
+        assert!(
+            run.elapsed <= (QUIET_MIN + commit) * (cycles + 1),
+            "broker window {broker_window}: {run:?} for {cycles} cycles"
+        );
+        assert!(
+            run.stalls + 1 >= run.commits,
+            "commits are stall commits: {run:?}"
+        );
+    }
+}
+
+/// Ordinary traffic must not look like a stall: a steady stream (with jitter) and a bursty one
+/// are committed about once per flush interval, not once per message or per burst.
+#[test]
+fn steady_and_bursty_traffic_do_not_trigger_stall_flushes() {
+    let p = FlushPolicy {
+        flush_interval: Duration::from_secs(1),
+        max_pending_readings: 1_000_000,
+        window: 4096,
+    };
+    let commit = Duration::from_millis(5);
+    let seconds = 30u32;
+    // Steady: one message every 30..70 ms.
+    let mut t = Duration::ZERO;
+    let mut x = 12345u64;
+    let mut steady = Vec::new();
+    while t < Duration::from_secs(seconds.into()) {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        t += Duration::from_millis(30 + (x >> 33) % 41);
+        steady.push(t);
+    }
+    let run = simulate(p, 4096, &steady, commit);
+    assert!(run.commits <= seconds + 1, "steady: {run:?}");
+    // Bursty: five messages 1 ms apart every 300 ms.
+    let bursty: Vec<Duration> = (0..seconds * 1000 / 300)
+        .flat_map(|burst| (0..5).map(move |i| Duration::from_millis(u64::from(burst * 300 + i))))
+        .collect();
+    let run = simulate(p, 4096, &bursty, commit);
+    assert!(run.commits <= 2 * seconds + 1, "bursty: {run:?}");
 }

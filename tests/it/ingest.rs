@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bucketd::batcher::FlushReason;
 use bucketd::config::Protocol;
 use bucketd::daemon::{self, RunningDaemon};
 use bucketd::decode::DecodeError;
@@ -224,3 +225,44 @@ async fn ingest_matches_ground_truth_across_restarts(broker: Broker, protocol: P
 }
 
 on_every_broker!(ingest_matches_ground_truth_across_restarts);
+
+/// rumqttd enforces an in-flight window of 100 whatever the client asks for: it sends nothing
+/// more until earlier messages are acknowledged. The daemon is configured for a window of 500
+/// (so the half-window rule never fires) and a one-hour flush interval: a policy that waited
+/// for either would deliver 100 messages an hour. The stall rule must get thousands through at
+/// commit speed. (Mosquitto 2.0.11 does not enforce its window, so this runs on rumqttd only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_broker_window_does_not_stall_a_long_flush_interval() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, Protocol::V311, &db, &topics);
+    raw.batch.flush_interval = Duration::from_secs(3600);
+    raw.mqtt.receive_maximum = 500;
+    let cfg = config(&raw);
+    let total = 6000;
+    let messages: Vec<(String, Vec<u8>)> = (0..total)
+        .map(|i| (topics.value("w", "x"), format!("{i}").into_bytes()))
+        .collect();
+
+    let d = daemon::start(&cfg).unwrap();
+    wait_subscribed(&d).await;
+    publish_all(&broker, &messages, 1).await;
+    // Every window is committed when the broker stalls on it, long before the interval.
+    let stats = d.stats.clone();
+    eventually(WAIT, "every reading to commit", || {
+        Stats::get(&stats.readings_ingested) >= total
+    })
+    .await;
+    assert!(d.stats.flushes_by(FlushReason::Stall) >= total / 100 - 1);
+    d.stop().await.unwrap();
+    let docs = StoreReader::open(&db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    let count: i64 = docs.iter().map(|d| d.count).sum();
+    assert_eq!(count, total as i64);
+    let sum: f64 = docs.iter().map(|d| d.summary().total()).sum();
+    assert_eq!(sum, (0..total).sum::<u64>() as f64);
+}
