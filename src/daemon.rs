@@ -104,6 +104,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
             config.mqtt.reconnect_delay_max,
         ),
         writer,
+        window: config.mqtt.receive_maximum,
     };
     info!(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),

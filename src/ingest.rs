@@ -7,6 +7,7 @@
 //! the open batch is full while a commit runs, the loop stops reading from the broker until the
 //! commit ends (backpressure: the broker holds the rest).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -48,6 +49,8 @@ pub struct Ingest {
     pub stats: Arc<Stats>,
     pub writer: Writer,
     pub backoff: Backoff,
+    /// The broker's in-flight window (`mqtt.receive_maximum`).
+    pub window: u16,
 }
 
 /// The loop's state besides its parts.
@@ -61,6 +64,13 @@ struct State {
     in_flight: Option<Vec<AckToken>>,
     /// Acks queued to the client and not yet written to the socket.
     acks_unwritten: usize,
+    /// Acks waiting for room in the client's request channel, in arrival order. rumqttc writes
+    /// one request per poll, so a broker that sends past its window (Mosquitto before 2.0.13
+    /// does) can fill the channel; nothing is dropped, the rest waits here. Bounded by what the
+    /// broker sends unacknowledged.
+    ack_backlog: VecDeque<AckToken>,
+    /// Whether the "broker exceeds its window" warning was logged on this connection.
+    warned_window: bool,
     /// While the connection is down: when to try again.
     reconnect_at: Option<Instant>,
     decoded: Decoded,
@@ -75,6 +85,8 @@ impl Ingest {
             arrival: 0,
             in_flight: None,
             acks_unwritten: 0,
+            ack_backlog: VecDeque::new(),
+            warned_window: false,
             reconnect_at: None,
             decoded: Decoded::default(),
         };
@@ -142,27 +154,28 @@ impl Ingest {
             took_ms = committed.took.as_secs_f64() * 1e3,
             "Committed batch."
         );
-        for ack in &acks {
-            // A packet id from an earlier connection may name another message now; the broker
-            // redelivers those messages instead.
-            if !st.connected || ack.connection != st.connection {
-                continue;
-            }
-            match self.mqtt.try_ack(ack) {
-                Ok(()) => {
-                    st.acks_unwritten += 1;
-                    self.batcher.released(std::time::Instant::now());
-                }
-                Err(e) => error!(
-                    error = %e,
-                    pkid = ack.pkid,
-                    "Could not queue an acknowledgement; the broker will redeliver the message. \
-                     This is a bug: the request channel is sized for two windows."
-                ),
-            }
-        }
+        // A packet id from an earlier connection may name another message now; the broker
+        // redelivers those messages instead.
+        let current = acks
+            .into_iter()
+            .filter(|ack| st.connected && ack.connection == st.connection);
+        st.ack_backlog.extend(current);
+        self.send_acks(st);
+        self.batcher.released(std::time::Instant::now());
         self.update_gauges(st);
         Ok(())
+    }
+
+    /// Moves acks from the backlog into the client's request channel, in order, while it has
+    /// room.
+    fn send_acks(&mut self, st: &mut State) {
+        while let Some(ack) = st.ack_backlog.front() {
+            if self.mqtt.try_ack(ack).is_err() {
+                break; // Full: the next AckSent event makes room.
+            }
+            st.ack_backlog.pop_front();
+            st.acks_unwritten += 1;
+        }
     }
 
     fn on_event(&mut self, st: &mut State, event: Result<MqttEvent, PollError>, accept: bool) {
@@ -180,11 +193,14 @@ impl Ingest {
             Ok(MqttEvent::AckSent) => {
                 st.acks_unwritten = st.acks_unwritten.saturating_sub(1);
                 self.stats.acks_sent.fetch_add(1, Ordering::Relaxed);
+                self.send_acks(st);
             }
             Ok(MqttEvent::Connected { session_present }) => {
                 st.connection += 1;
                 st.connected = true;
                 st.acks_unwritten = 0;
+                st.ack_backlog.clear();
+                st.warned_window = false;
                 self.batcher.released(std::time::Instant::now());
                 self.backoff.reset();
                 self.stats.connected.store(true, Ordering::Relaxed);
@@ -223,6 +239,7 @@ impl Ingest {
         let was_connected = st.connected;
         st.connected = false;
         st.acks_unwritten = 0;
+        st.ack_backlog.clear();
         self.stats.connected.store(false, Ordering::Relaxed);
         self.stats.subscribed.store(false, Ordering::Relaxed);
         if was_connected {
@@ -289,6 +306,15 @@ impl Ingest {
             }
         }
         if qos > 0 {
+            if !st.warned_window && self.unacked(st) >= usize::from(self.window) {
+                st.warned_window = true;
+                warn!(
+                    window = self.window,
+                    "The broker sent more unacknowledged messages than the in-flight window \
+                     (mqtt.receive_maximum). It does not honour the window (Mosquitto before \
+                     2.0.13 has this bug); bucketd keeps up, but upgrade the broker."
+                );
+            }
             st.arrival += 1;
             self.batcher.push_ack(
                 AckToken {
@@ -303,15 +329,21 @@ impl Ingest {
         self.update_gauges(st);
     }
 
+    /// Messages received and not yet acknowledged on the wire.
+    fn unacked(&self, st: &State) -> usize {
+        self.batcher.pending_acks()
+            + st.in_flight.as_ref().map_or(0, Vec::len)
+            + st.ack_backlog.len()
+            + st.acks_unwritten
+    }
+
     fn update_gauges(&self, st: &State) {
-        let in_flight = st.in_flight.as_ref().map_or(0, Vec::len);
         self.stats
             .pending_readings
             .store(self.batcher.pending_readings() as u64, Ordering::Relaxed);
-        self.stats.unacked_messages.store(
-            (self.batcher.pending_acks() + in_flight) as u64,
-            Ordering::Relaxed,
-        );
+        self.stats
+            .unacked_messages
+            .store(self.unacked(st) as u64, Ordering::Relaxed);
     }
 
     /// Shutdown: commit the commit in flight and the open batch, acknowledge them, wait until
@@ -336,7 +368,7 @@ impl Ingest {
                 event = self.mqtt.poll(), if st.connected => self.on_event(st, event, false),
             }
         }
-        while st.connected && st.acks_unwritten > 0 {
+        while st.connected && (st.acks_unwritten > 0 || !st.ack_backlog.is_empty()) {
             match tokio::time::timeout_at(deadline, self.mqtt.poll()).await {
                 Ok(event) => self.on_event(st, event, false),
                 Err(_) => {

@@ -18,7 +18,7 @@ use bucketd::store::StoreReader;
 use crate::on_every_broker;
 use crate::support::{
     Broker, Expected, Rng, Topics, assert_matches_truth, config, eventually, publish_all,
-    raw_config, truth,
+    publish_paced, raw_config, truth,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -184,7 +184,7 @@ async fn ingest_matches_ground_truth_across_restarts(broker: Broker, protocol: P
     let first = workload(&topics, 1, 3000, 30);
     let d = daemon::start(&cfg).unwrap();
     wait_subscribed(&d).await;
-    publish_all(&broker, &first.messages, 1).await;
+    publish_paced(&broker, &first.messages, 1, Some(d.stats.clone())).await;
     wait_ingested(&d, first.readings.len() as u64, first.rejected_total()).await;
     assert_eq!(rejected_by_reason(&d.stats), first.rejected);
     assert_eq!(
@@ -209,7 +209,7 @@ async fn ingest_matches_ground_truth_across_restarts(broker: Broker, protocol: P
     let d = daemon::start(&cfg).unwrap();
     let later = workload(&topics, 3, 500, 5);
     wait_subscribed(&d).await;
-    publish_all(&broker, &later.messages, 1).await;
+    publish_paced(&broker, &later.messages, 1, Some(d.stats.clone())).await;
     let phase2_readings = (queued.readings.len() + later.readings.len()) as u64;
     let phase2_rejected = queued.rejected_total() + later.rejected_total();
     wait_ingested(&d, phase2_readings, phase2_rejected).await;
@@ -248,7 +248,7 @@ async fn a_strict_broker_window_does_not_stall_a_long_flush_interval() {
 
     let d = daemon::start(&cfg).unwrap();
     wait_subscribed(&d).await;
-    publish_all(&broker, &messages, 1).await;
+    publish_paced(&broker, &messages, 1, Some(d.stats.clone())).await;
     // Every window is committed when the broker stalls on it, long before the interval.
     let stats = d.stats.clone();
     eventually(WAIT, "every reading to commit", || {

@@ -209,9 +209,26 @@ pub fn config(raw: &RawConfig) -> Config {
     Config::try_from(raw.clone()).expect("test config is valid")
 }
 
+/// Most messages a paced publisher keeps ahead of the consumer. Mosquitto by default queues at
+/// most 1000 QoS 1 messages per subscriber beyond its in-flight window and drops the rest
+/// (`max_queued_messages`), so a flat-out publisher can lose messages on a shared test broker
+/// through no fault of the daemon.
+pub const AHEAD_MAX: u64 = 500;
+
 /// Publishes every message with `qos` and returns once the broker has acknowledged all of them
 /// (QoS 1), so they are the broker's responsibility from then on.
 pub async fn publish_all(broker: &Broker, messages: &[(String, Vec<u8>)], qos: u8) {
+    publish_paced(broker, messages, qos, None).await;
+}
+
+/// Like [`publish_all`], but stays at most [`AHEAD_MAX`] messages ahead of what `consumer`
+/// has received.
+pub async fn publish_paced(
+    broker: &Broker,
+    messages: &[(String, Vec<u8>)],
+    qos: u8,
+    consumer: Option<std::sync::Arc<bucketd::stats::Stats>>,
+) {
     use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
     let mut opts = MqttOptions::new(unique("pub"), broker.host.clone(), broker.v311_port);
     opts.set_keep_alive(Duration::from_secs(30))
@@ -222,7 +239,19 @@ pub async fn publish_all(broker: &Broker, messages: &[(String, Vec<u8>)], qos: u
     let total = messages.len();
     let messages = messages.to_vec();
     let publisher = tokio::spawn(async move {
-        for (topic, payload) in messages {
+        let base = consumer
+            .as_ref()
+            .map_or(0, |c| bucketd::stats::Stats::get(&c.messages_received));
+        for (sent, (topic, payload)) in messages.into_iter().enumerate() {
+            if let Some(c) = &consumer {
+                let ahead = || {
+                    sent as u64
+                        - (bucketd::stats::Stats::get(&c.messages_received) - base).min(sent as u64)
+                };
+                while ahead() > AHEAD_MAX {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
             client.publish(topic, qos, false, payload).await.unwrap();
         }
         client
