@@ -266,3 +266,35 @@ async fn a_strict_broker_window_does_not_stall_a_long_flush_interval() {
     let sum: f64 = docs.iter().map(|d| d.summary().total()).sum();
     assert_eq!(sum, (0..total).sum::<u64>() as f64);
 }
+
+/// A broker that sends more unacknowledged messages than the window bucketd asked for
+/// (rumqttd ignores Receive Maximum and sends 100; Mosquitto 2.0.11 leaks past it) overflows
+/// the client's request channel, which is sized for the window. Acknowledgements must then
+/// wait their turn, in order, and nothing may be lost or counted twice.
+async fn a_broker_that_exceeds_the_window_loses_nothing(broker: Broker, protocol: Protocol) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, protocol, &db, &topics);
+    raw.mqtt.receive_maximum = 4;
+    let cfg = config(&raw);
+    let work = workload(&topics, 11, 3000, 10);
+    let d = daemon::start(&cfg).unwrap();
+    wait_subscribed(&d).await;
+    publish_paced(&broker, &work.messages, 1, Some(d.stats.clone())).await;
+    wait_ingested(&d, work.readings.len() as u64, work.rejected_total()).await;
+    let stats = d.stats.clone();
+    d.stop().await.unwrap();
+    assert_eq!(
+        Stats::get(&stats.acks_sent),
+        work.messages.len() as u64,
+        "every message acknowledged exactly once"
+    );
+    let docs = StoreReader::open(&db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    assert_matches_truth(&docs, &truth(&work.readings, 3600));
+}
+
+on_every_broker!(a_broker_that_exceeds_the_window_loses_nothing);
