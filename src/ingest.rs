@@ -237,6 +237,7 @@ impl Ingest {
 
     fn on_connection_lost(&mut self, st: &mut State, e: &PollError) {
         let was_connected = st.connected;
+        self.stats.connection_errors.fetch_add(1, Ordering::Relaxed);
         st.connected = false;
         st.acks_unwritten = 0;
         st.ack_backlog.clear();

@@ -38,6 +38,8 @@ pub struct Stats {
     pub connected: AtomicBool,
     pub subscribed: AtomicBool,
     pub reconnects: AtomicU64,
+    /// Failed polls: connection losses and failed connection attempts.
+    pub connection_errors: AtomicU64,
     dead_letters: Mutex<VecDeque<DeadLetter>>,
     dead_letters_max: usize,
 }

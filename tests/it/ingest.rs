@@ -17,8 +17,8 @@ use bucketd::store::StoreReader;
 
 use crate::on_every_broker;
 use crate::support::{
-    Broker, Expected, Rng, Topics, assert_matches_truth, config, eventually, publish_all,
-    publish_paced, raw_config, truth,
+    Broker, Expected, Proxy, Rng, Topics, assert_matches_truth, assert_nothing_lost, config,
+    eventually, publish_all, publish_paced, raw_config, truth,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -298,3 +298,76 @@ async fn a_broker_that_exceeds_the_window_loses_nothing(broker: Broker, protocol
 }
 
 on_every_broker!(a_broker_that_exceeds_the_window_loses_nothing);
+
+/// The connection to the broker drops and stays down for a while (a proxy between daemon and
+/// broker is cut), while devices keep publishing to the broker. The daemon notices, retries
+/// with backoff, reconnects, resumes its session, and ingests everything the broker kept.
+///
+/// Delivery is at least once: acknowledgements still in transit when the connection dies are
+/// lost with it, and the broker redelivers those messages. So nothing may be missing, min, max,
+/// first and last must be exact (a duplicate does not change them), and the only readings
+/// counted twice can be those of messages delivered before the cut.
+async fn reconnects_and_resumes_its_session_after_an_outage(broker: Broker, protocol: Protocol) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let proxy = Proxy::start(&broker.host, broker.port(protocol)).await;
+    let mut raw = raw_config(&broker, protocol, &db, &topics);
+    raw.mqtt.port = proxy.port;
+    let cfg = config(&raw);
+    let before = workload(&topics, 21, 1000, 0);
+    let during = workload(&topics, 22, 500, 0);
+    let after = workload(&topics, 23, 500, 0);
+
+    let d = daemon::start(&cfg).unwrap();
+    let stats = d.stats.clone();
+    wait_subscribed(&d).await;
+    publish_paced(&broker, &before.messages, 1, Some(d.stats.clone())).await;
+    wait_ingested(&d, before.readings.len() as u64, before.rejected_total()).await;
+
+    proxy.set_up(false);
+    eventually(WAIT, "the daemon to notice the outage", || {
+        !stats.connected.load(Ordering::Relaxed)
+    })
+    .await;
+    publish_all(&broker, &during.messages, 1).await;
+    let errors = Stats::get(&stats.connection_errors);
+    eventually(WAIT, "three reconnect attempts to fail", || {
+        Stats::get(&stats.connection_errors) >= errors + 3
+    })
+    .await;
+    assert!(!stats.connected.load(Ordering::Relaxed));
+    proxy.set_up(true);
+    eventually(WAIT, "the daemon to reconnect", || {
+        stats.connected.load(Ordering::Relaxed)
+    })
+    .await;
+    publish_paced(&broker, &after.messages, 1, Some(d.stats.clone())).await;
+    // Counts cannot tell when everything has arrived (duplicates inflate them), so a last,
+    // undecodable marker message says so: the broker delivers one publisher's messages in order.
+    let marker = vec![(topics.value("marker", "done"), b"done".to_vec())];
+    publish_all(&broker, &marker, 1).await;
+    eventually(WAIT, "the marker after every other message", || {
+        stats.rejected(DecodeError::InvalidNumber) == 1
+    })
+    .await;
+    let expected = (before.readings.len() + during.readings.len() + after.readings.len()) as u64;
+    assert_eq!(Stats::get(&stats.reconnects), 1);
+    d.stop().await.unwrap();
+    let ingested = Stats::get(&stats.readings_ingested);
+    assert!(
+        ingested <= expected + before.readings.len() as u64,
+        "only readings delivered before the cut may be counted twice: {ingested} of {expected}"
+    );
+
+    let mut all = before;
+    all.extend(during);
+    all.extend(after);
+    let docs = StoreReader::open(&db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    assert_nothing_lost(&docs, &truth(&all.readings, 3600));
+}
+
+on_every_broker!(reconnects_and_resumes_its_session_after_an_outage);

@@ -433,3 +433,80 @@ pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth
     }
     assert_eq!(seen, docs.len(), "buckets exist that no reading explains");
 }
+
+/// Like [`assert_matches_truth`] for at-least-once delivery: every bucket holds at least the
+/// readings the truth has, and min, max, first and last (which duplicates cannot change) are
+/// exact.
+pub fn assert_nothing_lost(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>) {
+    for ((series, start), want) in truth {
+        let mine: Vec<&BucketDoc> = docs
+            .iter()
+            .filter(|d| &d.series == series && start.is_none_or(|s| d.start == s))
+            .collect();
+        assert!(!mine.is_empty(), "no bucket for {series} {start:?}");
+        let mut got = mine[0].summary();
+        for d in &mine[1..] {
+            got.merge(&d.summary());
+        }
+        let ctx = format!("{series} @ {start:?}: got {got:?}, want {want:?}");
+        assert!(got.count as i64 >= want.count, "count {ctx}");
+        assert_eq!(got.min.to_bits(), want.min.to_bits(), "min {ctx}");
+        assert_eq!(got.max.to_bits(), want.max.to_bits(), "max {ctx}");
+        if let (Some(first), Some(last)) = (want.first, want.last) {
+            assert_eq!(
+                (got.first.ts, got.first.value.to_bits()),
+                (first.0, first.1.to_bits()),
+                "first {ctx}"
+            );
+            assert_eq!(
+                (got.last.ts, got.last.value.to_bits()),
+                (last.0, last.1.to_bits()),
+                "last {ctx}"
+            );
+        }
+    }
+}
+
+/// A TCP proxy in front of a broker that a test can cut: while down, it closes every
+/// connection and refuses new ones (accepts and closes them at once). A broker "outage" as
+/// the daemon sees it, while the broker itself keeps the daemon's session.
+pub struct Proxy {
+    pub port: u16,
+    up: tokio::sync::watch::Sender<bool>,
+}
+
+impl Proxy {
+    pub async fn start(upstream_host: &str, upstream_port: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (up, up_rx) = tokio::sync::watch::channel(true);
+        let upstream = format!("{upstream_host}:{upstream_port}");
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if !*up_rx.borrow() {
+                    drop(client);
+                    continue;
+                }
+                let mut down = up_rx.clone();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, up }
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
