@@ -16,7 +16,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bucketd::config::{Config, Protocol, RawConfig, RawSubscription};
-use bucketd::decode::{Format, TimestampUnit};
 use bucketd::stats::Stats;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
@@ -136,26 +135,7 @@ async fn bucketd_run(host: &str, port: u16, prefix: &str, w: Workload) -> (Durat
     raw.mqtt.protocol = Protocol::V5;
     raw.mqtt.client_id = format!("bench-bucketd-{prefix}");
     raw.store.path = dir.path().join("bench.redb");
-    raw.subscriptions = vec![
-        RawSubscription {
-            filter: format!("{prefix}/sensors/+/+"),
-            template: format!("{prefix}/sensors/{{sensor}}/{{metric}}"),
-            format: Format::Value,
-            qos: 1,
-            timestamp_field: None,
-            timestamp_unit: TimestampUnit::Auto,
-            sensor_field: None,
-        },
-        RawSubscription {
-            filter: format!("{prefix}/devices/+/telemetry"),
-            template: format!("{prefix}/devices/{{sensor}}/telemetry"),
-            format: Format::Json,
-            qos: 1,
-            timestamp_field: Some("ts".into()),
-            timestamp_unit: TimestampUnit::Auto,
-            sensor_field: None,
-        },
-    ];
+    raw.subscriptions = RawSubscription::defaults_under(prefix);
     let config = Config::try_from(raw).unwrap();
     let daemon = bucketd::daemon::start(&config).unwrap();
     while !daemon.stats.subscribed.load(Ordering::Relaxed) {

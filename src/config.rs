@@ -155,6 +155,24 @@ fn default_qos() -> u8 {
     1
 }
 
+impl RawSubscription {
+    /// The two subscriptions of `config/default.toml` with every filter and template level
+    /// placed under `prefix` (`{prefix}/sensors/+/+` and `{prefix}/devices/+/telemetry`):
+    /// for tests and benchmarks that share a broker.
+    pub fn defaults_under(prefix: &str) -> Vec<RawSubscription> {
+        let defaults = RawConfig::load(None, Vec::new()).expect("the defaults load");
+        defaults
+            .subscriptions
+            .into_iter()
+            .map(|s| RawSubscription {
+                filter: format!("{prefix}/{}", s.filter),
+                template: format!("{prefix}/{}", s.template),
+                ..s
+            })
+            .collect()
+    }
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {

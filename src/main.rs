@@ -1,6 +1,6 @@
 //! The `bucketd` command: parses the command line, loads the config, sets up logging, runs the
 //! requested command and maps its outcome to an exit code (78 = EX_CONFIG for configuration
-//! errors, so systemd does not restart-loop on them; 1 for everything else).
+//! errors of `run`, so systemd does not restart-loop on them; 1 for everything else).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -31,17 +31,26 @@ then BUCKETD__SECTION__KEY environment variables."
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Configuration file (TOML) for the default `run` command.
-    #[arg(long, short, value_name = "FILE", global = true)]
+    /// Configuration file (TOML), when no command is given (`bucketd run`).
+    #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the daemon until SIGTERM or Ctrl-C (the default command).
-    Run,
-    /// Validate the configuration and print the effective config; exit 78 on an error.
-    CheckConfig,
+    /// Run the daemon until SIGTERM or Ctrl-C (the default command). Exits 78 on a
+    /// configuration error.
+    Run {
+        /// Configuration file (TOML).
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Validate the configuration and print the effective config; exit 1 on an error.
+    CheckConfig {
+        /// Configuration file (TOML).
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Print the buckets of a database file, one per line, while the daemon is stopped.
     Export {
         /// The redb database file.
@@ -70,9 +79,9 @@ fn parse_time(s: &str) -> Result<Timestamp, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Run) {
-        Command::Run => run(cli.config),
-        Command::CheckConfig => check_config(cli.config),
+    match cli.command.unwrap_or(Command::Run { config: None }) {
+        Command::Run { config } => run(config.or(cli.config)),
+        Command::CheckConfig { config } => check_config(config.or(cli.config)),
         Command::Export {
             db,
             series,
@@ -92,13 +101,15 @@ fn load_config(file: Option<PathBuf>) -> Result<(RawConfig, Config), ExitCode> {
     })
 }
 
+/// Prints the effective configuration. Exits 1 on an error, as a validation tool does; only
+/// `run` uses 78 (EX_CONFIG), for systemd.
 fn check_config(file: Option<PathBuf>) -> ExitCode {
     match load_config(file) {
         Ok((raw, _)) => {
             print!("{}", config::render(&raw));
             ExitCode::SUCCESS
         }
-        Err(code) => code,
+        Err(_) => ExitCode::FAILURE,
     }
 }
 

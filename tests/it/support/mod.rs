@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bucketd::config::{Config, Protocol, RawConfig, RawSubscription};
-use bucketd::decode::{Format, TimestampUnit};
 use bucketd::store::BucketDoc;
 
 /// A broker the tests can reach.
@@ -166,26 +165,7 @@ impl Topics {
     }
 
     pub fn subscriptions(&self) -> Vec<RawSubscription> {
-        vec![
-            RawSubscription {
-                filter: format!("{}/sensors/+/+", self.prefix),
-                template: format!("{}/sensors/{{sensor}}/{{metric}}", self.prefix),
-                format: Format::Value,
-                qos: 1,
-                timestamp_field: None,
-                timestamp_unit: TimestampUnit::Auto,
-                sensor_field: None,
-            },
-            RawSubscription {
-                filter: format!("{}/devices/+/telemetry", self.prefix),
-                template: format!("{}/devices/{{sensor}}/telemetry", self.prefix),
-                format: Format::Json,
-                qos: 1,
-                timestamp_field: Some("ts".into()),
-                timestamp_unit: TimestampUnit::Auto,
-                sensor_field: None,
-            },
-        ]
+        RawSubscription::defaults_under(&self.prefix)
     }
 }
 
@@ -388,20 +368,30 @@ pub fn close(a: f64, b: f64, rel: f64) -> bool {
     a == b || (a - b).abs() <= rel * a.abs().max(b.abs())
 }
 
+/// The stored buckets of `series` (at `start`, or all of them) and their merged summary.
+fn stored<'a>(
+    docs: &'a [BucketDoc],
+    series: &str,
+    start: Option<i64>,
+) -> (Vec<&'a BucketDoc>, bucketd::summary::Summary) {
+    let mine: Vec<&BucketDoc> = docs
+        .iter()
+        .filter(|d| d.series == series && start.is_none_or(|s| d.start == s))
+        .collect();
+    assert!(!mine.is_empty(), "no bucket for {series} {start:?}");
+    let mut merged = mine[0].summary();
+    for d in &mine[1..] {
+        merged.merge(&d.summary());
+    }
+    (mine, merged)
+}
+
 /// Compares stored buckets with the ground truth: every field of every bucket.
 /// Readings without device timestamps are compared per series (their hour is the receive hour).
 pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>) {
     let mut seen = 0;
     for ((series, start), want) in truth {
-        let mine: Vec<&BucketDoc> = docs
-            .iter()
-            .filter(|d| &d.series == series && start.is_none_or(|s| d.start == s))
-            .collect();
-        assert!(!mine.is_empty(), "no bucket for {series} {start:?}");
-        let mut got = mine[0].summary();
-        for d in &mine[1..] {
-            got.merge(&d.summary());
-        }
+        let (mine, got) = stored(docs, series, *start);
         let ctx = format!("{series} @ {start:?}: got {got:?}, want {want:?}");
         assert_eq!(got.count as i64, want.count, "count {ctx}");
         assert_eq!(got.min.to_bits(), want.min.to_bits(), "min {ctx}");
@@ -439,15 +429,7 @@ pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth
 /// exact.
 pub fn assert_nothing_lost(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>) {
     for ((series, start), want) in truth {
-        let mine: Vec<&BucketDoc> = docs
-            .iter()
-            .filter(|d| &d.series == series && start.is_none_or(|s| d.start == s))
-            .collect();
-        assert!(!mine.is_empty(), "no bucket for {series} {start:?}");
-        let mut got = mine[0].summary();
-        for d in &mine[1..] {
-            got.merge(&d.summary());
-        }
+        let (_, got) = stored(docs, series, *start);
         let ctx = format!("{series} @ {start:?}: got {got:?}, want {want:?}");
         assert!(got.count as i64 >= want.count, "count {ctx}");
         assert_eq!(got.min.to_bits(), want.min.to_bits(), "min {ctx}");
