@@ -135,6 +135,7 @@ async fn bucketd_run(host: &str, port: u16, prefix: &str, w: Workload) -> (Durat
     raw.mqtt.protocol = Protocol::V5;
     raw.mqtt.client_id = format!("bench-bucketd-{prefix}");
     raw.store.path = dir.path().join("bench.redb");
+    raw.http.bind = "127.0.0.1:0".into();
     raw.subscriptions = RawSubscription::defaults_under(prefix);
     let config = Config::try_from(raw).unwrap();
     let daemon = bucketd::daemon::start(&config).unwrap();

@@ -61,14 +61,17 @@ pub enum FlushReason {
     AckWindow,
     /// The broker stopped sending right after releasing messages: its window is full.
     Stall,
+    /// Asked for: `POST /api/v1/flush`, or shutdown.
+    Request,
 }
 
 impl FlushReason {
-    pub const ALL: [FlushReason; 4] = [
+    pub const ALL: [FlushReason; 5] = [
         FlushReason::Interval,
         FlushReason::Readings,
         FlushReason::AckWindow,
         FlushReason::Stall,
+        FlushReason::Request,
     ];
 
     /// The metric label value.
@@ -78,6 +81,7 @@ impl FlushReason {
             FlushReason::Readings => "readings",
             FlushReason::AckWindow => "ack_window",
             FlushReason::Stall => "stall",
+            FlushReason::Request => "request",
         }
     }
 }

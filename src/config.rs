@@ -48,8 +48,16 @@ pub struct RawConfig {
     pub store: RawStore,
     pub batch: RawBatch,
     pub limits: RawLimits,
+    pub http: RawHttp,
     pub log: RawLog,
     pub subscriptions: Vec<RawSubscription>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttp {
+    pub bind: String,
+    pub max_buckets_per_query: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -180,8 +188,15 @@ pub struct Config {
     pub store: StoreConfig,
     pub batch: BatchConfig,
     pub limits: Limits,
+    pub http: HttpConfig,
     pub log: RawLog,
     pub subscriptions: Vec<Subscription>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub bind: std::net::SocketAddr,
+    pub max_buckets_per_query: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -345,6 +360,23 @@ impl TryFrom<RawConfig> for Config {
             dead_letters: raw.limits.dead_letters,
         };
 
+        let bind = raw.http.bind.parse().map_err(|_| {
+            invalid(
+                "http.bind",
+                format!(
+                    "`{}` is not an IP address and port like 127.0.0.1:9470",
+                    raw.http.bind
+                ),
+            )
+        })?;
+        if raw.http.max_buckets_per_query == 0 {
+            return Err(invalid("http.max_buckets_per_query", "must be at least 1"));
+        }
+        let http = HttpConfig {
+            bind,
+            max_buckets_per_query: raw.http.max_buckets_per_query,
+        };
+
         if !valid_log_filter(&raw.log.level) {
             return Err(invalid(
                 "log.level",
@@ -373,6 +405,7 @@ impl TryFrom<RawConfig> for Config {
             store,
             batch,
             limits,
+            http,
             log: raw.log,
             subscriptions,
         })

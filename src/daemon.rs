@@ -14,6 +14,7 @@ use tracing::info;
 use crate::batcher::{Batcher, FlushPolicy};
 use crate::config::Config;
 use crate::ingest::Ingest;
+use crate::metrics::Metrics;
 use crate::mqtt::{Backoff, Mqtt};
 use crate::series::SeriesSet;
 use crate::stats::Stats;
@@ -27,12 +28,22 @@ pub enum StartError {
     Config(String),
     #[error(transparent)]
     Store(#[from] StoreOpenError),
+    #[error(
+        "cannot listen on http.bind {addr}: {source}; is another bucketd running? Set http.bind \
+         to a free address"
+    )]
+    Http {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
-/// A started daemon: its counters and the handle to stop it.
+/// A started daemon: its counters, addresses and the handle to stop it.
 pub struct RunningDaemon {
     pub stats: Arc<Stats>,
     pub store_path: PathBuf,
+    /// Where the HTTP server listens (the port is real when `http.bind` asked for port 0).
+    pub http_addr: std::net::SocketAddr,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -88,7 +99,28 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         max_pending_readings: config.batch.max_pending_readings,
         window: config.mqtt.receive_maximum,
     };
-    let (writer, writer_thread) = crate::writer::spawn(store, stats.clone());
+    let listener = std::net::TcpListener::bind(config.http.bind)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|source| StartError::Http {
+            addr: config.http.bind,
+            source,
+        })?;
+    let http_addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    let metrics = Arc::new(Metrics::new());
+    let (flush_tx, flush_rx) = tokio::sync::mpsc::channel(FLUSH_REQUESTS_MAX);
+    let api = crate::http::ApiState {
+        reader: store.reader(),
+        stats: stats.clone(),
+        metrics: metrics.clone(),
+        flush: flush_tx,
+        bucket_width_secs: i64::try_from(config.store.bucket_width.as_secs())
+            .expect("validated to divide a day"),
+        max_buckets_per_query: config.http.max_buckets_per_query,
+    };
+    let (writer, writer_thread) = crate::writer::spawn(store, stats.clone(), metrics.clone());
     let ingest = Ingest {
         mqtt: Mqtt::new(&config.mqtt, password, &config.subscriptions),
         subscriptions: config.subscriptions.clone(),
@@ -105,6 +137,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         ),
         writer,
         window: config.mqtt.receive_maximum,
+        flush_requests: flush_rx,
     };
     info!(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
@@ -114,21 +147,50 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         "Starting ingestion."
     );
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(run_ingest(ingest, cancel.clone(), writer_thread));
+    info!(addr = %http_addr, "Serving /metrics and the query API.");
+    let server = axum::serve(listener, crate::http::router(api))
+        .with_graceful_shutdown(cancel.clone().cancelled_owned());
+    let http = tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "The HTTP server failed.");
+        }
+    });
+    tokio::spawn(upkeep(metrics, cancel.clone()));
+    let task = tokio::spawn(run_ingest(ingest, cancel.clone(), writer_thread, http));
     Ok(RunningDaemon {
         stats,
         store_path,
+        http_addr,
         cancel,
         task,
     })
+}
+
+/// Pending `POST /api/v1/flush` requests; more get a 429.
+const FLUSH_REQUESTS_MAX: usize = 16;
+/// How often histogram samples are folded into buckets when nobody scrapes.
+const METRICS_UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn upkeep(metrics: Arc<Metrics>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => metrics.run_upkeep(),
+            () = cancel.cancelled() => return,
+        }
+    }
 }
 
 async fn run_ingest(
     ingest: Ingest,
     cancel: CancellationToken,
     writer_thread: std::thread::JoinHandle<Store>,
+    http: tokio::task::JoinHandle<()>,
 ) -> anyhow::Result<()> {
-    let result = ingest.run(cancel).await;
+    let result = ingest.run(cancel.clone()).await;
+    // Ingestion may also end on an error: stop the HTTP server either way.
+    cancel.cancel();
+    let _ = http.await;
     // Ingest has dropped the batch sender (or a commit failed), so the writer thread ends and
     // hands back the store, which closes the file when dropped.
     let joined = tokio::task::spawn_blocking(move || writer_thread.join()).await;

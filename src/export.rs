@@ -7,6 +7,7 @@ use serde_json::json;
 
 use crate::reading::Timestamp;
 use crate::store::BucketDoc;
+use crate::summary::Summary;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportFormat {
@@ -14,28 +15,43 @@ pub enum ExportFormat {
     Csv,
 }
 
-/// The JSON object of one bucket: the stored fields plus `stddev`; times in RFC 3339 UTC with
-/// milliseconds; numbers in shortest round-trip form.
-pub fn bucket_json(doc: &BucketDoc) -> serde_json::Value {
-    let s = doc.summary();
-    json!({
-        "series": doc.series,
-        "sensor": doc.sensor,
-        "metric": doc.metric,
-        "start": Timestamp::from_secs(doc.start).to_rfc3339_millis(),
-        "end": Timestamp::from_secs(doc.end).to_rfc3339_millis(),
-        "count": doc.count,
+/// The aggregates of a window `[start, end)` (seconds) as the HTTP API and export show them:
+/// times in RFC 3339 UTC with milliseconds, numbers in shortest round-trip form.
+pub fn summary_json(
+    start: i64,
+    end: i64,
+    s: &Summary,
+) -> serde_json::Map<String, serde_json::Value> {
+    let point = |p: &crate::summary::Point| json!({"ts": Timestamp::from_nanos(p.ts).to_rfc3339_millis(), "value": p.value});
+    let value = json!({
+        "start": Timestamp::from_secs(start).to_rfc3339_millis(),
+        "end": Timestamp::from_secs(end).to_rfc3339_millis(),
+        "count": s.count,
         "sum": s.total(),
-        "min": doc.min,
-        "max": doc.max,
-        "mean": doc.mean,
-        "m2": doc.m2,
+        "min": s.min,
+        "max": s.max,
+        "mean": s.mean,
         "stddev": s.stddev(),
-        "first": {"ts": Timestamp::from_nanos(doc.first.ts).to_rfc3339_millis(), "value": doc.first.value},
-        "last": {"ts": Timestamp::from_nanos(doc.last.ts).to_rfc3339_millis(), "value": doc.last.value},
-        "pages": doc.pages,
-        "schema_version": doc.schema_version,
-    })
+        "first": point(&s.first),
+        "last": point(&s.last),
+    });
+    match value {
+        serde_json::Value::Object(map) => map,
+        _ => unreachable!("json! of an object literal is an object"),
+    }
+}
+
+/// The JSON object of one stored bucket: [`summary_json`] plus the series names, `m2`, `pages`
+/// and `schema_version`.
+pub fn bucket_json(doc: &BucketDoc) -> serde_json::Value {
+    let mut map = summary_json(doc.start, doc.end, &doc.summary());
+    map.insert("series".into(), json!(doc.series));
+    map.insert("sensor".into(), json!(doc.sensor));
+    map.insert("metric".into(), json!(doc.metric));
+    map.insert("m2".into(), json!(doc.m2));
+    map.insert("pages".into(), json!(doc.pages));
+    map.insert("schema_version".into(), json!(doc.schema_version));
+    serde_json::Value::Object(map)
 }
 
 pub const CSV_HEADER: &str = "series,sensor,metric,start,end,count,sum,min,max,mean,m2,stddev,\
@@ -109,7 +125,6 @@ pub fn write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::summary::Summary;
 
     #[test]
     fn numbers_print_in_shortest_round_trip_form() {

@@ -13,14 +13,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::ack::AckToken;
-use crate::batcher::Batcher;
+use crate::batcher::{Batcher, FlushReason};
 use crate::config::{Limits, Subscription};
 use crate::decode::{self, DecodeContext, DecodeError, Decoded};
+use crate::http::FlushRequest;
 use crate::mqtt::{Backoff, Mqtt, MqttEvent, PollError};
 use crate::reading::Timestamp;
 use crate::series::SeriesSet;
@@ -51,6 +53,17 @@ pub struct Ingest {
     pub backoff: Backoff,
     /// The broker's in-flight window (`mqtt.receive_maximum`).
     pub window: u16,
+    /// `POST /api/v1/flush`: commit everything pending now.
+    pub flush_requests: mpsc::Receiver<FlushRequest>,
+}
+
+/// A flush request waiting for the commits that cover what was pending when it came.
+struct FlushWaiter {
+    /// Batch sequence numbers `first..=last` hold what was pending.
+    first: u64,
+    last: u64,
+    committed: u64,
+    reply: FlushRequest,
 }
 
 /// The loop's state besides its parts.
@@ -62,6 +75,11 @@ struct State {
     arrival: u64,
     /// Acks of the batch at the writer, sent when it reports the commit.
     in_flight: Option<Vec<AckToken>>,
+    /// Sequence number of the last batch sent to the writer.
+    sent_seq: u64,
+    /// Commit the open batch as soon as the writer is idle, whatever the policy says.
+    force_flush: bool,
+    flush_waiters: Vec<FlushWaiter>,
     /// Acks queued to the client and not yet written to the socket.
     acks_unwritten: usize,
     /// Acks waiting for room in the client's request channel, in arrival order. rumqttc writes
@@ -84,6 +102,9 @@ impl Ingest {
             connected: false,
             arrival: 0,
             in_flight: None,
+            sent_seq: 0,
+            force_flush: false,
+            flush_waiters: Vec::new(),
             acks_unwritten: 0,
             ack_backlog: VecDeque::new(),
             warned_window: false,
@@ -105,6 +126,7 @@ impl Ingest {
                     st.reconnect_at = None;
                 }
                 () = sleep_until_opt(deadline), if deadline.is_some() && st.in_flight.is_none() => {}
+                Some(reply) = self.flush_requests.recv() => self.on_flush_request(&mut st, reply),
                 event = self.mqtt.poll(), if can_poll => self.on_event(&mut st, event, true),
             }
         }
@@ -115,6 +137,11 @@ impl Ingest {
     fn hand_over_due_batch(&mut self, st: &mut State, now: Instant) -> Result<(), IngestError> {
         if st.in_flight.is_some() {
             return Ok(());
+        }
+        if st.force_flush {
+            st.force_flush = false;
+            self.stats.flush_started(FlushReason::Request);
+            return self.send_batch(st);
         }
         match self.batcher.flush_reason(now.into_std()) {
             Some(reason) => {
@@ -129,6 +156,7 @@ impl Ingest {
         debug_assert!(st.in_flight.is_none(), "one batch at the writer at a time");
         let (batch, acks) = self.batcher.take();
         st.in_flight = Some(acks);
+        st.sent_seq += 1;
         self.writer
             .batches
             .try_send(batch)
@@ -147,6 +175,7 @@ impl Ingest {
             .in_flight
             .take()
             .expect("a result answers the batch in flight");
+        self.answer_flush_waiters(st, committed.readings as u64);
         debug!(
             readings = committed.readings,
             buckets = committed.stats.buckets_written,
@@ -164,6 +193,36 @@ impl Ingest {
         self.batcher.released(std::time::Instant::now());
         self.update_gauges(st);
         Ok(())
+    }
+
+    /// `POST /api/v1/flush`: covers the batch at the writer (if any) and the open batch (if
+    /// any, committed as soon as the writer is idle); answered when the last of them commits.
+    fn on_flush_request(&mut self, st: &mut State, reply: FlushRequest) {
+        let in_flight = st.in_flight.is_some().then_some(st.sent_seq);
+        let open = (!self.batcher.is_empty()).then_some(st.sent_seq + 1);
+        let (Some(first), Some(last)) = (in_flight.or(open), open.or(in_flight)) else {
+            let _ = reply.send(0); // Nothing pending.
+            return;
+        };
+        st.force_flush |= open.is_some();
+        st.flush_waiters.push(FlushWaiter {
+            first,
+            last,
+            committed: 0,
+            reply,
+        });
+    }
+
+    fn answer_flush_waiters(&mut self, st: &mut State, readings: u64) {
+        let seq = st.sent_seq;
+        for w in &mut st.flush_waiters {
+            if (w.first..=w.last).contains(&seq) {
+                w.committed += readings;
+            }
+        }
+        for w in st.flush_waiters.extract_if(.., |w| w.last <= seq) {
+            let _ = w.reply.send(w.committed); // The requester may have given up.
+        }
     }
 
     /// Moves acks from the backlog into the client's request channel, in order, while it has
@@ -361,6 +420,7 @@ impl Ingest {
                 if self.batcher.is_empty() {
                     break;
                 }
+                self.stats.flush_started(FlushReason::Request);
                 self.send_batch(st)?;
             }
             // Keep polling while the commit runs so the connection stays alive.

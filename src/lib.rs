@@ -13,7 +13,9 @@
 //! - [`writer`]: the writer thread; the only place that commits.
 //! - [`mqtt`], [`ack`]: the rumqttc client (v5 / v3.1.1) and acknowledgement tokens.
 //! - [`ingest`]: the MQTT loop: decode, batch, hand over, acknowledge after commit.
-//! - [`stats`]: counters and gauges; [`export`]: offline export formatting.
+//! - [`rollup`]: hourly buckets merged into day/week windows for queries. Pure.
+//! - [`stats`]: counters and gauges; [`metrics`]: their Prometheus rendering.
+//! - [`http`]: the HTTP server (metrics, health, query API); [`export`]: JSON/CSV formatting.
 //! - [`daemon`]: wiring and shutdown order.
 //!
 //! # Data flow
@@ -26,9 +28,12 @@ pub mod config;
 pub mod daemon;
 pub mod decode;
 pub mod export;
+pub mod http;
 pub mod ingest;
+pub mod metrics;
 pub mod mqtt;
 pub mod reading;
+pub mod rollup;
 pub mod series;
 pub mod stats;
 pub mod store;

@@ -208,9 +208,10 @@ impl BucketDoc {
     }
 }
 
-/// The open database, owned by the writer thread (one writer).
+/// The open database, owned by the writer thread (one writer). Readers share the same handle
+/// through [`Store::reader`]; redb's MVCC read transactions never block the writer.
 pub struct Store {
-    db: redb::Database,
+    db: Arc<redb::Database>,
     path: PathBuf,
     settings: StoreSettings,
     /// Every series in the file, name -> id; bounded by `limits.max_series` through the ingest
@@ -227,7 +228,7 @@ impl Store {
             .create(&path)
             .map_err(|e| open_error(&path, e))?;
         let mut store = Store {
-            db,
+            db: Arc::new(db),
             path: path.clone(),
             settings: settings.clone(),
             series: HashMap::new(),
@@ -298,6 +299,13 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A reader over this open database, for queries while the daemon runs.
+    pub fn reader(&self) -> StoreReader {
+        StoreReader {
+            db: ReaderDb::Shared(self.db.clone()),
+        }
     }
 
     /// Names of every stored series.
@@ -413,7 +421,7 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StoreOpenError {
     }
 }
 
-fn read_series(db: &impl ReadableDatabase) -> Result<HashMap<Arc<str>, u64>, redb::Error> {
+fn read_series(db: &redb::Database) -> Result<HashMap<Arc<str>, u64>, redb::Error> {
     let tx = db.begin_read()?;
     let table = tx.open_table(SERIES_BY_NAME)?;
     let mut series = HashMap::with_capacity(usize::try_from(table.len()?).unwrap_or(0));
@@ -424,9 +432,26 @@ fn read_series(db: &impl ReadableDatabase) -> Result<HashMap<Arc<str>, u64>, red
     Ok(series)
 }
 
-/// Read access to a database file that no daemon holds (`bucketd export`).
+/// Read access: to a file no daemon holds (`bucketd export`), or to the daemon's own open
+/// database (the HTTP API). Cheap to clone.
+#[derive(Clone)]
 pub struct StoreReader {
-    db: redb::ReadOnlyDatabase,
+    db: ReaderDb,
+}
+
+#[derive(Clone)]
+enum ReaderDb {
+    ReadOnly(Arc<redb::ReadOnlyDatabase>),
+    Shared(Arc<redb::Database>),
+}
+
+impl ReaderDb {
+    fn begin_read(&self) -> Result<redb::ReadTransaction, redb::TransactionError> {
+        match self {
+            ReaderDb::ReadOnly(db) => db.begin_read(),
+            ReaderDb::Shared(db) => db.begin_read(),
+        }
+    }
 }
 
 impl StoreReader {
@@ -440,17 +465,27 @@ impl StoreReader {
         let db = redb::Builder::new()
             .open_read_only(path)
             .map_err(|e| open_error(path, e))?;
-        Ok(StoreReader { db })
+        Ok(StoreReader {
+            db: ReaderDb::ReadOnly(Arc::new(db)),
+        })
     }
 
     /// Every series name, sorted.
     pub fn series(&self) -> Result<Vec<String>, redb::Error> {
-        let mut names: Vec<String> = read_series(&self.db)?
-            .into_keys()
-            .map(|n| n.to_string())
-            .collect();
-        names.sort();
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(SERIES_BY_NAME)?;
+        let mut names = Vec::new();
+        for entry in table.iter()? {
+            names.push(entry?.0.value().to_owned());
+        }
         Ok(names)
+    }
+
+    /// Whether `series` is stored.
+    pub fn has_series(&self, series: &str) -> Result<bool, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(SERIES_BY_NAME)?;
+        Ok(table.get(series)?.is_some())
     }
 
     /// Buckets of `series` (all series when `None`) with `from <= start < to` (seconds), in

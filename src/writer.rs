@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::batcher::Batch;
+use crate::metrics::Metrics;
 use crate::stats::Stats;
 use crate::store::{CommitError, CommitStats, Store};
 
@@ -30,7 +31,11 @@ pub struct Writer {
 
 /// Starts the writer thread. It runs until the batch sender is dropped or a commit fails, and
 /// hands the store back when it ends.
-pub fn spawn(mut store: Store, stats: Arc<Stats>) -> (Writer, std::thread::JoinHandle<Store>) {
+pub fn spawn(
+    mut store: Store,
+    stats: Arc<Stats>,
+    metrics: Arc<Metrics>,
+) -> (Writer, std::thread::JoinHandle<Store>) {
     let (batch_tx, mut batch_rx) = mpsc::channel::<Batch>(1);
     let (result_tx, result_rx) = mpsc::channel(1);
     let thread = std::thread::Builder::new()
@@ -45,6 +50,7 @@ pub fn spawn(mut store: Store, stats: Arc<Stats>) -> (Writer, std::thread::JoinH
                 });
                 let failed = result.is_err();
                 if let Ok(c) = &result {
+                    metrics.record_commit(c.took, c.readings);
                     stats.flushes.fetch_add(1, Ordering::Relaxed);
                     stats
                         .buckets_written

@@ -38,6 +38,7 @@ fn default_toml_alone_is_a_valid_config_with_documented_defaults() {
     assert_eq!(c.store.cache_bytes, 16 << 20);
     assert_eq!(c.limits.max_payload_bytes, 64 << 10);
     assert_eq!(c.subscriptions.len(), 2);
+    assert_eq!(c.http.bind, "127.0.0.1:9470".parse().unwrap());
 }
 
 #[test]
@@ -100,6 +101,11 @@ fn bad_values_are_errors_that_name_the_key() {
             "limits.max_payload_bytes",
         ),
         ("[log]\nlevel = \"loud!!\"\n", "log.level"),
+        ("[http]\nbind = \"localhost\"\n", "http.bind"),
+        (
+            "[http]\nmax_buckets_per_query = 0\n",
+            "http.max_buckets_per_query",
+        ),
     ];
     for (text, key) in cases {
         let e = error_of(text);

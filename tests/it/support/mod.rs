@@ -179,6 +179,7 @@ pub fn raw_config(broker: &Broker, protocol: Protocol, db: &Path, topics: &Topic
     raw.mqtt.reconnect_delay_min = Duration::from_millis(100);
     raw.mqtt.reconnect_delay_max = Duration::from_secs(1);
     raw.store.path = db.to_owned();
+    raw.http.bind = "127.0.0.1:0".into();
     raw.store.cache_size = bytesize::ByteSize::mib(4);
     raw.batch.flush_interval = Duration::from_millis(200);
     raw.subscriptions = topics.subscriptions();

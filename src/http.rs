@@ -1,0 +1,252 @@
+//! The HTTP server (axum): `/metrics`, `/healthz`, `/readyz` and the query API under `/api/v1`.
+//! Reads run in redb read transactions on the blocking pool: they never block ingestion or the
+//! writer. Every error is a 4xx/5xx with `{"error": "..."}` naming the bad parameter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::Metrics;
+use crate::reading::{Timestamp, validate_series};
+use crate::rollup;
+use crate::stats::Stats;
+use crate::store::StoreReader;
+
+/// A request to commit everything pending; answered with the readings committed.
+pub type FlushRequest = oneshot::Sender<u64>;
+
+/// How long `POST /api/v1/flush` waits for its commit.
+pub const FLUSH_WAIT_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub reader: StoreReader,
+    pub stats: Arc<Stats>,
+    pub metrics: Arc<Metrics>,
+    pub flush: mpsc::Sender<FlushRequest>,
+    pub bucket_width_secs: i64,
+    pub max_buckets_per_query: usize,
+}
+
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/series", get(series))
+        .route("/api/v1/buckets", get(buckets))
+        .route("/api/v1/raw", get(raw))
+        .route("/api/v1/flush", post(flush))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
+        .with_state(state)
+}
+
+/// An error answer: a status and `{"error": message}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    fn internal(e: impl std::fmt::Display) -> ApiError {
+        tracing::error!(error = %e, "Query failed.");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reading the store failed: {e}"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+type Params = Query<HashMap<String, String>>;
+
+async fn metrics(State(s): State<ApiState>) -> Response {
+    let text = s.metrics.render(&s.stats);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// 200 when the store is open (it is while the server runs) and the broker connection is up
+/// with our subscriptions in place; 503 otherwise.
+async fn readyz(State(s): State<ApiState>) -> Response {
+    let connected = s.stats.connected.load(Ordering::Relaxed);
+    let subscribed = s.stats.subscribed.load(Ordering::Relaxed);
+    let body = json!({"ready": connected && subscribed, "store_open": true,
+                      "mqtt_connected": connected, "subscribed": subscribed});
+    let status = if connected && subscribed {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Runs a blocking store read off the async workers.
+async fn read<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, redb::Error> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)?
+        .map_err(ApiError::internal)
+}
+
+async fn series(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError> {
+    let reader = s.reader.clone();
+    let names = read(move || reader.series()).await?;
+    let list: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            let (sensor, metric) = crate::reading::split_series(name);
+            json!({"name": name, "sensor": sensor, "metric": metric})
+        })
+        .collect();
+    Ok(axum::Json(json!({ "series": list })))
+}
+
+fn required<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
+    params
+        .get(name)
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| ApiError::bad(format!("missing parameter `{name}`")))
+}
+
+fn time_param(params: &HashMap<String, String>, name: &str) -> Result<Timestamp, ApiError> {
+    let text = required(params, name)?;
+    Timestamp::parse(text).ok_or_else(|| {
+        ApiError::bad(format!(
+            "parameter `{name}`: `{text}` is not an RFC 3339 time (2026-11-21T10:00:00Z) or epoch seconds"
+        ))
+    })
+}
+
+/// The series and `[from, to)` range in whole seconds, validated.
+fn range(params: &HashMap<String, String>) -> Result<(String, i64, i64), ApiError> {
+    let series = required(params, "series")?;
+    validate_series(series).map_err(|_| {
+        ApiError::bad(format!(
+            "parameter `series`: `{series}` is not sensor/metric"
+        ))
+    })?;
+    let from = time_param(params, "from")?;
+    let to = time_param(params, "to")?;
+    if from >= to {
+        return Err(ApiError::bad(
+            "parameters `from` and `to`: `from` must be before `to`",
+        ));
+    }
+    // A bucket is in the answer when from <= start < to.
+    let ceil_secs = |t: Timestamp| {
+        let n = t.as_nanos();
+        n.div_euclid(1_000_000_000) + i64::from(n.rem_euclid(1_000_000_000) != 0)
+    };
+    Ok((series.to_owned(), ceil_secs(from), ceil_secs(to)))
+}
+
+async fn buckets(State(s): State<ApiState>, Query(params): Params) -> Result<Response, ApiError> {
+    let (series, from, to) = range(&params)?;
+    let width = s.bucket_width_secs;
+    let step = match params.get("step") {
+        None => width,
+        Some(text) => rollup::parse_step(text, width)
+            .map_err(|e| ApiError::bad(format!("parameter `step`: {e}")))?,
+    };
+    let covered = (to - from).div_euclid(width) + 1;
+    if covered > s.max_buckets_per_query as i64 {
+        return Err(ApiError::bad(format!(
+            "parameters `from` and `to`: the range covers {covered} buckets, more than \
+             http.max_buckets_per_query ({}); narrow the range",
+            s.max_buckets_per_query
+        )));
+    }
+    let reader = s.reader.clone();
+    let name = series.clone();
+    let docs = read(move || {
+        if !reader.has_series(&name)? {
+            return Ok(None);
+        }
+        reader.buckets(Some(&name), from, to).map(Some)
+    })
+    .await?;
+    let Some(docs) = docs else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("parameter `series`: no series `{series}`"),
+        ));
+    };
+    let windows: Vec<Value> = rollup::rollup(&docs, step)
+        .iter()
+        .map(|w| Value::Object(crate::export::summary_json(w.start, w.end, &w.summary)))
+        .collect();
+    let step_text = humantime::format_duration(Duration::from_secs(step as u64)).to_string();
+    Ok(
+        axum::Json(json!({"series": series, "step": step_text, "buckets": windows}))
+            .into_response(),
+    )
+}
+
+async fn raw() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "raw readings are not stored by this version of bucketd; use /api/v1/buckets",
+    )
+}
+
+async fn flush(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError> {
+    let (tx, rx) = oneshot::channel();
+    let unavailable = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucketd is shutting down");
+    s.flush.try_send(tx).map_err(|e| match e {
+        mpsc::error::TrySendError::Full(_) => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many flush requests are waiting; retry shortly",
+        ),
+        mpsc::error::TrySendError::Closed(_) => unavailable(),
+    })?;
+    let committed = tokio::time::timeout(FLUSH_WAIT_MAX, rx)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the commit did not finish within 30 s",
+            )
+        })?
+        .map_err(|_| unavailable())?;
+    Ok(axum::Json(json!({ "committed": committed })))
+}

@@ -1,0 +1,239 @@
+//! Prometheus metrics: every metric's name, unit and help text, the histogram buckets, and
+//! rendering. The hot path only moves atomics in [`Stats`]; at scrape time they are copied into
+//! a per-daemon Prometheus recorder (through the `metrics` facade with a local recorder, so two
+//! daemons in one process, as in the tests, never share counters) and rendered.
+//!
+//! Naming: prefix `bucketd_`, base units in the name (`_seconds`, `_bytes`), counters end in
+//! `_total`. Labels are bounded: a rejection `reason` or a flush `reason`, never a topic or a
+//! sensor.
+
+use std::time::Duration;
+
+use metrics::{
+    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    with_local_recorder,
+};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+
+use crate::batcher::FlushReason;
+use crate::decode::DecodeError;
+use crate::stats::Stats;
+
+pub const MESSAGES_RECEIVED: &str = "bucketd_messages_received_total";
+pub const READINGS_INGESTED: &str = "bucketd_readings_ingested_total";
+pub const READINGS_REJECTED: &str = "bucketd_readings_rejected_total";
+pub const FLUSHES: &str = "bucketd_flushes_total";
+pub const FLUSH_DURATION: &str = "bucketd_flush_duration_seconds";
+pub const FLUSH_READINGS: &str = "bucketd_flush_readings";
+pub const BUCKETS_WRITTEN: &str = "bucketd_buckets_written_total";
+pub const PENDING_READINGS: &str = "bucketd_pending_readings";
+pub const UNACKED_MESSAGES: &str = "bucketd_unacked_messages";
+pub const ACKS_SENT: &str = "bucketd_acks_sent_total";
+pub const SERIES: &str = "bucketd_series";
+pub const STORE_FILE_SIZE: &str = "bucketd_store_file_size_bytes";
+pub const MQTT_CONNECTED: &str = "bucketd_mqtt_connected";
+pub const MQTT_RECONNECTS: &str = "bucketd_mqtt_reconnects_total";
+pub const MQTT_CONNECTION_ERRORS: &str = "bucketd_mqtt_connection_errors_total";
+
+/// Commit latency buckets, seconds: a fast disk commits in about a millisecond, an SD card in
+/// tens to hundreds.
+pub const FLUSH_DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+/// Readings per commit: from a quiet gateway's handful per interval to a full batch.
+pub const FLUSH_READINGS_BUCKETS: &[f64] = &[
+    1.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 2500.0, 5000.0, 10_000.0, 50_000.0, 100_000.0,
+];
+
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    process: metrics_process::Collector,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(FLUSH_DURATION.into()), FLUSH_DURATION_BUCKETS)
+            .expect("bucket list is not empty")
+            .set_buckets_for_metric(Matcher::Full(FLUSH_READINGS.into()), FLUSH_READINGS_BUCKETS)
+            .expect("bucket list is not empty")
+            .build_recorder();
+        let process = metrics_process::Collector::default();
+        with_local_recorder(&recorder, || {
+            describe(&process);
+            // Create the histograms so that they render (empty) before the first commit.
+            let _ = histogram!(FLUSH_DURATION);
+            let _ = histogram!(FLUSH_READINGS);
+        });
+        Metrics { recorder, process }
+    }
+
+    /// Records one commit's duration and size.
+    pub fn record_commit(&self, took: Duration, readings: usize) {
+        with_local_recorder(&self.recorder, || {
+            histogram!(FLUSH_DURATION).record(took.as_secs_f64());
+            histogram!(FLUSH_READINGS).record(readings as f64);
+        });
+    }
+
+    /// Drains histogram samples into their buckets. Call periodically: without it, samples
+    /// accumulate in memory while nobody scrapes.
+    pub fn run_upkeep(&self) {
+        self.recorder.handle().run_upkeep();
+    }
+
+    /// The Prometheus text exposition of `stats` and the process.
+    pub fn render(&self, stats: &Stats) -> String {
+        with_local_recorder(&self.recorder, || {
+            copy_stats(stats);
+            self.process.collect();
+        });
+        self.recorder.handle().render()
+    }
+}
+
+fn describe(process: &metrics_process::Collector) {
+    describe_counter!(MESSAGES_RECEIVED, Unit::Count, "MQTT messages received.");
+    describe_counter!(
+        READINGS_INGESTED,
+        Unit::Count,
+        "Readings committed to the store."
+    );
+    describe_counter!(
+        READINGS_REJECTED,
+        Unit::Count,
+        "Rejections by reason: a message-level fault (bad JSON, wrong topic, oversized) counts \
+         once per message, a reading-level fault (non-finite value, timestamp out of range) once \
+         per reading."
+    );
+    describe_counter!(
+        FLUSHES,
+        Unit::Count,
+        "Batches handed to the store by what triggered them."
+    );
+    describe_histogram!(
+        FLUSH_DURATION,
+        Unit::Seconds,
+        "Time to commit one batch (one durable redb write transaction)."
+    );
+    describe_histogram!(FLUSH_READINGS, Unit::Count, "Readings per committed batch.");
+    describe_counter!(
+        BUCKETS_WRITTEN,
+        Unit::Count,
+        "Bucket documents written (created or incremented)."
+    );
+    describe_gauge!(
+        PENDING_READINGS,
+        Unit::Count,
+        "Readings received and not yet committed."
+    );
+    describe_gauge!(
+        UNACKED_MESSAGES,
+        Unit::Count,
+        "QoS 1/2 messages received and not yet acknowledged to the broker."
+    );
+    describe_counter!(
+        ACKS_SENT,
+        Unit::Count,
+        "Acknowledgements written to the broker."
+    );
+    describe_gauge!(SERIES, Unit::Count, "Distinct series known.");
+    describe_gauge!(
+        STORE_FILE_SIZE,
+        Unit::Bytes,
+        "Size of the redb database file."
+    );
+    describe_gauge!(
+        MQTT_CONNECTED,
+        Unit::Count,
+        "1 while connected to the MQTT broker, else 0."
+    );
+    describe_counter!(
+        MQTT_RECONNECTS,
+        Unit::Count,
+        "Connections to the broker lost after being established."
+    );
+    describe_counter!(
+        MQTT_CONNECTION_ERRORS,
+        Unit::Count,
+        "Connection losses and failed connection attempts."
+    );
+    process.describe();
+}
+
+fn copy_stats(stats: &Stats) {
+    counter!(MESSAGES_RECEIVED).absolute(Stats::get(&stats.messages_received));
+    counter!(READINGS_INGESTED).absolute(Stats::get(&stats.readings_ingested));
+    for reason in DecodeError::ALL {
+        counter!(READINGS_REJECTED, "reason" => reason.reason()).absolute(stats.rejected(reason));
+    }
+    for reason in FlushReason::ALL {
+        counter!(FLUSHES, "reason" => reason.label()).absolute(stats.flushes_by(reason));
+    }
+    counter!(BUCKETS_WRITTEN).absolute(Stats::get(&stats.buckets_written));
+    counter!(ACKS_SENT).absolute(Stats::get(&stats.acks_sent));
+    counter!(MQTT_RECONNECTS).absolute(Stats::get(&stats.reconnects));
+    counter!(MQTT_CONNECTION_ERRORS).absolute(Stats::get(&stats.connection_errors));
+    gauge!(PENDING_READINGS).set(Stats::get(&stats.pending_readings) as f64);
+    gauge!(UNACKED_MESSAGES).set(Stats::get(&stats.unacked_messages) as f64);
+    gauge!(SERIES).set(Stats::get(&stats.series) as f64);
+    gauge!(STORE_FILE_SIZE).set(Stats::get(&stats.store_bytes) as f64);
+    let connected = stats.connected.load(std::sync::atomic::Ordering::Relaxed);
+    gauge!(MQTT_CONNECTED).set(if connected { 1.0 } else { 0.0 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_has_help_for_every_metric_and_bounded_labels() {
+        let m = Metrics::new();
+        let stats = Stats::new(4);
+        stats.reject(DecodeError::NonFinite, b"t", b"NaN");
+        stats.flush_started(FlushReason::Stall);
+        m.record_commit(Duration::from_millis(3), 42);
+        let text = m.render(&stats);
+        for name in [
+            MESSAGES_RECEIVED,
+            READINGS_INGESTED,
+            READINGS_REJECTED,
+            FLUSHES,
+            FLUSH_DURATION,
+            FLUSH_READINGS,
+            BUCKETS_WRITTEN,
+            PENDING_READINGS,
+            UNACKED_MESSAGES,
+            ACKS_SENT,
+            SERIES,
+            STORE_FILE_SIZE,
+            MQTT_CONNECTED,
+            MQTT_RECONNECTS,
+            MQTT_CONNECTION_ERRORS,
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+        ] {
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "no HELP for {name}:\n{text}"
+            );
+        }
+        assert!(text.contains("bucketd_readings_rejected_total{reason=\"non_finite\"} 1"));
+        assert!(text.contains("bucketd_readings_rejected_total{reason=\"invalid_json\"} 0"));
+        assert!(text.contains("bucketd_flushes_total{reason=\"stall\"} 1"));
+        assert!(text.contains("bucketd_flush_readings_bucket{le=\"50\"} 1"));
+        assert!(text.contains("bucketd_flush_duration_seconds_bucket{le=\"0.0025\"} 0"));
+        assert!(text.contains("bucketd_flush_duration_seconds_bucket{le=\"0.005\"} 1"));
+        let labelled = text
+            .lines()
+            .filter(|l| l.starts_with("bucketd_readings_rejected_total{"))
+            .count();
+        assert_eq!(labelled, DecodeError::ALL.len());
+    }
+}
