@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use bucketd::config::{self, Config, LogFormat, RawConfig};
 use bucketd::daemon::{self, StartError};
 use bucketd::export::{self, ExportFormat};
+use bucketd::query::QueryFormat;
 use bucketd::reading::Timestamp;
 use bucketd::store::StoreReader;
 use clap::{Parser, Subcommand};
@@ -69,6 +70,58 @@ enum Command {
         #[arg(long, value_enum, default_value = "ndjson")]
         format: ExportFormat,
     },
+    /// Ask a running daemon through its HTTP API.
+    Query {
+        /// The daemon's HTTP address (its http.bind).
+        #[arg(
+            long,
+            env = "BUCKETD_URL",
+            default_value = "http://127.0.0.1:9470",
+            global = true
+        )]
+        url: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table", global = true)]
+        format: QueryFormat,
+        #[command(subcommand)]
+        what: QueryCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum QueryCommand {
+    /// List the series.
+    Series,
+    /// Buckets of one series, optionally rolled up (`--step 1d`).
+    Buckets {
+        /// The series (`sensor/metric`).
+        #[arg(long, value_name = "NAME")]
+        series: String,
+        /// Buckets starting at or after this time (RFC 3339 or epoch seconds).
+        #[arg(long, value_name = "T")]
+        from: String,
+        /// Buckets starting before this time (RFC 3339 or epoch seconds).
+        #[arg(long, value_name = "T")]
+        to: String,
+        /// Merge buckets into windows of this length, aligned to UTC midnight (1d, 7d, 6h).
+        #[arg(long, value_name = "DURATION")]
+        step: Option<String>,
+    },
+    /// Raw readings of one series.
+    Raw {
+        /// The series (`sensor/metric`).
+        #[arg(long, value_name = "NAME")]
+        series: String,
+        /// Readings at or after this time (RFC 3339 or epoch seconds).
+        #[arg(long, value_name = "T")]
+        from: String,
+        /// Readings before this time (RFC 3339 or epoch seconds).
+        #[arg(long, value_name = "T")]
+        to: String,
+        /// At most this many readings.
+        #[arg(long)]
+        limit: Option<u64>,
+    },
 }
 
 fn parse_time(s: &str) -> Result<Timestamp, String> {
@@ -89,6 +142,62 @@ fn main() -> ExitCode {
             to,
             format,
         } => export(&db, series.as_deref(), from, to, format),
+        Command::Query { url, format, what } => query(&url, format, what),
+    }
+}
+
+fn query(url: &str, format: QueryFormat, what: QueryCommand) -> ExitCode {
+    use bucketd::query::{Client, buckets_table, raw_table, render, series_table};
+    let client = Client::new(url);
+    let (answer, table): (_, fn(&_) -> _) = match &what {
+        QueryCommand::Series => (client.get("/api/v1/series", &[]), series_table),
+        QueryCommand::Buckets {
+            series,
+            from,
+            to,
+            step,
+        } => (
+            client.get(
+                "/api/v1/buckets",
+                &[
+                    ("series", Some(series)),
+                    ("from", Some(from)),
+                    ("to", Some(to)),
+                    ("step", step.as_deref()),
+                ],
+            ),
+            buckets_table,
+        ),
+        QueryCommand::Raw {
+            series,
+            from,
+            to,
+            limit,
+        } => {
+            let limit = limit.map(|l| l.to_string());
+            (
+                client.get(
+                    "/api/v1/raw",
+                    &[
+                        ("series", Some(series)),
+                        ("from", Some(from)),
+                        ("to", Some(to)),
+                        ("limit", limit.as_deref()),
+                    ],
+                ),
+                raw_table,
+            )
+        }
+    };
+    match answer {
+        Ok(answer) => {
+            print!("{}", render(&answer, format, table));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bucketd: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -4,6 +4,8 @@
 
 mod support;
 
+/// The HTTP API, `bucketd query` and `/metrics`.
+mod api;
 /// The `bucketd` binary: SIGTERM shutdown, export, exit codes.
 mod cli;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.

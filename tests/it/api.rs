@@ -1,0 +1,529 @@
+//! The HTTP API and metrics against a running daemon with a real broker: every endpoint, every
+//! documented error, rollups against a ground truth computed here, `bucketd query`, and the
+//! `/metrics` text checked by `promtool` (required in CI, which installs it).
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bucketd::config::Protocol;
+use bucketd::daemon::{self, RunningDaemon};
+use bucketd::export::number;
+use bucketd::reading::Timestamp;
+use bucketd::stats::Stats;
+use serde_json::Value;
+
+use crate::ingest::{Workload, wait_ingested, wait_subscribed, workload};
+use crate::on_every_broker;
+use crate::support::{
+    Broker, Expected, Proxy, Topics, close, config, eventually, publish_all, publish_paced,
+    raw_config, truth,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One HTTP request; returns the status and the body.
+async fn http(method: &'static str, url: String) -> (u16, String) {
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let response = match method {
+            "POST" => agent.post(&url).send_empty(),
+            _ => agent.get(&url).call(),
+        }
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+        let status = response.status().as_u16();
+        (status, response.into_body().read_to_string().unwrap())
+    })
+    .await
+    .unwrap()
+}
+
+async fn get_json(d: &RunningDaemon, path: &str) -> (u16, Value) {
+    let (status, body) = http("GET", format!("http://{}{path}", d.http_addr)).await;
+    let value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (status, value)
+}
+
+/// Asserts a 4xx/5xx JSON error whose message mentions `needle`.
+async fn assert_error(d: &RunningDaemon, path: &str, status: u16, needle: &str) {
+    let (got, body) = get_json(d, path).await;
+    assert_eq!(got, status, "{path}: {body}");
+    let message = body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{path}: {body}"));
+    assert!(
+        message.contains(needle),
+        "{path}: {message:?} lacks {needle:?}"
+    );
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// Readings of series `day/t` covering every hour of the UTC day two days ago, several per
+/// hour, published as JSON with device timestamps.
+fn full_day(topics: &Topics) -> (i64, Workload) {
+    let day = (now_secs() / 86_400 - 2) * 86_400;
+    let mut w = Workload::default();
+    for hour in 0..24 {
+        for k in 0..5i64 {
+            let ts_s = day + hour * 3600 + k * 700 + 13;
+            let value = (hour * 10 + k) as f64 / 4.0 - 30.0;
+            w.messages.push((
+                topics.json("day"),
+                format!("{{\"ts\": {ts_s}, \"t\": {}}}", number(value)).into_bytes(),
+            ));
+            w.readings.push(Expected {
+                series: "day/t".into(),
+                ts: Some(ts_s * 1_000_000_000),
+                value,
+            });
+        }
+    }
+    (day, w)
+}
+
+async fn api_answers_from_the_store(broker: Broker, protocol: Protocol) {
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let cfg = config(&raw_config(
+        &broker,
+        protocol,
+        &dir.path().join("b.redb"),
+        &topics,
+    ));
+    let d = daemon::start(&cfg).unwrap();
+    let (status, body) = http("GET", format!("http://{}/healthz", d.http_addr)).await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    wait_subscribed(&d).await;
+    let (status, ready) = get_json(&d, "/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+
+    let (
+        day,
+        Workload {
+            messages, readings, ..
+        },
+    ) = full_day(&topics);
+    let other = workload(&topics, 31, 300, 6);
+    publish_paced(&broker, &messages, 1, Some(d.stats.clone())).await;
+    publish_paced(&broker, &other.messages, 1, Some(d.stats.clone())).await;
+    wait_ingested(
+        &d,
+        (readings.len() + other.readings.len()) as u64,
+        other.rejected_total(),
+    )
+    .await;
+
+    // Series: every name, sorted, split into sensor and metric.
+    let (status, series) = get_json(&d, "/api/v1/series").await;
+    assert_eq!(status, 200);
+    let mut want: Vec<String> = readings
+        .iter()
+        .chain(&other.readings)
+        .map(|r| r.series.clone())
+        .collect();
+    want.sort();
+    want.dedup();
+    let got: Vec<&str> = series["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        series["series"][0]["sensor"],
+        want[0].split('/').next().unwrap()
+    );
+
+    // Hourly buckets of the day: 24, each equal to the truth of its hour.
+    let hourly_truth = truth(&readings, 3600);
+    let path = format!(
+        "/api/v1/buckets?series=day/t&from={day}&to={}",
+        day + 86_400
+    );
+    let (status, hourly) = get_json(&d, &path).await;
+    assert_eq!(status, 200, "{hourly}");
+    assert_eq!(hourly["step"], "1h");
+    let buckets = hourly["buckets"].as_array().unwrap();
+    assert_eq!(buckets.len(), 24);
+    for b in buckets {
+        let start = Timestamp::parse(b["start"].as_str().unwrap())
+            .unwrap()
+            .as_nanos()
+            / 1_000_000_000;
+        let want = &hourly_truth[&("day/t".to_owned(), Some(start))];
+        assert_window(
+            b,
+            want.count,
+            want.sum,
+            want.min,
+            want.max,
+            want.variance.sqrt(),
+            want.first,
+            want.last,
+        );
+    }
+
+    // Daily rollup: the merge of the 24 hours equals the day's truth computed directly.
+    let (status, daily) = get_json(&d, &format!("{path}&step=1d")).await;
+    assert_eq!(status, 200, "{daily}");
+    assert_eq!(daily["step"], "1day");
+    let days = daily["buckets"].as_array().unwrap();
+    assert_eq!(days.len(), 1);
+    assert_eq!(
+        days[0]["start"],
+        Timestamp::from_secs(day).to_rfc3339_millis()
+    );
+    assert_eq!(
+        days[0]["end"],
+        Timestamp::from_secs(day + 86_400).to_rfc3339_millis()
+    );
+    let values: Vec<f64> = readings.iter().map(|r| r.value).collect();
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let stddev = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let first = readings
+        .iter()
+        .map(|r| (r.ts.unwrap(), r.value))
+        .min_by_key(|p| p.0);
+    let last = readings
+        .iter()
+        .map(|r| (r.ts.unwrap(), r.value))
+        .max_by_key(|p| p.0);
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    assert_window(
+        &days[0],
+        values.len() as i64,
+        values.iter().sum(),
+        min,
+        max,
+        stddev,
+        first,
+        last,
+    );
+    assert!(close(days[0]["mean"].as_f64().unwrap(), mean, 1e-12));
+
+    // Six-hour windows: four of them, 30 readings each.
+    let (_, quarter) = get_json(&d, &format!("{path}&step=6h")).await;
+    let counts: Vec<u64> = quarter["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [30, 30, 30, 30]);
+
+    // `from` is inclusive on bucket starts, `to` exclusive; RFC 3339 works like epoch seconds.
+    let from = Timestamp::from_secs(day + 3600).to_rfc3339_millis();
+    let to = Timestamp::from_secs(day + 3 * 3600).to_rfc3339_millis();
+    let (_, two) = get_json(
+        &d,
+        &format!("/api/v1/buckets?series=day/t&from={from}&to={to}"),
+    )
+    .await;
+    assert_eq!(two["buckets"].as_array().unwrap().len(), 2);
+
+    // Every documented error.
+    let b = "/api/v1/buckets";
+    assert_error(
+        &d,
+        &format!("{b}?from={day}&to={}", day + 1),
+        400,
+        "`series`",
+    )
+    .await;
+    assert_error(
+        &d,
+        &format!("{b}?series=day/t&to={}", day + 1),
+        400,
+        "`from`",
+    )
+    .await;
+    assert_error(&d, &format!("{b}?series=day/t&from={day}"), 400, "`to`").await;
+    assert_error(
+        &d,
+        &format!("{b}?series=day/t&from=yesterday&to={day}"),
+        400,
+        "`from`",
+    )
+    .await;
+    assert_error(
+        &d,
+        &format!("{b}?series=day/t&from={day}&to={day}"),
+        400,
+        "before `to`",
+    )
+    .await;
+    assert_error(
+        &d,
+        &format!("{b}?series=day/t&from={}&to={day}", day + 1),
+        400,
+        "before `to`",
+    )
+    .await;
+    assert_error(
+        &d,
+        &format!("{b}?series=nope&from={day}&to={}", day + 1),
+        400,
+        "`series`",
+    )
+    .await;
+    assert_error(
+        &d,
+        &format!("{b}?series=no/such&from={day}&to={}", day + 1),
+        404,
+        "no series",
+    )
+    .await;
+    assert_error(&d, &format!("{path}&step=90m"), 400, "`step`").await;
+    assert_error(&d, &format!("{path}&step=often"), 400, "`step`").await;
+    assert_error(
+        &d,
+        &format!("{b}?series=day/t&from=0&to={day}"),
+        400,
+        "max_buckets_per_query",
+    )
+    .await;
+    assert_error(
+        &d,
+        &format!("/api/v1/raw?series=day/t&from={day}&to={}", day + 1),
+        404,
+        "raw readings",
+    )
+    .await;
+    assert_error(&d, "/api/v2/nothing", 404, "no such endpoint").await;
+
+    // `bucketd query` prints the same answers.
+    let url = format!("http://{}", d.http_addr);
+    let from = day.to_string();
+    let to = (day + 86_400).to_string();
+    let out = query(
+        &url,
+        &[
+            "buckets", "--series", "day/t", "--from", &from, "--to", &to, "--step", "1d",
+            "--format", "json",
+        ],
+    );
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap(), daily);
+    let table = query(
+        &url,
+        &["buckets", "--series", "day/t", "--from", &from, "--to", &to],
+    );
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 25, "header and 24 hours:\n{table}");
+    assert!(lines[0].starts_with("start"));
+    assert!(lines[1].starts_with(&Timestamp::from_secs(day).to_rfc3339_millis()));
+    let csv = query(&url, &["series", "--format", "csv"]);
+    assert_eq!(csv.lines().count(), want.len() + 1);
+    assert!(csv.contains("day/t,day,t\n"));
+    let failed = Command::new(env!("CARGO_BIN_EXE_bucketd"))
+        .args([
+            "query", "--url", &url, "buckets", "--series", "no/such", "--from", &from, "--to", &to,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("no series `no/such` (HTTP 404)"));
+
+    check_metrics(&d, &other.rejected).await;
+    d.stop().await.unwrap();
+}
+
+on_every_broker!(api_answers_from_the_store);
+
+fn query(url: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_bucketd"))
+        .args(["query", "--url", url])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assert_window(
+    b: &Value,
+    count: i64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    stddev: f64,
+    first: Option<(i64, f64)>,
+    last: Option<(i64, f64)>,
+) {
+    assert_eq!(b["count"].as_i64(), Some(count), "{b}");
+    assert!(close(b["sum"].as_f64().unwrap(), sum, 1e-12), "{b}");
+    assert_eq!(b["min"].as_f64(), Some(min), "{b}");
+    assert_eq!(b["max"].as_f64(), Some(max), "{b}");
+    assert!(
+        (b["stddev"].as_f64().unwrap() - stddev).abs() <= 1e-9 * stddev.max(1.0),
+        "{b}"
+    );
+    let point = |p: (i64, f64)| (Timestamp::from_nanos(p.0).to_rfc3339_millis(), p.1);
+    let got = |v: &Value| {
+        (
+            v["ts"].as_str().unwrap().to_owned(),
+            v["value"].as_f64().unwrap(),
+        )
+    };
+    assert_eq!(got(&b["first"]), point(first.unwrap()), "{b}");
+    assert_eq!(got(&b["last"]), point(last.unwrap()), "{b}");
+}
+
+/// `/metrics`: counters equal what the daemon did, rejections by reason, and the text passes
+/// `promtool check metrics` (skipped with a note outside CI when promtool is not installed).
+async fn check_metrics(d: &RunningDaemon, rejected: &BTreeMap<&'static str, u64>) {
+    let (status, text) = http("GET", format!("http://{}/metrics", d.http_addr)).await;
+    assert_eq!(status, 200);
+    let value = |line_start: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+    };
+    assert_eq!(
+        value("bucketd_readings_ingested_total ") as u64,
+        Stats::get(&d.stats.readings_ingested)
+    );
+    assert_eq!(
+        value("bucketd_messages_received_total ") as u64,
+        Stats::get(&d.stats.messages_received)
+    );
+    for (reason, n) in rejected {
+        let got = value(&format!(
+            "bucketd_readings_rejected_total{{reason=\"{reason}\"}} "
+        ));
+        assert_eq!(got as u64, *n, "{reason}");
+    }
+    assert_eq!(value("bucketd_mqtt_connected "), 1.0);
+    assert_eq!(value("bucketd_series ") as u64, Stats::get(&d.stats.series));
+    assert!(value("bucketd_store_file_size_bytes ") > 0.0);
+    assert!(value("process_resident_memory_bytes ") > 0.0);
+    assert!(value("bucketd_flush_duration_seconds_count ") >= 1.0);
+
+    match Command::new("promtool")
+        .arg("check")
+        .arg("metrics")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(mut child) => {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool check metrics failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(e) if std::env::var_os("CI").is_none() => {
+            eprintln!("promtool not run ({e}); CI installs it");
+        }
+        Err(e) => panic!("promtool is required in CI: {e}"),
+    }
+}
+
+/// `POST /api/v1/flush` commits what is pending at once, whatever the flush interval, and says
+/// how many readings it committed. QoS 0 messages are used so that nothing else (the ack
+/// window, a stall) can trigger a commit first.
+async fn flush_commits_everything_pending_now(broker: Broker, protocol: Protocol) {
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, protocol, &dir.path().join("b.redb"), &topics);
+    raw.batch.flush_interval = Duration::from_secs(3600);
+    // QoS 0 end to end (rumqttd's v5 listener delivers at the subscription's QoS).
+    for sub in &mut raw.subscriptions {
+        sub.qos = 0;
+    }
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let url = format!("http://{}/api/v1/flush", d.http_addr);
+    let (status, body) = http("POST", url.clone()).await;
+    assert_eq!((status, body.as_str()), (200, "{\"committed\":0}"));
+
+    let messages: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (topics.value("q", "x"), format!("{i}").into_bytes()))
+        .collect();
+    publish_all(&broker, &messages, 0).await;
+    let stats = d.stats.clone();
+    eventually(WAIT, "40 QoS 0 messages to arrive", || {
+        Stats::get(&stats.messages_received) == 40
+    })
+    .await;
+    assert_eq!(
+        Stats::get(&stats.readings_ingested),
+        0,
+        "nothing commits before the hour"
+    );
+    let (status, body) = http("POST", url.clone()).await;
+    assert_eq!((status, body.as_str()), (200, "{\"committed\":40}"));
+    assert_eq!(Stats::get(&stats.readings_ingested), 40);
+    let (status, _) = http("GET", url).await;
+    assert_eq!(status, 405, "flush is POST only");
+    d.stop().await.unwrap();
+}
+
+on_every_broker!(flush_commits_everything_pending_now);
+
+/// `/readyz` and `bucketd_mqtt_connected` tell the truth while the broker is unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_broker_connection() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let proxy = Proxy::start(&broker.host, broker.v5_port).await;
+    let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics);
+    raw.mqtt.port = proxy.port;
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    assert_eq!(get_json(&d, "/readyz").await.0, 200);
+    proxy.set_up(false);
+    let stats = d.stats.clone();
+    eventually(WAIT, "the outage to be noticed", || {
+        !stats.connected.load(Ordering::Relaxed)
+    })
+    .await;
+    let (status, body) = get_json(&d, "/readyz").await;
+    assert_eq!(status, 503);
+    assert_eq!(body["mqtt_connected"], false);
+    assert_eq!(body["store_open"], true);
+    let (_, text) = http("GET", format!("http://{}/metrics", d.http_addr)).await;
+    assert!(text.contains("\nbucketd_mqtt_connected 0\n"), "{text}");
+    assert_eq!(
+        http("GET", format!("http://{}/healthz", d.http_addr))
+            .await
+            .0,
+        200
+    );
+    proxy.set_up(true);
+    eventually(WAIT, "the reconnect", || {
+        stats.subscribed.load(Ordering::Relaxed)
+    })
+    .await;
+    assert_eq!(get_json(&d, "/readyz").await.0, 200);
+    d.stop().await.unwrap();
+}
