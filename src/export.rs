@@ -44,10 +44,11 @@ pub fn summary_json(
 /// The JSON object of one stored bucket: [`summary_json`] plus the series names, `m2`, `pages`
 /// and `schema_version`.
 pub fn bucket_json(doc: &BucketDoc) -> serde_json::Value {
-    let mut map = summary_json(doc.start, doc.end, &doc.summary());
+    let mut map = serde_json::Map::new();
     map.insert("series".into(), json!(doc.series));
     map.insert("sensor".into(), json!(doc.sensor));
     map.insert("metric".into(), json!(doc.metric));
+    map.extend(summary_json(doc.start, doc.end, &doc.summary()));
     map.insert("m2".into(), json!(doc.m2));
     map.insert("pages".into(), json!(doc.pages));
     map.insert("schema_version".into(), json!(doc.schema_version));

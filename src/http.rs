@@ -215,7 +215,7 @@ async fn buckets(State(s): State<ApiState>, Query(params): Params) -> Result<Res
         .iter()
         .map(|w| Value::Object(crate::export::summary_json(w.start, w.end, &w.summary)))
         .collect();
-    let step_text = humantime::format_duration(Duration::from_secs(step as u64)).to_string();
+    let step_text = rollup::format_step(step);
     Ok(
         axum::Json(json!({"series": series, "step": step_text, "buckets": windows}))
             .into_response(),

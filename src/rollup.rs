@@ -40,6 +40,16 @@ pub fn parse_step(text: &str, width_secs: i64) -> Result<i64, String> {
     }
 }
 
+/// A step as it is written back in answers: `1h`, `6h`, `1d`, `7d`, `30m`.
+pub fn format_step(secs: i64) -> String {
+    match secs {
+        s if s % DAY_SECS == 0 => format!("{}d", s / DAY_SECS),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 /// The start of the window of `step_secs` holding `t`.
 pub fn window_start(t: i64, step_secs: i64) -> i64 {
     let origin = if step_secs % WEEK_SECS == 0 {
@@ -85,6 +95,9 @@ mod tests {
         assert_eq!(parse_step("1d", 3600), Ok(86_400));
         assert_eq!(parse_step("7d", 3600), Ok(604_800));
         assert_eq!(parse_step("6h", 3600), Ok(21_600));
+        for step in ["1h", "6h", "1d", "7d", "30m", "15s"] {
+            assert_eq!(format_step(parse_step(step, 1).unwrap()), step);
+        }
         assert!(parse_step("90m", 3600).is_err(), "not a multiple of 1h");
         assert!(parse_step("5h", 3600).is_err(), "does not divide a day");
         assert!(parse_step("30m", 3600).is_err(), "finer than a bucket");

@@ -177,7 +177,7 @@ async fn api_answers_from_the_store(broker: Broker, protocol: Protocol) {
     // Daily rollup: the merge of the 24 hours equals the day's truth computed directly.
     let (status, daily) = get_json(&d, &format!("{path}&step=1d")).await;
     assert_eq!(status, 200, "{daily}");
-    assert_eq!(daily["step"], "1day");
+    assert_eq!(daily["step"], "1d");
     let days = daily["buckets"].as_array().unwrap();
     assert_eq!(days.len(), 1);
     assert_eq!(
