@@ -395,8 +395,7 @@ pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth
         let (mine, got) = stored(docs, series, *start);
         let ctx = format!("{series} @ {start:?}: got {got:?}, want {want:?}");
         assert_eq!(got.count as i64, want.count, "count {ctx}");
-        assert_eq!(got.min.to_bits(), want.min.to_bits(), "min {ctx}");
-        assert_eq!(got.max.to_bits(), want.max.to_bits(), "max {ctx}");
+        assert_extremes_exact(&got, want, &ctx);
         assert!(close(got.total(), want.sum, 1e-9), "sum {ctx}");
         assert!(close(got.mean, want.mean, 1e-9), "mean {ctx}");
         let spread = (want.max - want.min).powi(2);
@@ -404,17 +403,7 @@ pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth
             (got.variance() - want.variance).abs() <= 1e-9 * spread.max(f64::MIN_POSITIVE),
             "variance {ctx}"
         );
-        if let (Some(first), Some(last)) = (want.first, want.last) {
-            assert_eq!(
-                (got.first.ts, got.first.value.to_bits()),
-                (first.0, first.1.to_bits()),
-                "first {ctx}"
-            );
-            assert_eq!(
-                (got.last.ts, got.last.value.to_bits()),
-                (last.0, last.1.to_bits()),
-                "last {ctx}"
-            );
+        if want.first.is_some() {
             let d = mine[0];
             assert_eq!(d.end - d.start, 3600, "end {ctx}");
             let (sensor, metric) = series.split_once('/').unwrap();
@@ -433,20 +422,26 @@ pub fn assert_nothing_lost(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>
         let (_, got) = stored(docs, series, *start);
         let ctx = format!("{series} @ {start:?}: got {got:?}, want {want:?}");
         assert!(got.count as i64 >= want.count, "count {ctx}");
-        assert_eq!(got.min.to_bits(), want.min.to_bits(), "min {ctx}");
-        assert_eq!(got.max.to_bits(), want.max.to_bits(), "max {ctx}");
-        if let (Some(first), Some(last)) = (want.first, want.last) {
-            assert_eq!(
-                (got.first.ts, got.first.value.to_bits()),
-                (first.0, first.1.to_bits()),
-                "first {ctx}"
-            );
-            assert_eq!(
-                (got.last.ts, got.last.value.to_bits()),
-                (last.0, last.1.to_bits()),
-                "last {ctx}"
-            );
-        }
+        assert_extremes_exact(&got, want, &ctx);
+    }
+}
+
+/// min, max, and (for device-timestamped readings) first and last, bit for bit.
+fn assert_extremes_exact(got: &bucketd::summary::Summary, want: &Truth, ctx: &str) {
+    assert_eq!(got.min.to_bits(), want.min.to_bits(), "min {ctx}");
+    assert_eq!(got.max.to_bits(), want.max.to_bits(), "max {ctx}");
+    if let (Some(first), Some(last)) = (want.first, want.last) {
+        let bits = |p: (i64, f64)| (p.0, p.1.to_bits());
+        assert_eq!(
+            (got.first.ts, got.first.value.to_bits()),
+            bits(first),
+            "first {ctx}"
+        );
+        assert_eq!(
+            (got.last.ts, got.last.value.to_bits()),
+            bits(last),
+            "last {ctx}"
+        );
     }
 }
 
