@@ -36,6 +36,7 @@ pub mod query;
 pub mod reading;
 pub mod rollup;
 pub mod series;
+pub mod sketch;
 pub mod stats;
 pub mod store;
 pub mod summary;

@@ -1,0 +1,195 @@
+use proptest::prelude::*;
+
+use super::*;
+
+/// xorshift: deterministic samples.
+struct Rng(u64);
+
+impl Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit().max(1e-300), self.unit());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
+fn sketch_of(values: &[f64], params: SketchParams) -> Sketch {
+    let mut s = Sketch::new(params);
+    for v in values {
+        s.add(*v);
+    }
+    s
+}
+
+/// Every quantile from 0 to 1 in steps of 1% is within `alpha` of the exact value of the same
+/// rank (`floor(q * (n - 1))` in sorted order).
+fn assert_within_alpha(name: &str, values: &[f64], params: SketchParams) {
+    let s = sketch_of(values, params);
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    for step in 0..=100 {
+        let q = f64::from(step) / 100.0;
+        let exact = sorted[(q * (sorted.len() - 1) as f64).floor() as usize];
+        let got = s.quantile(q).unwrap();
+        let ok = if exact == 0.0 {
+            got == 0.0
+        } else {
+            ((got - exact) / exact).abs() <= params.alpha * (1.0 + 1e-9)
+        };
+        assert!(ok, "{name}: q={q} exact {exact} got {got}");
+    }
+}
+
+#[test]
+fn quantiles_of_known_distributions_are_within_the_relative_accuracy() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let n = 20_000;
+    let uniform: Vec<f64> = (0..n).map(|_| 1.0 + 999.0 * rng.unit()).collect();
+    let normal: Vec<f64> = (0..n).map(|_| 20.0 + 5.0 * rng.normal()).collect();
+    let pareto: Vec<f64> = (0..n)
+        .map(|_| 1.0 / (1.0 - rng.unit()).powf(1.0 / 1.2))
+        .collect();
+    let constant = vec![21.5; 1000];
+    let negative: Vec<f64> = (0..n).map(|_| -1.0 - 999.0 * rng.unit()).collect();
+    let mixed: Vec<f64> = (0..n)
+        .map(|i| {
+            if i % 7 == 0 {
+                0.0
+            } else {
+                100.0 * rng.normal()
+            }
+        })
+        .collect();
+    let tiny: Vec<f64> = (0..n).map(|_| 1e-300 * (1.0 + rng.unit())).collect();
+    let huge: Vec<f64> = (0..n).map(|_| 1e300 * (1.0 + 100.0 * rng.unit())).collect();
+    let extremes = vec![
+        f64::MIN_POSITIVE,
+        1e-200,
+        1.0,
+        1e200,
+        f64::MAX,
+        -f64::MAX,
+        -f64::MIN_POSITIVE,
+    ];
+    for alpha in [0.01, 0.02, 0.05] {
+        let params = SketchParams {
+            alpha,
+            max_bins: 1 << 16,
+        };
+        for (name, values) in [
+            ("uniform", &uniform),
+            ("normal", &normal),
+            ("pareto", &pareto),
+            ("constant", &constant),
+            ("negative", &negative),
+            ("mixed with zeros", &mixed),
+            ("tiny", &tiny),
+            ("huge", &huge),
+            ("extremes", &extremes),
+        ] {
+            assert_within_alpha(name, values, params);
+        }
+    }
+}
+
+#[test]
+fn the_bin_bound_holds_and_keeps_the_high_quantiles() {
+    let mut rng = Rng(7);
+    // Twelve decades of magnitude need about 1,400 bins at 1%; allow 1024, which cover the top
+    // nine decades: the median and above stay within 1%.
+    let values: Vec<f64> = (0..50_000)
+        .map(|_| 10f64.powf(-6.0 + 12.0 * rng.unit()))
+        .collect();
+    let params = SketchParams {
+        alpha: 0.01,
+        max_bins: 1024,
+    };
+    let s = sketch_of(&values, params);
+    assert!(s.bins() <= 1024, "{} bins", s.bins());
+    assert_eq!(s.count(), 50_000);
+    let mut sorted = values.clone();
+    sorted.sort_by(f64::total_cmp);
+    for q in [0.5, 0.9, 0.99, 1.0] {
+        let exact = sorted[(q * (sorted.len() - 1) as f64) as usize];
+        let got = s.quantile(q).unwrap();
+        assert!(
+            ((got - exact) / exact).abs() <= 0.01 + 1e-9,
+            "q={q}: {got} vs {exact}"
+        );
+    }
+    // Merging keeps the bound too.
+    let mut merged = s.clone();
+    merged.merge(&sketch_of(&values[..1000], params));
+    assert!(merged.bins() <= 1024);
+    assert_eq!(merged.count(), 51_000);
+}
+
+#[test]
+fn sketches_of_another_accuracy_are_rebinned_on_merge() {
+    let values: Vec<f64> = (1..=1000).map(f64::from).collect();
+    let fine = sketch_of(
+        &values,
+        SketchParams {
+            alpha: 0.01,
+            max_bins: 4096,
+        },
+    );
+    let mut coarse = Sketch::new(SketchParams {
+        alpha: 0.05,
+        max_bins: 4096,
+    });
+    coarse.merge(&fine);
+    assert_eq!(coarse.count(), 1000);
+    let p50 = coarse.quantile(0.5).unwrap();
+    assert!((p50 - 500.0).abs() / 500.0 <= 0.01 + 0.05 + 1e-9, "{p50}");
+}
+
+#[test]
+fn empty_and_corrupt_encodings() {
+    let empty = Sketch::new(SketchParams::DEFAULT);
+    assert_eq!(empty.quantile(0.5), None);
+    assert_eq!(Sketch::decode(&empty.encode()), Some(empty));
+    assert_eq!(Sketch::decode(&[]), None);
+    assert_eq!(Sketch::decode(&[9, 0, 0]), None);
+    let mut bytes = sketch_of(&[1.0, 2.0], SketchParams::DEFAULT).encode();
+    bytes.push(0);
+    assert_eq!(Sketch::decode(&bytes), None, "trailing bytes");
+}
+
+#[test]
+fn an_hour_of_a_noisy_temperature_sketch_is_small() {
+    let mut rng = Rng(3);
+    let values: Vec<f64> = (0..3600).map(|_| 21.0 + 0.5 * rng.normal()).collect();
+    let bytes = sketch_of(&values, SketchParams::DEFAULT).encode();
+    assert!(bytes.len() < 400, "{} bytes", bytes.len());
+}
+
+fn value() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        -1e6f64..1e6,
+        Just(0.0),
+        (1e-300f64..1e-290),
+        (-1e300f64..-1e290),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn merge_equals_the_sketch_of_the_union(
+        a in prop::collection::vec(value(), 0..200),
+        b in prop::collection::vec(value(), 0..200),
+    ) {
+        let params = SketchParams { alpha: 0.01, max_bins: 1 << 16 };
+        let mut merged = sketch_of(&a, params);
+        merged.merge(&sketch_of(&b, params));
+        let union: Vec<f64> = a.iter().chain(&b).copied().collect();
+        prop_assert_eq!(&merged, &sketch_of(&union, params));
+        prop_assert_eq!(Sketch::decode(&merged.encode()), Some(merged));
+    }
+}
