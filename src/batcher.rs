@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ack::AckToken;
+use crate::sketch::SketchParams;
 use crate::summary::Summary;
 
 /// A bucket: (series name, bucket start in seconds since the epoch).
@@ -107,6 +108,7 @@ pub struct Batcher {
     batch: Batch,
     acks: Vec<AckToken>,
     opened_at: Option<Instant>,
+    sketch: SketchParams,
     /// Arrival times of the batch's first and last message, and how many messages it has.
     first_arrival: Option<Instant>,
     last_arrival: Option<Instant>,
@@ -117,11 +119,21 @@ pub struct Batcher {
 
 impl Batcher {
     pub fn new(policy: FlushPolicy, bucket_width_secs: i64) -> Batcher {
+        Batcher::with_sketch(policy, bucket_width_secs, SketchParams::DEFAULT)
+    }
+
+    /// A batcher whose new buckets get sketches with `sketch` settings.
+    pub fn with_sketch(
+        policy: FlushPolicy,
+        bucket_width_secs: i64,
+        sketch: SketchParams,
+    ) -> Batcher {
         assert!(
             bucket_width_secs > 0,
             "config validation guarantees a width"
         );
         Batcher {
+            sketch,
             policy,
             bucket_width_secs,
             batch: Batch::default(),
@@ -174,7 +186,7 @@ impl Batcher {
             None => {
                 self.batch
                     .buckets
-                    .insert(key, Summary::of(ts.as_nanos(), value));
+                    .insert(key, Summary::with_params(ts.as_nanos(), value, self.sketch));
             }
         }
         self.batch.readings += 1;

@@ -99,6 +99,8 @@ pub struct RawStore {
     pub durability: Durability,
     pub quick_repair: bool,
     pub cache_size: ByteSize,
+    pub sketch_accuracy: f64,
+    pub sketch_max_bins: u32,
 }
 
 /// How a commit reaches the disk. Both are durable before `commit()` returns.
@@ -223,6 +225,7 @@ pub struct StoreConfig {
     pub durability: Durability,
     pub quick_repair: bool,
     pub cache_bytes: usize,
+    pub sketch: crate::sketch::SketchParams,
 }
 
 #[derive(Debug, Clone)]
@@ -497,7 +500,20 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     }
     let cache_bytes = usize::try_from(raw.cache_size.as_u64())
         .map_err(|_| invalid("store.cache_size", "too large for this machine"))?;
+    if !(0.0001..=0.2).contains(&raw.sketch_accuracy) {
+        return Err(invalid(
+            "store.sketch_accuracy",
+            "must be between 0.0001 and 0.2 (0.01 = quantiles within 1%)",
+        ));
+    }
+    if !(16..=65_536).contains(&raw.sketch_max_bins) {
+        return Err(invalid("store.sketch_max_bins", "must be 16..=65536"));
+    }
     Ok(StoreConfig {
+        sketch: crate::sketch::SketchParams {
+            alpha: raw.sketch_accuracy,
+            max_bins: raw.sketch_max_bins,
+        },
         path: raw.path.clone(),
         bucket_width: width,
         durability: raw.durability,

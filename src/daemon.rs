@@ -125,9 +125,10 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         mqtt: Mqtt::new(&config.mqtt, password, &config.subscriptions),
         subscriptions: config.subscriptions.clone(),
         limits: config.limits.clone(),
-        batcher: Batcher::new(
+        batcher: Batcher::with_sketch(
             policy,
             i64::try_from(config.store.bucket_width.as_secs()).expect("validated"),
+            config.store.sketch,
         ),
         series,
         stats: stats.clone(),

@@ -34,6 +34,9 @@ pub fn summary_json(
         "stddev": s.stddev(),
         "first": point(&s.first),
         "last": point(&s.last),
+        "p50": s.quantile(0.5),
+        "p90": s.quantile(0.9),
+        "p99": s.quantile(0.99),
     });
     match value {
         serde_json::Value::Object(map) => map,
@@ -56,7 +59,7 @@ pub fn bucket_json(doc: &BucketDoc) -> serde_json::Value {
 }
 
 pub const CSV_HEADER: &str = "series,sensor,metric,start,end,count,sum,min,max,mean,m2,stddev,\
-first_ts,first_value,last_ts,last_value,pages";
+first_ts,first_value,last_ts,last_value,p50,p90,p99,pages";
 
 /// One CSV line (no newline) in the column order of [`CSV_HEADER`].
 pub fn bucket_csv(doc: &BucketDoc) -> String {
@@ -78,6 +81,9 @@ pub fn bucket_csv(doc: &BucketDoc) -> String {
         number(doc.first.value),
         Timestamp::from_nanos(doc.last.ts).to_rfc3339_millis(),
         number(doc.last.value),
+        s.quantile(0.5).map_or(String::new(), number),
+        s.quantile(0.9).map_or(String::new(), number),
+        s.quantile(0.99).map_or(String::new(), number),
         doc.pages.to_string(),
     ];
     fields.join(",")

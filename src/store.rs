@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batcher::Batch;
 use crate::config::Durability;
+use crate::sketch::Sketch;
 use crate::summary::{Point, Summary};
 
 const SERIES_BY_NAME: TableDefinition<&str, u64> = TableDefinition::new("series_by_name");
@@ -26,8 +27,9 @@ const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
 /// Version of the table layout, in `meta.format_version`.
 pub const FORMAT_VERSION: u32 = 1;
-/// Version of the bucket document, in every document's `schema_version`.
-pub const SCHEMA_VERSION: i32 = 1;
+/// Version of the bucket document, in every document's `schema_version`. Version 1 had no
+/// `sketch`; such documents read with an empty sketch, and their quantiles are unknown.
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Settings the store needs, from `[store]`.
 #[derive(Debug, Clone)]
@@ -148,6 +150,9 @@ pub struct BucketDoc {
     pub m2: f64,
     /// Raw reading pages of this bucket (none until raw storage exists).
     pub pages: i32,
+    /// The quantile sketch ([`Sketch::encode`]), as BSON binary. Absent in version 1.
+    #[serde(default, with = "serde_bytes")]
+    pub sketch: Vec<u8>,
 }
 
 impl BucketDoc {
@@ -176,10 +181,15 @@ impl BucketDoc {
             mean: s.mean,
             m2: s.m2,
             pages: 0,
+            sketch: s.sketch.encode(),
         }
     }
 
+    /// The aggregates. A missing (version 1) or unreadable sketch reads as empty, so that the
+    /// bucket's quantiles are unknown rather than wrong.
     pub fn summary(&self) -> Summary {
+        let sketch = Sketch::decode(&self.sketch)
+            .unwrap_or_else(|| Sketch::new(crate::sketch::SketchParams::DEFAULT));
         Summary {
             count: u64::try_from(self.count).unwrap_or(0),
             sum: self.sum,
@@ -196,6 +206,7 @@ impl BucketDoc {
             },
             mean: self.mean,
             m2: self.m2,
+            sketch,
         }
     }
 

@@ -10,6 +10,9 @@
 //!   same-signed values. It is not bit-exact across merge orders: f64 addition is not associative.
 //! - `mean` and `m2` (sum of squared deviations) merge with Chan et al.'s parallel formula;
 //!   they are within a relative 1e-9 across merge orders.
+//! - `sketch` (quantiles) merges exactly while it is under its bin bound (see [`Sketch`]).
+
+use crate::sketch::{Sketch, SketchParams};
 
 /// A timestamped value, as in `first` and `last`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,7 +23,7 @@ pub struct Point {
 }
 
 /// The aggregates of a non-empty set of readings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
     pub count: u64,
     pub sum: f64,
@@ -31,13 +34,21 @@ pub struct Summary {
     pub last: Point,
     pub mean: f64,
     pub m2: f64,
+    pub sketch: Sketch,
 }
 
 impl Summary {
-    /// The summary of one reading.
+    /// The summary of one reading, with the default sketch settings.
     pub fn of(ts: i64, value: f64) -> Summary {
+        Summary::with_params(ts, value, SketchParams::DEFAULT)
+    }
+
+    /// The summary of one reading.
+    pub fn with_params(ts: i64, value: f64, params: SketchParams) -> Summary {
         debug_assert!(value.is_finite(), "decode rejects non-finite values");
         let point = Point { ts, value };
+        let mut sketch = Sketch::new(params);
+        sketch.add(value);
         Summary {
             count: 1,
             sum: value,
@@ -48,12 +59,13 @@ impl Summary {
             last: point,
             mean: value,
             m2: 0.0,
+            sketch,
         }
     }
 
-    /// Adds one reading. Equivalent to `self.merge(&Summary::of(ts, value))`.
+    /// Adds one reading. Equivalent to merging `Summary::with_params(ts, value, ..)`.
     pub fn push(&mut self, ts: i64, value: f64) {
-        self.merge(&Summary::of(ts, value));
+        self.merge(&Summary::with_params(ts, value, self.sketch.params()));
     }
 
     /// Merges `other` into `self`, as if `self` had seen `other`'s readings too.
@@ -86,8 +98,19 @@ impl Summary {
         if earlier(&self.last, &other.last) {
             self.last = other.last;
         }
+        self.sketch.merge(&other.sketch);
         self.count = count;
         debug_assert!(self.count > 0 && self.min <= self.max);
+    }
+
+    /// The value at quantile `q`, within the sketch's relative accuracy and clamped to the
+    /// exact min and max; `None` when the sketch does not cover every reading (a bucket
+    /// written before sketches existed).
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.sketch.count() != self.count {
+            return None;
+        }
+        self.sketch.quantile(q).map(|v| v.clamp(self.min, self.max))
     }
 
     /// The compensated sum.

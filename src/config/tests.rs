@@ -102,6 +102,8 @@ fn bad_values_are_errors_that_name_the_key() {
         ),
         ("[log]\nlevel = \"loud!!\"\n", "log.level"),
         ("[http]\nbind = \"localhost\"\n", "http.bind"),
+        ("[store]\nsketch_accuracy = 0.5\n", "store.sketch_accuracy"),
+        ("[store]\nsketch_max_bins = 1\n", "store.sketch_max_bins"),
         (
             "[http]\nmax_buckets_per_query = 0\n",
             "http.max_buckets_per_query",

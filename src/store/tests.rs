@@ -139,7 +139,7 @@ proptest! {
                     model
                         .entry((series.to_string(), *start))
                         .and_modify(|m| m.merge(s))
-                        .or_insert(*s);
+                        .or_insert(s.clone());
                 }
                 store.commit(&b).unwrap();
             }
@@ -148,7 +148,7 @@ proptest! {
         let docs = reader.buckets(None, i64::MIN, i64::MAX).unwrap();
         prop_assert_eq!(docs.len(), model.len());
         for doc in docs {
-            let want = model[&(doc.series.clone(), doc.start)];
+            let want = model[&(doc.series.clone(), doc.start)].clone();
             // The store merges in the same order as the model, so even the floats are equal.
             prop_assert_eq!(doc.summary(), want);
             prop_assert_eq!(BucketDoc::decode(&doc.encode()).unwrap(), doc.clone());

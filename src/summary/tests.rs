@@ -13,7 +13,7 @@ fn summary_of(readings: &[(i64, f64)]) -> Option<Summary> {
 }
 
 fn merged(a: &Summary, b: &Summary) -> Summary {
-    let mut m = *a;
+    let mut m = a.clone();
     m.merge(b);
     m
 }
@@ -31,6 +31,7 @@ fn assert_equivalent(a: &Summary, b: &Summary) -> Result<(), TestCaseError> {
     prop_assert_eq!(a.first.value.to_bits(), b.first.value.to_bits());
     prop_assert_eq!(a.last.ts, b.last.ts);
     prop_assert_eq!(a.last.value.to_bits(), b.last.value.to_bits());
+    prop_assert_eq!(&a.sketch, &b.sketch, "sketches merge exactly");
     prop_assert!(
         close(a.total(), b.total(), 1e-12),
         "sum {} vs {}",

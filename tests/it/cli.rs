@@ -12,7 +12,10 @@ use bucketd::config::{Protocol, RawConfig};
 
 use crate::ingest::workload;
 use crate::on_every_broker;
-use crate::support::{Broker, Topics, assert_matches_truth, publish_all, raw_config, truth};
+use crate::support::{
+    Broker, Topics, assert_matches_truth_but_quantiles, assert_quantile, publish_all, raw_config,
+    truth,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_bucketd");
 
@@ -132,12 +135,27 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let docs: Vec<bucketd::store::BucketDoc> = String::from_utf8(out.stdout)
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
-        .map(|l| doc_from_export(&serde_json::from_str(l).unwrap()))
+        .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_matches_truth(&docs, &truth(&work.readings, 3600));
+    let docs: Vec<bucketd::store::BucketDoc> = lines.iter().map(doc_from_export).collect();
+    let truth = truth(&work.readings, 3600);
+    assert_matches_truth_but_quantiles(&docs, &truth);
+    // Quantiles as exported, against the exact ones (buckets with device timestamps).
+    for line in &lines {
+        let start = bucketd::reading::Timestamp::parse(line["start"].as_str().unwrap()).unwrap();
+        let key = (
+            line["series"].as_str().unwrap().to_owned(),
+            Some(start.as_nanos() / 1_000_000_000),
+        );
+        if let Some(want) = truth.get(&key) {
+            for (name, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)] {
+                assert_quantile(line[name].as_f64().unwrap(), want, q, &format!("{key:?}"));
+            }
+        }
+    }
 
     // Filters: one series, a time range; CSV has a header and one line per bucket.
     let series = "d1/temperature";
@@ -202,7 +220,16 @@ fn doc_from_export(v: &serde_json::Value) -> bucketd::store::BucketDoc {
         },
         mean: v["mean"].as_f64().unwrap(),
         m2: v["m2"].as_f64().unwrap(),
+        // Quantiles are checked from the exported p50/p90/p99 below, not rebuilt.
+        sketch: bucketd::sketch::Sketch::new(bucketd::sketch::SketchParams::DEFAULT),
     };
+    for q in ["p50", "p90", "p99"] {
+        let p = v[q].as_f64().unwrap_or_else(|| panic!("{q} in {v}"));
+        assert!(
+            summary.min <= p && p <= summary.max,
+            "{q} {p} within min..max"
+        );
+    }
     let doc = bucketd::store::BucketDoc::new(v["series"].as_str().unwrap(), start, 3600, &summary);
     assert_eq!(ts(&v["end"]) / 1_000_000_000, doc.end);
     assert_eq!(v["sensor"], doc.sensor.as_str());

@@ -319,6 +319,15 @@ pub struct Truth {
     pub variance: f64,
     pub first: Option<(i64, f64)>,
     pub last: Option<(i64, f64)>,
+    /// The values in ascending order, for exact quantiles.
+    pub sorted: Vec<f64>,
+}
+
+impl Truth {
+    /// The exact value of rank `floor(q * (count - 1))`, the rank the sketch estimates.
+    pub fn quantile(&self, q: f64) -> f64 {
+        self.sorted[(q * (self.sorted.len() - 1) as f64).floor() as usize]
+    }
 }
 
 /// (series, bucket start); no start for readings stamped with the receive time.
@@ -359,6 +368,11 @@ pub fn truth(readings: &[Expected], width_secs: i64) -> BTreeMap<TruthKey, Truth
                 variance,
                 first: timed.iter().copied().min_by(order),
                 last: timed.iter().copied().max_by(order),
+                sorted: {
+                    let mut v: Vec<f64> = values.iter().map(|v| v.1).collect();
+                    v.sort_by(f64::total_cmp);
+                    v
+                },
             };
             (key, t)
         })
@@ -390,6 +404,16 @@ fn stored<'a>(
 /// Compares stored buckets with the ground truth: every field of every bucket.
 /// Readings without device timestamps are compared per series (their hour is the receive hour).
 pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>) {
+    check_truth(docs, truth, true);
+}
+
+/// [`assert_matches_truth`] for documents rebuilt from an export, which carries quantiles but
+/// not the sketch itself (the caller checks the exported quantiles).
+pub fn assert_matches_truth_but_quantiles(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>) {
+    check_truth(docs, truth, false);
+}
+
+fn check_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>, quantiles: bool) {
     let mut seen = 0;
     for ((series, start), want) in truth {
         let (mine, got) = stored(docs, series, *start);
@@ -398,6 +422,10 @@ pub fn assert_matches_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth
         assert_extremes_exact(&got, want, &ctx);
         assert!(close(got.total(), want.sum, 1e-9), "sum {ctx}");
         assert!(close(got.mean, want.mean, 1e-9), "mean {ctx}");
+        for q in [0.0, 0.5, 0.9, 0.99, 1.0].into_iter().filter(|_| quantiles) {
+            let p = got.quantile(q).expect("the sketch covers the bucket");
+            assert_quantile(p, want, q, &ctx);
+        }
         let spread = (want.max - want.min).powi(2);
         assert!(
             (got.variance() - want.variance).abs() <= 1e-9 * spread.max(f64::MIN_POSITIVE),
@@ -424,6 +452,17 @@ pub fn assert_nothing_lost(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>
         assert!(got.count as i64 >= want.count, "count {ctx}");
         assert_extremes_exact(&got, want, &ctx);
     }
+}
+
+/// A quantile estimate within the sketch's 1% of the exact value of the same rank.
+pub fn assert_quantile(p: f64, want: &Truth, q: f64, ctx: &str) {
+    let exact = want.quantile(q);
+    let ok = if exact == 0.0 {
+        p == 0.0
+    } else {
+        ((p - exact) / exact).abs() <= 0.01 + 1e-9
+    };
+    assert!(ok, "p{} {p} vs exact {exact}: {ctx}", q * 100.0);
 }
 
 /// min, max, and (for device-timestamped readings) first and last, bit for bit.
