@@ -32,6 +32,7 @@ pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod mqtt;
+pub mod page;
 pub mod query;
 pub mod reading;
 pub mod rollup;

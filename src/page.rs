@@ -1,0 +1,334 @@
+//! Raw reading pages: the compact encoding of up to `page_capacity` `(timestamp, value)` pairs,
+//! in the style of Facebook's Gorilla (Pelkonen et al., VLDB 2015). Pure.
+//!
+//! - Timestamps are divided by the largest unit that divides all of them (1 s, 1 ms, 1 us or
+//!   1 ns, recorded in the page), then stored as the first value and delta-of-deltas in
+//!   variable-width bit fields. Readings keep their arrival order, so out-of-order and equal
+//!   timestamps cost a few bits more but round-trip exactly (wrapping arithmetic is invertible).
+//! - Values, when every value of the page is a decimal with at most 6 fractional digits (what
+//!   sensors send: `21.3`), are stored as the integers `value * 10^k` and their deltas in
+//!   variable-width fields (a noisy temperature: about one byte per reading). The check
+//!   `n / 10^k == value` is exact on encode, so this is lossless. Otherwise, Gorilla's XOR
+//!   scheme: the first value's 64 bits, then each value XORed with the previous one (a repeated
+//!   value costs one bit, a similar one its meaningful middle bits). Either way every f64
+//!   round-trips bit for bit (subnormals, -0.0, extremes).
+
+/// Timestamp units tried, largest first (nanoseconds per unit).
+const UNITS: [i64; 4] = [1_000_000_000, 1_000_000, 1_000, 1];
+
+/// An encoded page: the readings' count, time range, unit and bit stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedPage {
+    pub count: u32,
+    pub min_ts: i64,
+    pub max_ts: i64,
+    /// Nanoseconds per stored timestamp unit.
+    pub unit: i64,
+    /// `k` when values are stored as decimal integers `value * 10^k`; `-1` for XOR-encoded bits.
+    pub decimals: i32,
+    pub data: Vec<u8>,
+}
+
+/// Most fractional digits tried for the decimal value encoding.
+const DECIMALS_MAX: i32 = 6;
+
+/// The smallest `k` such that every value is exactly `n / 10^k` for an integer `|n| < 2^52`.
+fn decimal_scale(readings: &[(i64, f64)]) -> Option<i32> {
+    (0..=DECIMALS_MAX).find(|&k| {
+        let scale = 10f64.powi(k);
+        readings.iter().all(|&(_, v)| {
+            let n = (v * scale).round();
+            // Through the integer, as decode does: -0.0 must not come back as 0.0.
+            n.abs() < (1u64 << 52) as f64 && ((n as i64) as f64 / scale).to_bits() == v.to_bits()
+        })
+    })
+}
+
+/// Encodes readings (in arrival order). `readings` must not be empty.
+pub fn encode(readings: &[(i64, f64)]) -> EncodedPage {
+    assert!(!readings.is_empty(), "a page holds at least one reading");
+    let unit = UNITS
+        .into_iter()
+        .find(|u| readings.iter().all(|(ts, _)| ts % u == 0))
+        .expect("1 divides everything");
+    let decimals = decimal_scale(readings);
+    let scale = 10f64.powi(decimals.unwrap_or(0));
+    let mut w = BitWriter::default();
+    let (mut prev_ts, mut prev_delta) = (readings[0].0 / unit, 0i64);
+    let mut prev_bits = readings[0].1.to_bits();
+    let mut prev_n = (readings[0].1 * scale).round() as i64;
+    let (mut prev_lead, mut prev_trail) = (u32::MAX, 0u32);
+    w.put(prev_ts as u64, 64);
+    w.put(
+        if decimals.is_some() {
+            prev_n as u64
+        } else {
+            prev_bits
+        },
+        64,
+    );
+    for &(ts, value) in &readings[1..] {
+        let ts = ts / unit;
+        let delta = ts.wrapping_sub(prev_ts);
+        put_field(&mut w, &TS_FIELDS, zigzag(delta.wrapping_sub(prev_delta)));
+        (prev_ts, prev_delta) = (ts, delta);
+
+        if decimals.is_some() {
+            let n = (value * scale).round() as i64;
+            put_field(&mut w, &VALUE_FIELDS, zigzag(n.wrapping_sub(prev_n)));
+            prev_n = n;
+            continue;
+        }
+        let bits = value.to_bits();
+        let xor = bits ^ prev_bits;
+        prev_bits = bits;
+        if xor == 0 {
+            w.put(0, 1);
+            continue;
+        }
+        let (lead, trail) = (xor.leading_zeros().min(31), xor.trailing_zeros());
+        if prev_lead != u32::MAX && lead >= prev_lead && trail >= prev_trail {
+            // Fits the previous window of meaningful bits.
+            w.put(0b10, 2);
+            w.put(xor >> prev_trail, 64 - prev_lead - prev_trail);
+        } else {
+            let len = 64 - lead - trail;
+            w.put(0b11, 2);
+            w.put(u64::from(lead), 5);
+            w.put(u64::from(len - 1), 6);
+            w.put(xor >> trail, len);
+            (prev_lead, prev_trail) = (lead, trail);
+        }
+    }
+    EncodedPage {
+        count: u32::try_from(readings.len()).expect("pages hold far fewer than 2^32 readings"),
+        min_ts: readings.iter().map(|r| r.0).min().expect("not empty"),
+        max_ts: readings.iter().map(|r| r.0).max().expect("not empty"),
+        unit,
+        decimals: decimals.unwrap_or(-1),
+        data: w.finish(),
+    }
+}
+
+/// Decodes `count` readings; `None` if the data is shorter than it claims.
+pub fn decode(page: &EncodedPage) -> Option<Vec<(i64, f64)>> {
+    if page.count == 0 || !UNITS.contains(&page.unit) || page.decimals > DECIMALS_MAX {
+        return None;
+    }
+    let mut r = BitReader::new(&page.data);
+    let mut out = Vec::with_capacity(page.count as usize);
+    let (mut ts, mut delta) = (r.get(64)? as i64, 0i64);
+    let mut bits = r.get(64)?;
+    let scale = 10f64.powi(page.decimals.max(0));
+    let mut n = bits as i64;
+    let value = |bits: u64, n: i64| {
+        if page.decimals >= 0 {
+            n as f64 / scale
+        } else {
+            f64::from_bits(bits)
+        }
+    };
+    let (mut lead, mut trail) = (0u32, 0u32);
+    out.push((ts.wrapping_mul(page.unit), value(bits, n)));
+    for _ in 1..page.count {
+        delta = delta.wrapping_add(unzigzag(get_field(&mut r, &TS_FIELDS)?));
+        ts = ts.wrapping_add(delta);
+        if page.decimals >= 0 {
+            n = n.wrapping_add(unzigzag(get_field(&mut r, &VALUE_FIELDS)?));
+            out.push((ts.wrapping_mul(page.unit), value(bits, n)));
+            continue;
+        }
+        if r.get(1)? == 1 {
+            if r.get(1)? == 1 {
+                lead = r.get(5)? as u32;
+                let len = r.get(6)? as u32 + 1;
+                trail = 64u32.checked_sub(lead + len)?;
+            }
+            bits ^= r.get(64 - lead - trail)? << trail;
+        }
+        out.push((ts.wrapping_mul(page.unit), value(bits, n)));
+    }
+    Some(out)
+}
+
+/// Widths of the variable fields, after a unary prefix of 0..=5 ones: a zero (prefix `0`,
+/// no bits), then growing widths; the last width is always 64.
+type Fields = [u32; 6];
+/// Timestamp delta-of-deltas: mostly zero for a regular sensor.
+const TS_FIELDS: Fields = [0, 7, 12, 20, 32, 64];
+/// Decimal value deltas: small steps of a noisy signal.
+const VALUE_FIELDS: Fields = [0, 4, 8, 16, 32, 64];
+
+/// Writes zigzagged `zz` in the narrowest field that holds it.
+fn put_field(w: &mut BitWriter, fields: &Fields, zz: u64) {
+    let ones = fields
+        .iter()
+        .position(|&width| width == 64 || zz < 1u64 << width)
+        .expect("the last field is 64 bits wide");
+    let ones = if zz == 0 { 0 } else { ones.max(1) };
+    w.put((1u64 << ones) - 1, ones as u32); // `ones` ones
+    if ones < 5 {
+        w.put(0, 1); // the terminating zero
+    }
+    w.put(zz, fields[ones]);
+}
+
+fn get_field(r: &mut BitReader, fields: &Fields) -> Option<u64> {
+    let mut ones = 0;
+    while ones < 5 && r.get(1)? == 1 {
+        ones += 1;
+    }
+    r.get(fields[ones])
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+#[derive(Default)]
+struct BitWriter {
+    bytes: Vec<u8>,
+    /// Bits used in the last byte (0 = a new byte is needed).
+    used: u32,
+}
+
+impl BitWriter {
+    /// Appends the low `n` bits of `v` (n <= 64), most significant first.
+    fn put(&mut self, v: u64, n: u32) {
+        for i in (0..n).rev() {
+            if self.used == 0 {
+                self.bytes.push(0);
+            }
+            let bit = ((v >> i) & 1) as u8;
+            *self.bytes.last_mut().expect("pushed above") |= bit << (7 - self.used);
+            self.used = (self.used + 1) % 8;
+        }
+    }
+
+    fn finish(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+struct BitReader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> BitReader<'a> {
+    fn new(bytes: &'a [u8]) -> BitReader<'a> {
+        BitReader { bytes, pos: 0 }
+    }
+
+    fn get(&mut self, n: u32) -> Option<u64> {
+        let mut v = 0u64;
+        for _ in 0..n {
+            let byte = *self.bytes.get(self.pos / 8)?;
+            v = (v << 1) | u64::from((byte >> (7 - self.pos % 8)) & 1);
+            self.pos += 1;
+        }
+        Some(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn round_trip(readings: &[(i64, f64)]) -> Vec<(i64, f64)> {
+        decode(&encode(readings)).expect("decodes")
+    }
+
+    fn bits(r: &[(i64, f64)]) -> Vec<(i64, u64)> {
+        r.iter().map(|(t, v)| (*t, v.to_bits())).collect()
+    }
+
+    #[test]
+    fn a_temperature_every_second_costs_a_few_bits_per_reading() {
+        let t0 = 1_763_719_200_000_000_000i64;
+        let mut x = 1u64;
+        let readings: Vec<(i64, f64)> = (0..1000)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let noise = (x % 5) as f64 / 10.0; // 0.0 ..= 0.4, one decimal as a sensor sends
+                (
+                    t0 + i * 1_000_000_000,
+                    ((21.0 + noise) * 10.0).round() / 10.0,
+                )
+            })
+            .collect();
+        let page = encode(&readings);
+        assert_eq!(page.unit, 1_000_000_000);
+        assert_eq!(bits(&round_trip(&readings)), bits(&readings));
+        assert!(
+            page.data.len() < 1000 * 4,
+            "{} bytes for 1000 readings",
+            page.data.len()
+        );
+    }
+
+    #[test]
+    fn extremes_round_trip_bit_for_bit() {
+        let readings = [
+            (i64::MIN, f64::MAX),
+            (i64::MAX, -f64::MAX),
+            (0, 5e-324),
+            (0, -0.0),
+            (-1, f64::MIN_POSITIVE),
+            (7, 0.1),
+            (7, 0.1),
+            (3, 1e308),
+        ];
+        assert_eq!(bits(&round_trip(&readings)), bits(&readings));
+        assert_eq!(encode(&readings).unit, 1);
+    }
+
+    #[test]
+    fn negative_zero_is_not_taken_for_a_decimal() {
+        let readings = [(0, -0.0), (1_000_000_000, 1.5)];
+        let page = encode(&readings);
+        assert_eq!(page.decimals, -1);
+        assert_eq!(bits(&round_trip(&readings)), bits(&readings));
+    }
+
+    #[test]
+    fn truncated_data_is_refused() {
+        let mut page = encode(&[(0, 1.0), (1_000, 2.0), (2_000, 3.5)]);
+        page.data.truncate(page.data.len() - 2);
+        assert_eq!(decode(&page), None);
+    }
+
+    fn reading() -> impl Strategy<Value = (i64, f64)> {
+        let ts = prop_oneof![
+            any::<i64>(),
+            (0i64..1_000).prop_map(|s| 1_763_719_200_000_000_000 + s * 1_000_000_000),
+            (0i64..100_000).prop_map(|ms| 1_763_719_200_000_000_000 + ms * 1_000_000),
+        ];
+        let value = prop_oneof![
+            any::<f64>().prop_filter("finite", |v| v.is_finite()),
+            (-50.0f64..50.0),
+            Just(21.5),
+            (0u64..1u64 << 52).prop_map(f64::from_bits), // subnormals
+        ];
+        (ts, value)
+    }
+
+    proptest! {
+        #[test]
+        fn any_readings_round_trip_in_arrival_order(
+            readings in prop::collection::vec(reading(), 1..300)
+        ) {
+            let page = encode(&readings);
+            prop_assert_eq!(page.count as usize, readings.len());
+            prop_assert_eq!(bits(&decode(&page).unwrap()), bits(&readings));
+        }
+    }
+}
