@@ -87,10 +87,12 @@ impl FlushReason {
     }
 }
 
-/// What the writer commits: the merged buckets of a contiguous run of messages.
+/// What the writer commits: the merged buckets of a contiguous run of messages, and the raw
+/// readings (in arrival order) of the subscriptions that store them.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Batch {
     pub buckets: BTreeMap<BucketKey, Summary>,
+    pub raw: BTreeMap<BucketKey, Vec<(i64, f64)>>,
     pub readings: usize,
 }
 
@@ -179,8 +181,27 @@ impl Batcher {
         value: f64,
         now: Instant,
     ) {
+        self.push_reading(series, ts, value, false, now);
+    }
+
+    /// Merges one reading into its bucket and, with `store_raw`, keeps it for the raw pages.
+    pub fn push_reading(
+        &mut self,
+        series: Arc<str>,
+        ts: crate::reading::Timestamp,
+        value: f64,
+        store_raw: bool,
+        now: Instant,
+    ) {
         self.opened_at.get_or_insert(now);
         let key = (series, ts.bucket_start(self.bucket_width_secs));
+        if store_raw {
+            self.batch
+                .raw
+                .entry(key.clone())
+                .or_default()
+                .push((ts.as_nanos(), value));
+        }
         match self.batch.buckets.get_mut(&key) {
             Some(summary) => summary.push(ts.as_nanos(), value),
             None => {

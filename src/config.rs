@@ -58,6 +58,7 @@ pub struct RawConfig {
 pub struct RawHttp {
     pub bind: String,
     pub max_buckets_per_query: usize,
+    pub max_raw_readings: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -101,6 +102,7 @@ pub struct RawStore {
     pub cache_size: ByteSize,
     pub sketch_accuracy: f64,
     pub sketch_max_bins: u32,
+    pub page_capacity: u32,
 }
 
 /// How a commit reaches the disk. Both are durable before `commit()` returns.
@@ -159,10 +161,16 @@ pub struct RawSubscription {
     pub timestamp_unit: TimestampUnit,
     #[serde(default)]
     pub sensor_field: Option<String>,
+    #[serde(default = "default_true")]
+    pub store_raw: bool,
 }
 
 fn default_qos() -> u8 {
     1
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl RawSubscription {
@@ -199,6 +207,7 @@ pub struct Config {
 pub struct HttpConfig {
     pub bind: std::net::SocketAddr,
     pub max_buckets_per_query: usize,
+    pub max_raw_readings: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -226,6 +235,7 @@ pub struct StoreConfig {
     pub quick_repair: bool,
     pub cache_bytes: usize,
     pub sketch: crate::sketch::SketchParams,
+    pub page_capacity: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -253,6 +263,7 @@ pub struct Subscription {
     pub timestamp_field: Option<String>,
     pub timestamp_unit: TimestampUnit,
     pub sensor_field: Option<String>,
+    pub store_raw: bool,
 }
 
 impl RawConfig {
@@ -375,9 +386,13 @@ impl TryFrom<RawConfig> for Config {
         if raw.http.max_buckets_per_query == 0 {
             return Err(invalid("http.max_buckets_per_query", "must be at least 1"));
         }
+        if raw.http.max_raw_readings == 0 {
+            return Err(invalid("http.max_raw_readings", "must be at least 1"));
+        }
         let http = HttpConfig {
             bind,
             max_buckets_per_query: raw.http.max_buckets_per_query,
+            max_raw_readings: raw.http.max_raw_readings,
         };
 
         if !valid_log_filter(&raw.log.level) {
@@ -509,7 +524,11 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     if !(16..=65_536).contains(&raw.sketch_max_bins) {
         return Err(invalid("store.sketch_max_bins", "must be 16..=65536"));
     }
+    if !(1..=100_000).contains(&raw.page_capacity) {
+        return Err(invalid("store.page_capacity", "must be 1..=100000"));
+    }
     Ok(StoreConfig {
+        page_capacity: raw.page_capacity,
         sketch: crate::sketch::SketchParams {
             alpha: raw.sketch_accuracy,
             max_bins: raw.sketch_max_bins,
@@ -585,6 +604,7 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
         timestamp_field: raw.timestamp_field.clone(),
         timestamp_unit: raw.timestamp_unit,
         sensor_field: raw.sensor_field.clone(),
+        store_raw: raw.store_raw,
     })
 }
 

@@ -82,6 +82,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         durability: config.store.durability,
         quick_repair: config.store.quick_repair,
         cache_bytes: config.store.cache_bytes,
+        page_capacity: config.store.page_capacity,
     })?;
     let stats = Arc::new(Stats::new(config.limits.dead_letters));
     let series = SeriesSet::new(config.limits.max_series, store.series_names().cloned());
@@ -119,6 +120,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         bucket_width_secs: i64::try_from(config.store.bucket_width.as_secs())
             .expect("validated to divide a day"),
         max_buckets_per_query: config.http.max_buckets_per_query,
+        max_raw_readings: config.http.max_raw_readings,
     };
     let (writer, writer_thread) = crate::writer::spawn(store, stats.clone(), metrics.clone());
     let ingest = Ingest {

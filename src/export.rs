@@ -106,6 +106,30 @@ fn csv_text(s: &str) -> String {
     }
 }
 
+/// Writes one bucket's raw readings of `series` (already in timestamp order) as NDJSON lines
+/// `{"series", "ts", "value"}` or CSV rows `series,ts,value` (the caller writes the CSV header).
+pub fn write_raw(
+    out: &mut impl Write,
+    series: &str,
+    readings: &[(i64, f64)],
+    format: ExportFormat,
+) -> std::io::Result<()> {
+    for (ts, value) in readings {
+        let ts = Timestamp::from_nanos(*ts).to_rfc3339_millis();
+        match format {
+            ExportFormat::Ndjson => {
+                serde_json::to_writer(
+                    &mut *out,
+                    &json!({"series": series, "ts": ts, "value": value}),
+                )?;
+                out.write_all(b"\n")?;
+            }
+            ExportFormat::Csv => writeln!(out, "{},{ts},{}", csv_text(series), number(*value))?,
+        }
+    }
+    out.flush()
+}
+
 /// Writes `docs` in `format` to `out`.
 pub fn write(
     out: &mut impl Write,

@@ -35,6 +35,7 @@ pub struct ApiState {
     pub flush: mpsc::Sender<FlushRequest>,
     pub bucket_width_secs: i64,
     pub max_buckets_per_query: usize,
+    pub max_raw_readings: usize,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -222,10 +223,70 @@ async fn buckets(State(s): State<ApiState>, Query(params): Params) -> Result<Res
     )
 }
 
-async fn raw() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "raw readings are not stored by this version of bucketd; use /api/v1/buckets",
+/// Raw readings of one series in `[from, to)`, in timestamp order, at most `limit` (default and
+/// cap: `http.max_raw_readings`); `truncated` says whether more were in the range.
+async fn raw(State(s): State<ApiState>, Query(params): Params) -> Result<Response, ApiError> {
+    let series = required(&params, "series")?.to_owned();
+    validate_series(&series).map_err(|_| {
+        ApiError::bad(format!(
+            "parameter `series`: `{series}` is not sensor/metric"
+        ))
+    })?;
+    let from = time_param(&params, "from")?;
+    let to = time_param(&params, "to")?;
+    if from >= to {
+        return Err(ApiError::bad(
+            "parameters `from` and `to`: `from` must be before `to`",
+        ));
+    }
+    let limit = match params.get("limit") {
+        None => s.max_raw_readings,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=s.max_raw_readings).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad(format!(
+                    "parameter `limit`: `{text}` is not a number from 1 to http.max_raw_readings ({})",
+                    s.max_raw_readings
+                ))
+            })?,
+    };
+    let reader = s.reader.clone();
+    let name = series.clone();
+    let answer = read(move || {
+        if !reader.has_series(&name)? {
+            return Ok(None);
+        }
+        let mut out: Vec<(i64, f64)> = Vec::new();
+        let mut truncated = false;
+        reader.raw(
+            Some(&name),
+            from.as_nanos(),
+            to.as_nanos(),
+            |_, readings| {
+                let room = limit - out.len();
+                truncated = readings.len() > room;
+                out.extend_from_slice(&readings[..readings.len().min(room)]);
+                !truncated && out.len() < limit
+            },
+        )?;
+        Ok(Some((out, truncated)))
+    })
+    .await?;
+    let Some((readings, truncated)) = answer else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("parameter `series`: no series `{series}`"),
+        ));
+    };
+    let list: Vec<Value> = readings
+        .iter()
+        .map(|(ts, v)| json!({"ts": Timestamp::from_nanos(*ts).to_rfc3339_millis(), "value": v}))
+        .collect();
+    Ok(
+        axum::Json(json!({"series": series, "readings": list, "truncated": truncated}))
+            .into_response(),
     )
 }
 

@@ -343,6 +343,7 @@ impl Ingest {
                 .iter()
                 .find(|s| decode::topic_matches(&s.filter, t))
         });
+        let store_raw = subscription.is_some_and(|s| s.store_raw);
         let result = match subscription {
             Some(sub) => decode::decode(sub, topic, payload, &ctx, &mut st.decoded),
             None if std::str::from_utf8(topic).is_err() => Err(DecodeError::InvalidUtf8),
@@ -356,7 +357,13 @@ impl Ingest {
             Ok(()) => {
                 for reading in st.decoded.readings.drain(..) {
                     match self.series.intern(&reading.series) {
-                        Ok(series) => self.batcher.push(series, reading.ts, reading.value, now),
+                        Ok(series) => self.batcher.push_reading(
+                            series,
+                            reading.ts,
+                            reading.value,
+                            store_raw,
+                            now,
+                        ),
                         Err(e) => self.stats.reject(e, topic, payload),
                     }
                 }

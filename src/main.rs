@@ -2,7 +2,7 @@
 //! requested command and maps its outcome to an exit code (78 = EX_CONFIG for configuration
 //! errors of `run`, so systemd does not restart-loop on them; 1 for everything else).
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -69,6 +69,9 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "ndjson")]
         format: ExportFormat,
+        /// Print raw readings (series, ts, value) in timestamp order instead of buckets.
+        #[arg(long)]
+        raw: bool,
     },
     /// Ask a running daemon through its HTTP API.
     Query {
@@ -141,7 +144,8 @@ fn main() -> ExitCode {
             from,
             to,
             format,
-        } => export(&db, series.as_deref(), from, to, format),
+            raw,
+        } => export(&db, series.as_deref(), from, to, format, raw),
         Command::Query { url, format, what } => query(&url, format, what),
     }
 }
@@ -276,6 +280,7 @@ fn export(
     from: Option<Timestamp>,
     to: Option<Timestamp>,
     format: ExportFormat,
+    raw: bool,
 ) -> ExitCode {
     let reader = match StoreReader::open(db) {
         Ok(reader) => reader,
@@ -300,6 +305,33 @@ fn export(
                 return ExitCode::FAILURE;
             }
         }
+    }
+    if raw {
+        let stdout = std::io::stdout();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        let from = from.map_or(i64::MIN, Timestamp::as_nanos);
+        let to = to.map_or(i64::MAX, Timestamp::as_nanos);
+        let mut written = match format {
+            ExportFormat::Csv => writeln!(out, "series,ts,value"),
+            ExportFormat::Ndjson => Ok(()),
+        };
+        let read = reader.raw(series, from, to, |name, readings| {
+            if written.is_ok() {
+                written = export::write_raw(&mut out, name, readings, format);
+            }
+            written.is_ok()
+        });
+        return match (read, written) {
+            (Err(e), _) => {
+                eprintln!("bucketd: reading {}: {e}", db.display());
+                ExitCode::FAILURE
+            }
+            (Ok(()), Err(e)) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                eprintln!("bucketd: writing output: {e}");
+                ExitCode::FAILURE
+            }
+            _ => ExitCode::SUCCESS,
+        };
     }
     let from = from.map_or(i64::MIN, |t| t.as_nanos().div_euclid(1_000_000_000));
     // `to` is exclusive; a bucket starting in the same second as a fractional `to` is before it.

@@ -6,6 +6,8 @@
 //!   dense, starting at 0.
 //! - `buckets`: `(series_id: u64, start: i64)` -> BSON [`BucketDoc`]. redb orders integer tuples
 //!   numerically, so one series' buckets are contiguous and in time order.
+//! - `pages`: `(series_id: u64, start: i64, page_no: u32)` -> BSON [`PageDoc`]: the raw readings
+//!   of a bucket, at most `page_capacity` per page, in arrival order ([`crate::page`]).
 //! - `meta`: `&str` -> `&str`: `format_version`, `bucket_width_secs`, `created_at`.
 
 use std::collections::HashMap;
@@ -24,6 +26,7 @@ const SERIES_BY_NAME: TableDefinition<&str, u64> = TableDefinition::new("series_
 const SERIES_BY_ID: TableDefinition<u64, &str> = TableDefinition::new("series_by_id");
 const BUCKETS: TableDefinition<(u64, i64), &[u8]> = TableDefinition::new("buckets");
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+const PAGES: TableDefinition<(u64, i64, u32), &[u8]> = TableDefinition::new("pages");
 
 /// Version of the table layout, in `meta.format_version`.
 pub const FORMAT_VERSION: u32 = 1;
@@ -39,6 +42,8 @@ pub struct StoreSettings {
     pub durability: Durability,
     pub quick_repair: bool,
     pub cache_bytes: usize,
+    /// Most raw readings per page.
+    pub page_capacity: u32,
 }
 
 /// Why the database file could not be opened. Each message says what to do.
@@ -92,6 +97,66 @@ pub enum CommitError {
         start: i64,
         source: bson::error::Error,
     },
+    #[error("raw page {page_no} of series id {series_id} at {start} is unreadable")]
+    Page {
+        series_id: u64,
+        start: i64,
+        page_no: u32,
+    },
+}
+
+/// The stored page document (schema version 1): a [`crate::page::EncodedPage`] plus its time
+/// range, so that a reader can skip pages without decoding them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PageDoc {
+    pub schema_version: i32,
+    pub count: i32,
+    pub min_ts: i64,
+    pub max_ts: i64,
+    /// Nanoseconds per stored timestamp unit.
+    pub unit: i64,
+    /// Decimal digits of the value encoding, or -1 for XOR-encoded values.
+    pub decimals: i32,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// Version of the page document.
+pub const PAGE_SCHEMA_VERSION: i32 = 1;
+
+impl PageDoc {
+    pub fn of(readings: &[(i64, f64)]) -> PageDoc {
+        let p = crate::page::encode(readings);
+        PageDoc {
+            schema_version: PAGE_SCHEMA_VERSION,
+            count: i32::try_from(p.count).expect("page_capacity is validated below 2^31"),
+            min_ts: p.min_ts,
+            max_ts: p.max_ts,
+            unit: p.unit,
+            decimals: p.decimals,
+            data: p.data,
+        }
+    }
+
+    /// The readings in arrival order; `None` if the document is damaged.
+    pub fn readings(&self) -> Option<Vec<(i64, f64)>> {
+        crate::page::decode(&crate::page::EncodedPage {
+            count: u32::try_from(self.count).ok()?,
+            min_ts: self.min_ts,
+            max_ts: self.max_ts,
+            unit: self.unit,
+            decimals: self.decimals,
+            data: self.data.clone(),
+        })
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<PageDoc> {
+        bson::deserialize_from_slice(bytes).ok()
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        bson::serialize_to_vec(self).expect("a PageDoc has only BSON-representable fields")
+    }
 }
 
 macro_rules! from_redb {
@@ -265,6 +330,7 @@ impl Store {
             tx.open_table(SERIES_BY_NAME)?;
             tx.open_table(SERIES_BY_ID)?;
             tx.open_table(BUCKETS)?;
+            tx.open_table(PAGES)?;
             let format = meta.get("format_version")?.map(|v| v.value().to_owned());
             match format {
                 None => {
@@ -351,6 +417,7 @@ impl Store {
             let mut by_name = tx.open_table(SERIES_BY_NAME)?;
             let mut by_id = tx.open_table(SERIES_BY_ID)?;
             let mut buckets = tx.open_table(BUCKETS)?;
+            let mut pages = tx.open_table(PAGES)?;
             let mut next_id = self.series.len() as u64;
             let mut buf = Vec::with_capacity(512);
             for ((series, start), delta) in &batch.buckets {
@@ -368,7 +435,7 @@ impl Store {
                         }
                     },
                 };
-                let merged = match buckets.get((id, *start))? {
+                let mut merged = match buckets.get((id, *start))? {
                     Some(stored) => {
                         let doc = BucketDoc::decode(stored.value()).map_err(|source| {
                             CommitError::Decode {
@@ -386,6 +453,10 @@ impl Store {
                         BucketDoc::new(series, *start, self.settings.bucket_width_secs, delta)
                     }
                 };
+                if let Some(raw) = batch.raw.get(&(series.clone(), *start)) {
+                    let cap = self.settings.page_capacity;
+                    merged.pages = append_pages(&mut pages, (id, *start), merged.pages, raw, cap)?;
+                }
                 buf.clear();
                 bson::serialize_to_buffer(&merged, &mut buf)
                     .expect("a BucketDoc has only BSON-representable fields");
@@ -398,6 +469,50 @@ impl Store {
         self.series.extend(new_series);
         Ok(stats)
     }
+}
+
+/// Appends `raw` to the bucket's pages: fills the last page up to `cap`, then starts new ones.
+/// Returns the new page count.
+fn append_pages(
+    table: &mut redb::Table<(u64, i64, u32), &[u8]>,
+    (id, start): (u64, i64),
+    pages: i32,
+    raw: &[(i64, f64)],
+    cap: u32,
+) -> Result<i32, CommitError> {
+    let cap = cap as usize;
+    let mut next = u32::try_from(pages).unwrap_or(0);
+    let mut rest = raw;
+    if let Some(last) = next.checked_sub(1) {
+        let damaged = CommitError::Page {
+            series_id: id,
+            start,
+            page_no: last,
+        };
+        let stored = table
+            .get((id, start, last))?
+            .map(|v| PageDoc::from_bytes(v.value()));
+        let page = stored.flatten().ok_or(CommitError::Page {
+            series_id: id,
+            start,
+            page_no: last,
+        })?;
+        if (page.count as usize) < cap {
+            let mut readings = page.readings().ok_or(damaged)?;
+            let take = (cap - readings.len()).min(rest.len());
+            readings.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            table.insert(
+                (id, start, last),
+                PageDoc::of(&readings).to_bytes().as_slice(),
+            )?;
+        }
+    }
+    for chunk in rest.chunks(cap) {
+        table.insert((id, start, next), PageDoc::of(chunk).to_bytes().as_slice())?;
+        next += 1;
+    }
+    Ok(i32::try_from(next).expect("fewer than 2^31 pages per bucket"))
 }
 
 impl BucketDoc {
@@ -497,6 +612,92 @@ impl StoreReader {
         let tx = self.db.begin_read()?;
         let table = tx.open_table(SERIES_BY_NAME)?;
         Ok(table.get(series)?.is_some())
+    }
+
+    /// The bucket width the file was created with, in seconds.
+    pub fn bucket_width_secs(&self) -> Result<i64, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let meta = tx.open_table(META)?;
+        let width = meta.get("bucket_width_secs")?;
+        width
+            .and_then(|v| v.value().parse().ok())
+            .ok_or_else(|| redb::Error::Corrupted("meta.bucket_width_secs is missing".into()))
+    }
+
+    /// Raw readings of `series` (every series when `None`) with `from <= ts < to` (ns), one
+    /// bucket at a time in time order, each bucket's readings sorted by timestamp (equal
+    /// timestamps in arrival order). `visit` returns `false` to stop early.
+    pub fn raw(
+        &self,
+        series: Option<&str>,
+        from: i64,
+        to: i64,
+        mut visit: impl FnMut(&str, &[(i64, f64)]) -> bool,
+    ) -> Result<(), redb::Error> {
+        if from >= to {
+            return Ok(());
+        }
+        let width = self.bucket_width_secs()?;
+        let tx = self.db.begin_read()?;
+        let by_id = tx.open_table(SERIES_BY_ID)?;
+        let by_name = tx.open_table(SERIES_BY_NAME)?;
+        let pages = tx.open_table(PAGES)?;
+        let ids: Vec<u64> = match series {
+            Some(name) => by_name
+                .get(name)?
+                .map(|id| id.value())
+                .into_iter()
+                .collect(),
+            None => by_id
+                .iter()?
+                .map(|e| e.map(|(id, _)| id.value()))
+                .collect::<Result<_, _>>()?,
+        };
+        let first_start = from.div_euclid(1_000_000_000).div_euclid(width) * width;
+        let end_start = to.div_euclid(1_000_000_000) + 1; // buckets starting before `to`
+        for id in ids {
+            let name = by_id
+                .get(id)?
+                .map(|n| n.value().to_owned())
+                .ok_or_else(|| redb::Error::Corrupted(format!("series id {id} has no name")))?;
+            let mut bucket: Option<i64> = None;
+            let mut readings: Vec<(i64, f64)> = Vec::new();
+            let mut flush = |readings: &mut Vec<(i64, f64)>| {
+                readings.sort_by_key(|r| r.0); // stable: equal timestamps keep arrival order
+                let keep = !readings.is_empty() && !visit(&name, readings);
+                readings.clear();
+                keep
+            };
+            for entry in pages.range((id, first_start, 0)..(id, end_start, 0))? {
+                let (key, value) = entry?;
+                let (_, start, page_no) = key.value();
+                if bucket != Some(start) {
+                    if flush(&mut readings) {
+                        return Ok(());
+                    }
+                    bucket = Some(start);
+                }
+                let corrupt = || {
+                    redb::Error::Corrupted(format!(
+                        "raw page {page_no} of {name} at {start} is unreadable"
+                    ))
+                };
+                let page = PageDoc::from_bytes(value.value()).ok_or_else(corrupt)?;
+                if page.max_ts < from || page.min_ts >= to {
+                    continue;
+                }
+                let decoded = page.readings().ok_or_else(corrupt)?;
+                readings.extend(
+                    decoded
+                        .into_iter()
+                        .filter(|(ts, _)| (from..to).contains(ts)),
+                );
+            }
+            if flush(&mut readings) {
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 
     /// Buckets of `series` (all series when `None`) with `from <= start < to` (seconds), in

@@ -3,6 +3,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::batcher::Batcher;
+use crate::reading::Timestamp;
 
 fn settings(path: &Path) -> StoreSettings {
     StoreSettings {
@@ -11,7 +13,153 @@ fn settings(path: &Path) -> StoreSettings {
         durability: Durability::Immediate,
         quick_repair: true,
         cache_bytes: 1 << 20,
+        page_capacity: 1000,
     }
+}
+
+/// Every raw reading of the file, per series, as [`StoreReader::raw`] returns them.
+fn raw_of(path: &Path, series: Option<&str>, from: i64, to: i64) -> Vec<(String, i64, f64)> {
+    let mut out = Vec::new();
+    StoreReader::open(path)
+        .unwrap()
+        .raw(series, from, to, |name, readings| {
+            out.extend(readings.iter().map(|(t, v)| (name.to_owned(), *t, *v)));
+            true
+        })
+        .unwrap();
+    out
+}
+
+/// A batch of one bucket's readings, all kept raw.
+fn raw_batch(series: &str, readings: &[(i64, f64)]) -> Batch {
+    let mut b = Batcher::new(
+        crate::batcher::FlushPolicy {
+            flush_interval: std::time::Duration::from_secs(1),
+            max_pending_readings: usize::MAX,
+            window: 1,
+        },
+        3600,
+    );
+    let now = std::time::Instant::now();
+    for &(ts, v) in readings {
+        b.push_reading(Arc::from(series), Timestamp::from_nanos(ts), v, true, now);
+    }
+    b.take().0
+}
+
+#[test]
+fn a_hundred_thousand_readings_in_an_hour_fill_a_hundred_pages_and_leave_the_summary_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (with_raw, without) = (dir.path().join("raw.redb"), dir.path().join("plain.redb"));
+    let hour = 1_763_719_200i64;
+    let readings: Vec<(i64, f64)> = (0..100_000i64)
+        .map(|i| {
+            (
+                (hour * 1_000_000_000) + i * 36_000_000,
+                (i % 1000) as f64 / 10.0,
+            )
+        })
+        .collect();
+    let mut raw_store = Store::open(&settings(&with_raw)).unwrap();
+    let mut plain_store = Store::open(&settings(&without)).unwrap();
+    // Ten commits of 10,000, as a busy sensor's flushes would arrive.
+    for chunk in readings.chunks(10_000) {
+        let batch = raw_batch("busy/x", chunk);
+        raw_store.commit(&batch).unwrap();
+        plain_store
+            .commit(&Batch {
+                raw: Default::default(),
+                ..batch
+            })
+            .unwrap();
+    }
+    drop((raw_store, plain_store));
+    let doc = |p: &Path| {
+        StoreReader::open(p)
+            .unwrap()
+            .buckets(None, i64::MIN, i64::MAX)
+            .unwrap()
+    };
+    let (raw_docs, plain_docs) = (doc(&with_raw), doc(&without));
+    assert_eq!(raw_docs.len(), 1);
+    assert_eq!(raw_docs[0].pages, 100);
+    assert_eq!(plain_docs[0].pages, 0);
+    assert_eq!(
+        raw_docs[0].summary(),
+        plain_docs[0].summary(),
+        "raw pages leave the summary alone"
+    );
+    let back = raw_of(&with_raw, Some("busy/x"), i64::MIN, i64::MAX);
+    assert_eq!(back.len(), 100_000);
+    assert!(
+        back.iter()
+            .zip(&readings)
+            .all(|(a, b)| (a.1, a.2.to_bits()) == (b.0, b.1.to_bits()))
+    );
+}
+
+#[test]
+fn pages_fill_across_commits_and_read_back_in_time_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.redb");
+    let mut store = Store::open(&StoreSettings {
+        page_capacity: 3,
+        ..settings(&path)
+    })
+    .unwrap();
+    let s = |x: i64| x * 1_000_000_000;
+    // Out of order, equal timestamps, across two hours, over three commits.
+    store
+        .commit(&raw_batch("a/t", &[(s(50), 1.0), (s(10), 2.0)]))
+        .unwrap();
+    store
+        .commit(&raw_batch(
+            "a/t",
+            &[(s(10), 3.0), (s(3700), 4.0), (s(30), -0.0)],
+        ))
+        .unwrap();
+    store
+        .commit(&raw_batch("a/t", &[(s(20), 5e-324), (s(40), f64::MAX)]))
+        .unwrap();
+    drop(store);
+    let docs = StoreReader::open(&path)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    assert_eq!(
+        (docs[0].start, docs[0].count, docs[0].pages),
+        (0, 6, 2),
+        "3 + 3 readings"
+    );
+    assert_eq!((docs[1].start, docs[1].count, docs[1].pages), (3600, 1, 1));
+    let got: Vec<(i64, u64)> = raw_of(&path, None, i64::MIN, i64::MAX)
+        .iter()
+        .map(|r| (r.1 / 1_000_000_000, r.2.to_bits()))
+        .collect();
+    let want: Vec<(i64, u64)> = [
+        (10, 2.0),
+        (10, 3.0),
+        (20, 5e-324),
+        (30, -0.0),
+        (40, f64::MAX),
+        (50, 1.0),
+        (3700, 4.0),
+    ]
+    .iter()
+    .map(|(t, v)| (*t, f64::to_bits(*v)))
+    .collect();
+    assert_eq!(
+        got, want,
+        "sorted by time; equal timestamps in arrival order"
+    );
+    let window = raw_of(&path, Some("a/t"), s(20), s(3700));
+    assert_eq!(
+        window
+            .iter()
+            .map(|r| r.1 / 1_000_000_000)
+            .collect::<Vec<_>>(),
+        [20, 30, 40, 50]
+    );
 }
 
 fn batch(readings: &[(&str, i64, f64)]) -> Batch {

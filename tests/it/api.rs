@@ -245,6 +245,34 @@ async fn api_answers_from_the_store(broker: Broker, protocol: Protocol) {
     .await;
     assert_eq!(two["buckets"].as_array().unwrap().len(), 2);
 
+    // Raw readings of the day, in timestamp order, and a limit that truncates.
+    let raw_path = format!("/api/v1/raw?series=day/t&from={day}&to={}", day + 86_400);
+    let (status, raw) = get_json(&d, &raw_path).await;
+    assert_eq!(status, 200, "{raw}");
+    let mut want_raw: Vec<(i64, f64)> = readings.iter().map(|r| (r.ts.unwrap(), r.value)).collect();
+    want_raw.sort_by_key(|r| r.0);
+    let got_raw: Vec<(String, f64)> = raw["readings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["ts"].as_str().unwrap().to_owned(),
+                r["value"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    let want_text: Vec<(String, f64)> = want_raw
+        .iter()
+        .map(|(ts, v)| (Timestamp::from_nanos(*ts).to_rfc3339_millis(), *v))
+        .collect();
+    assert_eq!(got_raw, want_text);
+    assert_eq!(raw["truncated"], false);
+    let (_, limited) = get_json(&d, &format!("{raw_path}&limit=7")).await;
+    assert_eq!(limited["readings"].as_array().unwrap().len(), 7);
+    assert_eq!(limited["truncated"], true);
+    assert_eq!(limited["readings"][6]["value"], want_raw[6].1);
+
     // Every documented error.
     let b = "/api/v1/buckets";
     assert_error(
@@ -306,11 +334,20 @@ async fn api_answers_from_the_store(broker: Broker, protocol: Protocol) {
         "max_buckets_per_query",
     )
     .await;
+    for (query, status, needle) in [
+        ("series=no/such", 404, "no series"),
+        ("series=day/t&limit=0", 400, "`limit`"),
+        ("series=day/t&limit=many", 400, "`limit`"),
+        ("limit=5", 400, "`series`"),
+    ] {
+        let path = format!("/api/v1/raw?{query}&from={day}&to={}", day + 1);
+        assert_error(&d, &path, status, needle).await;
+    }
     assert_error(
         &d,
-        &format!("/api/v1/raw?series=day/t&from={day}&to={}", day + 1),
-        404,
-        "raw readings",
+        &format!("/api/v1/raw?series=day/t&from={day}&to={day}"),
+        400,
+        "before `to`",
     )
     .await;
     assert_error(&d, "/api/v2/nothing", 404, "no such endpoint").await;
@@ -466,9 +503,11 @@ async fn flush_commits_everything_pending_now(broker: Broker, protocol: Protocol
     let topics = Topics::new();
     let mut raw = raw_config(&broker, protocol, &dir.path().join("b.redb"), &topics);
     raw.batch.flush_interval = Duration::from_secs(3600);
-    // QoS 0 end to end (rumqttd's v5 listener delivers at the subscription's QoS).
+    // QoS 0 end to end (rumqttd's v5 listener delivers at the subscription's QoS); and no raw
+    // pages for these readings.
     for sub in &mut raw.subscriptions {
         sub.qos = 0;
+        sub.store_raw = false;
     }
     let d = daemon::start(&config(&raw)).unwrap();
     wait_subscribed(&d).await;
@@ -495,6 +534,25 @@ async fn flush_commits_everything_pending_now(broker: Broker, protocol: Protocol
     assert_eq!(Stats::get(&stats.readings_ingested), 40);
     let (status, _) = http("GET", url).await;
     assert_eq!(status, 405, "flush is POST only");
+    let (from, to) = (now_secs() - 7200, now_secs() + 3600);
+    let (_, buckets) = get_json(
+        &d,
+        &format!("/api/v1/buckets?series=q/x&from={from}&to={to}"),
+    )
+    .await;
+    let counts: u64 = buckets["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(counts, 40);
+    let (_, raw) = get_json(&d, &format!("/api/v1/raw?series=q/x&from={from}&to={to}")).await;
+    assert_eq!(
+        raw["readings"].as_array().unwrap().len(),
+        0,
+        "store_raw = false keeps no pages"
+    );
     d.stop().await.unwrap();
 }
 

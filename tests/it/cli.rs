@@ -191,6 +191,35 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
     ]);
     assert_eq!(String::from_utf8(until.stdout).unwrap().lines().count(), 1);
 
+    // Raw readings: one line per reading with a device timestamp, in timestamp order.
+    let raw = export(&[
+        "--db",
+        db.to_str().unwrap(),
+        "--raw",
+        "--series",
+        series,
+        "--format",
+        "csv",
+    ]);
+    let raw = String::from_utf8(raw.stdout).unwrap();
+    let mut want: Vec<(i64, f64)> = work
+        .readings
+        .iter()
+        .filter(|r| r.series == series)
+        .map(|r| (r.ts.unwrap(), r.value))
+        .collect();
+    want.sort_by_key(|r| r.0);
+    let want: Vec<String> = want
+        .iter()
+        .map(|(ts, v)| {
+            let ts = bucketd::reading::Timestamp::from_nanos(*ts).to_rfc3339_millis();
+            format!("{series},{ts},{}", bucketd::export::number(*v))
+        })
+        .collect();
+    let mut lines = raw.lines();
+    assert_eq!(lines.next(), Some("series,ts,value"));
+    assert_eq!(lines.collect::<Vec<_>>(), want);
+
     let unknown = export(&["--db", db.to_str().unwrap(), "--series", "nope/x"]);
     assert_eq!(unknown.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("no series `nope/x`"));
