@@ -103,6 +103,13 @@ pub struct RawStore {
     pub sketch_accuracy: f64,
     pub sketch_max_bins: u32,
     pub page_capacity: u32,
+    #[serde(with = "humantime_serde")]
+    pub raw_retention: Duration,
+    #[serde(with = "humantime_serde")]
+    pub bucket_retention: Duration,
+    #[serde(with = "humantime_serde")]
+    pub retention_interval: Duration,
+    pub retention_batch: usize,
 }
 
 /// How a commit reaches the disk. Both are durable before `commit()` returns.
@@ -236,6 +243,7 @@ pub struct StoreConfig {
     pub cache_bytes: usize,
     pub sketch: crate::sketch::SketchParams,
     pub page_capacity: u32,
+    pub retention: crate::writer::Retention,
 }
 
 #[derive(Debug, Clone)]
@@ -527,7 +535,34 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     if !(1..=100_000).contains(&raw.page_capacity) {
         return Err(invalid("store.page_capacity", "must be 1..=100000"));
     }
+    if raw.raw_retention > raw.bucket_retention {
+        return Err(invalid(
+            "store.raw_retention",
+            "must not exceed store.bucket_retention (raw pages belong to their bucket)",
+        ));
+    }
+    if raw.raw_retention < width {
+        return Err(invalid(
+            "store.raw_retention",
+            "must be at least one store.bucket_width",
+        ));
+    }
+    if raw.retention_interval.is_zero() {
+        return Err(invalid(
+            "store.retention_interval",
+            "must be greater than 0",
+        ));
+    }
+    if raw.retention_batch == 0 {
+        return Err(invalid("store.retention_batch", "must be at least 1"));
+    }
     Ok(StoreConfig {
+        retention: crate::writer::Retention {
+            raw: raw.raw_retention,
+            buckets: raw.bucket_retention,
+            interval: raw.retention_interval,
+            batch: raw.retention_batch,
+        },
         page_capacity: raw.page_capacity,
         sketch: crate::sketch::SketchParams {
             alpha: raw.sketch_accuracy,

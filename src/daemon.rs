@@ -122,7 +122,12 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         max_buckets_per_query: config.http.max_buckets_per_query,
         max_raw_readings: config.http.max_raw_readings,
     };
-    let (writer, writer_thread) = crate::writer::spawn(store, stats.clone(), metrics.clone());
+    let (writer, writer_thread) = crate::writer::spawn(
+        store,
+        stats.clone(),
+        metrics.clone(),
+        config.store.retention,
+    );
     let ingest = Ingest {
         mqtt: Mqtt::new(&config.mqtt, password, &config.subscriptions),
         subscriptions: config.subscriptions.clone(),

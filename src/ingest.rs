@@ -157,6 +157,7 @@ impl Ingest {
         let (batch, acks) = self.batcher.take();
         st.in_flight = Some(acks);
         st.sent_seq += 1;
+        // Never full: one batch at the writer at a time (checked above).
         self.writer
             .batches
             .try_send(batch)

@@ -73,6 +73,12 @@ enum Command {
         #[arg(long)]
         raw: bool,
     },
+    /// Give a database file's free space back to the filesystem (daemon stopped).
+    Compact {
+        /// The redb database file.
+        #[arg(long, value_name = "FILE")]
+        db: PathBuf,
+    },
     /// Ask a running daemon through its HTTP API.
     Query {
         /// The daemon's HTTP address (its http.bind).
@@ -147,6 +153,16 @@ fn main() -> ExitCode {
             raw,
         } => export(&db, series.as_deref(), from, to, format, raw),
         Command::Query { url, format, what } => query(&url, format, what),
+        Command::Compact { db } => match bucketd::store::compact(&db) {
+            Ok((before, after)) => {
+                println!("{}: {before} bytes -> {after} bytes", db.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bucketd: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -26,6 +26,8 @@ pub const FLUSHES: &str = "bucketd_flushes_total";
 pub const FLUSH_DURATION: &str = "bucketd_flush_duration_seconds";
 pub const FLUSH_READINGS: &str = "bucketd_flush_readings";
 pub const BUCKETS_WRITTEN: &str = "bucketd_buckets_written_total";
+pub const PAGES_EXPIRED: &str = "bucketd_pages_expired_total";
+pub const BUCKETS_EXPIRED: &str = "bucketd_buckets_expired_total";
 pub const PENDING_READINGS: &str = "bucketd_pending_readings";
 pub const UNACKED_MESSAGES: &str = "bucketd_unacked_messages";
 pub const ACKS_SENT: &str = "bucketd_acks_sent_total";
@@ -128,6 +130,16 @@ fn describe(process: &metrics_process::Collector) {
         Unit::Count,
         "Bucket documents written (created or incremented)."
     );
+    describe_counter!(
+        PAGES_EXPIRED,
+        Unit::Count,
+        "Raw pages deleted by retention (store.raw_retention)."
+    );
+    describe_counter!(
+        BUCKETS_EXPIRED,
+        Unit::Count,
+        "Buckets deleted by retention (store.bucket_retention)."
+    );
     describe_gauge!(
         PENDING_READINGS,
         Unit::Count,
@@ -177,6 +189,8 @@ fn copy_stats(stats: &Stats) {
         counter!(FLUSHES, "reason" => reason.label()).absolute(stats.flushes_by(reason));
     }
     counter!(BUCKETS_WRITTEN).absolute(Stats::get(&stats.buckets_written));
+    counter!(PAGES_EXPIRED).absolute(Stats::get(&stats.pages_expired));
+    counter!(BUCKETS_EXPIRED).absolute(Stats::get(&stats.buckets_expired));
     counter!(ACKS_SENT).absolute(Stats::get(&stats.acks_sent));
     counter!(MQTT_RECONNECTS).absolute(Stats::get(&stats.reconnects));
     counter!(MQTT_CONNECTION_ERRORS).absolute(Stats::get(&stats.connection_errors));
@@ -208,6 +222,8 @@ mod tests {
             FLUSH_DURATION,
             FLUSH_READINGS,
             BUCKETS_WRITTEN,
+            PAGES_EXPIRED,
+            BUCKETS_EXPIRED,
             PENDING_READINGS,
             UNACKED_MESSAGES,
             ACKS_SENT,

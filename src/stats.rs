@@ -30,6 +30,9 @@ pub struct Stats {
     pub flushes: AtomicU64,
     flush_reasons: [AtomicU64; FlushReason::ALL.len()],
     pub buckets_written: AtomicU64,
+    /// Raw pages and buckets deleted by retention.
+    pub pages_expired: AtomicU64,
+    pub buckets_expired: AtomicU64,
     pub pending_readings: AtomicU64,
     pub unacked_messages: AtomicU64,
     pub acks_sent: AtomicU64,

@@ -104,6 +104,8 @@ fn bad_values_are_errors_that_name_the_key() {
         ("[http]\nbind = \"localhost\"\n", "http.bind"),
         ("[store]\nsketch_accuracy = 0.5\n", "store.sketch_accuracy"),
         ("[store]\nsketch_max_bins = 1\n", "store.sketch_max_bins"),
+        ("[store]\nraw_retention = \"800d\"\n", "store.raw_retention"),
+        ("[store]\nretention_batch = 0\n", "store.retention_batch"),
         (
             "[http]\nmax_buckets_per_query = 0\n",
             "http.max_buckets_per_query",

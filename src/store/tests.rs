@@ -303,3 +303,100 @@ proptest! {
         }
     }
 }
+
+/// Readings of `series_count` series over hour `h`, every reading kept raw.
+fn hour_batch(h: i64, series_count: usize, per_series: i64) -> Batch {
+    let mut b = Batcher::new(
+        crate::batcher::FlushPolicy {
+            flush_interval: std::time::Duration::from_secs(1),
+            max_pending_readings: usize::MAX,
+            window: 1,
+        },
+        3600,
+    );
+    let now = std::time::Instant::now();
+    for s in 0..series_count {
+        let name: Arc<str> = Arc::from(format!("s{s}/t"));
+        for i in 0..per_series {
+            let ts = Timestamp::from_secs(h * 3600 + i * (3600 / per_series));
+            b.push_reading(name.clone(), ts, 20.0 + (i % 7) as f64 / 10.0, true, now);
+        }
+    }
+    b.take().0
+}
+
+/// A long steady run with short retention (72 simulated hours, 20 series at one reading every
+/// two seconds, raw kept 2 h and buckets 6 h): expired pages and buckets disappear, and the
+/// file stops growing once the retained window is full (redb reuses the freed pages). Without
+/// the retention passes the file grows all along and this test fails.
+#[test]
+fn with_short_retention_expired_data_disappears_and_the_file_stays_flat() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let mut store = Store::open(&StoreSettings {
+        page_capacity: 100,
+        ..settings(&path)
+    })
+    .unwrap();
+    let (raw_hours, bucket_hours) = (2, 6);
+    let mut sizes = Vec::new();
+    for h in 0..72 {
+        store.commit(&hour_batch(h, 20, 1800)).unwrap();
+        loop {
+            let cutoff = |hours: i64| (h + 1 - hours) * 3600;
+            let e = store
+                .expire(cutoff(raw_hours), cutoff(bucket_hours), 500)
+                .unwrap();
+            assert!(
+                e.pages + e.buckets <= 500,
+                "a pass stays within its budget: {e:?}"
+            );
+            if !e.more {
+                break;
+            }
+        }
+        sizes.push(store.file_bytes());
+    }
+    drop(store);
+    let reader = StoreReader::open(&path).unwrap();
+    let docs = reader.buckets(None, i64::MIN, i64::MAX).unwrap();
+    let starts: std::collections::BTreeSet<i64> = docs.iter().map(|d| d.start / 3600).collect();
+    assert_eq!(
+        starts,
+        (66..72).collect(),
+        "only the last {bucket_hours} hours of buckets remain"
+    );
+    for d in &docs {
+        let expect_pages = if d.start / 3600 >= 70 { 18 } else { 0 };
+        assert_eq!(d.pages, expect_pages, "hour {}", d.start / 3600);
+    }
+    assert_eq!(
+        raw_of(&path, None, i64::MIN, i64::MAX).len(),
+        20 * 1800 * raw_hours as usize
+    );
+    // Flat: the largest size of the last day is within 10% of the largest of the day before.
+    let max = |r: std::ops::Range<usize>| sizes[r].iter().copied().max().unwrap();
+    let (second_day, third_day) = (max(24..48), max(48..72));
+    assert!(
+        third_day as f64 <= second_day as f64 * 1.1,
+        "file grew from {second_day} to {third_day} bytes: {sizes:?}"
+    );
+    eprintln!("file size after each simulated hour: {sizes:?}");
+}
+
+#[test]
+fn compaction_shrinks_a_file_after_deletes_and_refuses_a_held_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.redb");
+    let mut store = Store::open(&settings(&path)).unwrap();
+    for h in 0..24 {
+        store.commit(&hour_batch(h, 20, 600)).unwrap();
+    }
+    store.expire(23 * 3600, 23 * 3600, usize::MAX).unwrap();
+    let e = compact(&path).expect_err("held by the store");
+    assert!(matches!(e, StoreOpenError::Locked { .. }), "{e}");
+    drop(store);
+    let (before, after) = compact(&path).unwrap();
+    assert!(after < before / 2, "{before} -> {after}");
+    assert_eq!(raw_of(&path, None, i64::MIN, i64::MAX).len(), 20 * 600);
+}
