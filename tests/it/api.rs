@@ -596,3 +596,81 @@ async fn readiness_follows_the_broker_connection() {
     assert_eq!(get_json(&d, "/readyz").await.0, 200);
     d.stop().await.unwrap();
 }
+
+/// Retention in a running daemon: with raw readings kept 1 h and buckets 2 h, the background
+/// passes delete a five-hour-old bucket, the raw pages of a 90-minute-old one (its summary
+/// stays), and leave the current hour alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_expired_pages_and_buckets_in_a_running_daemon() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics);
+    raw.store.raw_retention = Duration::from_secs(3600);
+    raw.store.bucket_retention = Duration::from_secs(2 * 3600);
+    raw.store.retention_interval = Duration::from_millis(100);
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let now = now_secs();
+    let hour = |t: i64| t.div_euclid(3600) * 3600;
+    // The middle reading's bucket starts at the previous full hour: within the last two hours
+    // (bucket kept) and more than one hour ago (raw pages expired).
+    let (old, middle, recent) = (now - 5 * 3600, hour(now) - 3600 + 1, now);
+    let messages: Vec<(String, Vec<u8>)> = [old, middle, recent]
+        .iter()
+        .map(|t| {
+            (
+                topics.json("r"),
+                format!("{{\"ts\": {t}, \"x\": 1.5}}").into_bytes(),
+            )
+        })
+        .collect();
+    publish_all(&broker, &messages, 1).await;
+    let stats = d.stats.clone();
+    eventually(
+        WAIT,
+        "retention to delete the old bucket and the middle pages",
+        || {
+            Stats::get(&stats.readings_ingested) == 3
+                && Stats::get(&stats.buckets_expired) >= 1
+                && Stats::get(&stats.pages_expired) >= 2
+        },
+    )
+    .await;
+    let (from, to) = (now - 6 * 3600, now + 3600);
+    let (_, buckets) = get_json(
+        &d,
+        &format!("/api/v1/buckets?series=r/x&from={from}&to={to}"),
+    )
+    .await;
+    let starts: Vec<&str> = buckets["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["start"].as_str().unwrap())
+        .collect();
+    let at = |t: i64| Timestamp::from_secs(hour(t)).to_rfc3339_millis();
+    assert_eq!(
+        starts,
+        [at(middle), at(recent)],
+        "the five-hour-old bucket is gone"
+    );
+    let (_, raw) = get_json(&d, &format!("/api/v1/raw?series=r/x&from={from}&to={to}")).await;
+    let times: Vec<&str> = raw["readings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["ts"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        times,
+        [Timestamp::from_secs(recent).to_rfc3339_millis()],
+        "only recent raw"
+    );
+    let (_, text) = http("GET", format!("http://{}/metrics", d.http_addr)).await;
+    assert!(
+        text.contains("\nbucketd_buckets_expired_total 1\n"),
+        "{text}"
+    );
+    d.stop().await.unwrap();
+}

@@ -121,6 +121,17 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
     let message = String::from_utf8_lossy(&held.stderr);
     assert!(message.contains("in use by another process"), "{message}");
 
+    let compact = |db: &Path| {
+        Command::new(BIN)
+            .args(["compact", "--db"])
+            .arg(db)
+            .output()
+            .unwrap()
+    };
+    let held = compact(&db);
+    assert_eq!(held.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&held.stderr).contains("in use by another process"));
+
     let (status, log) = daemon.terminate();
     assert_eq!(status.code(), Some(0), "SIGTERM exits 0; log: {log:#?}");
     assert!(
@@ -219,6 +230,20 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
     let mut lines = raw.lines();
     assert_eq!(lines.next(), Some("series,ts,value"));
     assert_eq!(lines.collect::<Vec<_>>(), want);
+
+    // Compaction keeps every bucket and reading.
+    let before = export(&["--db", db.to_str().unwrap(), "--raw"]).stdout;
+    let compacted = compact(&db);
+    assert!(
+        compacted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compacted.stderr)
+    );
+    assert!(String::from_utf8_lossy(&compacted.stdout).contains("bytes ->"));
+    assert_eq!(
+        export(&["--db", db.to_str().unwrap(), "--raw"]).stdout,
+        before
+    );
 
     let unknown = export(&["--db", db.to_str().unwrap(), "--series", "nope/x"]);
     assert_eq!(unknown.status.code(), Some(1));
