@@ -179,6 +179,9 @@ pub fn buckets_table(answer: &Value) -> Table {
                         cell(&b["min"]),
                         cell(&b["max"]),
                         cell(&b["stddev"]),
+                        cell(&b["p50"]),
+                        cell(&b["p90"]),
+                        cell(&b["p99"]),
                         cell(&b["sum"]),
                         cell(&b["first"]["value"]),
                         cell(&b["last"]["value"]),
@@ -189,7 +192,8 @@ pub fn buckets_table(answer: &Value) -> Table {
         .unwrap_or_default();
     Table {
         headers: vec![
-            "start", "count", "mean", "min", "max", "stddev", "sum", "first", "last",
+            "start", "count", "mean", "min", "max", "stddev", "p50", "p90", "p99", "sum", "first",
+            "last",
         ],
         rows,
     }
@@ -232,9 +236,9 @@ mod tests {
     fn tables_align_text_left_and_numbers_right() {
         let answer = json!({"series": "a/b", "step": "1h", "buckets": [
             {"start": "2026-11-21T10:00:00.000Z", "count": 3, "mean": 21.5, "min": 1, "max": 100.25,
-             "stddev": 0.5, "sum": 64.5, "first": {"value": 1}, "last": {"value": 100.25}},
+             "stddev": 0.5, "p50": 2, "p90": 99, "p99": 100, "sum": 64.5, "first": {"value": 1}, "last": {"value": 100.25}},
             {"start": "2026-11-21T11:00:00.000Z", "count": 12, "mean": -2, "min": -3, "max": 0,
-             "stddev": 1, "sum": -24, "first": {"value": 0}, "last": {"value": -3}},
+             "stddev": 1, "p50": null, "p90": null, "p99": null, "sum": -24, "first": {"value": 0}, "last": {"value": -3}},
         ]});
         let text = render(&answer, QueryFormat::Table, buckets_table);
         let lines: Vec<&str> = text.lines().collect();
@@ -254,7 +258,12 @@ mod tests {
         let csv = render(&answer, QueryFormat::Csv, buckets_table);
         assert_eq!(
             csv.lines().nth(1).unwrap(),
-            "2026-11-21T10:00:00.000Z,3,21.5,1,100.25,0.5,64.5,1,100.25"
+            "2026-11-21T10:00:00.000Z,3,21.5,1,100.25,0.5,2,99,100,64.5,1,100.25"
+        );
+        assert_eq!(
+            csv.lines().nth(2).unwrap(),
+            "2026-11-21T11:00:00.000Z,12,-2,-3,0,1,,,,-24,0,-3",
+            "unknown quantiles are empty cells"
         );
     }
 
