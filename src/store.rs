@@ -683,6 +683,28 @@ fn read_series(db: &redb::Database) -> Result<HashMap<Arc<str>, u64>, redb::Erro
     Ok(series)
 }
 
+/// The id of `series`, or of every series when `None` (in id order).
+fn series_ids(tx: &redb::ReadTransaction, series: Option<&str>) -> Result<Vec<u64>, redb::Error> {
+    match series {
+        Some(name) => {
+            let by_name = tx.open_table(SERIES_BY_NAME)?;
+            Ok(by_name
+                .get(name)?
+                .map(|id| id.value())
+                .into_iter()
+                .collect())
+        }
+        None => {
+            let by_id = tx.open_table(SERIES_BY_ID)?;
+            let mut ids = Vec::new();
+            for entry in by_id.iter()? {
+                ids.push(entry?.0.value());
+            }
+            Ok(ids)
+        }
+    }
+}
+
 /// Read access: to a file no daemon holds (`bucketd export`), or to the daemon's own open
 /// database (the HTTP API). Cheap to clone.
 #[derive(Clone)]
@@ -765,19 +787,8 @@ impl StoreReader {
         let width = self.bucket_width_secs()?;
         let tx = self.db.begin_read()?;
         let by_id = tx.open_table(SERIES_BY_ID)?;
-        let by_name = tx.open_table(SERIES_BY_NAME)?;
         let pages = tx.open_table(PAGES)?;
-        let ids: Vec<u64> = match series {
-            Some(name) => by_name
-                .get(name)?
-                .map(|id| id.value())
-                .into_iter()
-                .collect(),
-            None => by_id
-                .iter()?
-                .map(|e| e.map(|(id, _)| id.value()))
-                .collect::<Result<_, _>>()?,
-        };
+        let ids = series_ids(&tx, series)?;
         let first_start = from.div_euclid(1_000_000_000).div_euclid(width) * width;
         let end_start = to.div_euclid(1_000_000_000) + 1; // buckets starting before `to`
         for id in ids {
@@ -834,23 +845,8 @@ impl StoreReader {
         to: i64,
     ) -> Result<Vec<BucketDoc>, redb::Error> {
         let tx = self.db.begin_read()?;
-        let by_name = tx.open_table(SERIES_BY_NAME)?;
         let buckets = tx.open_table(BUCKETS)?;
-        let ids: Vec<u64> = match series {
-            Some(name) => by_name
-                .get(name)?
-                .map(|id| id.value())
-                .into_iter()
-                .collect(),
-            None => {
-                let by_id = tx.open_table(SERIES_BY_ID)?;
-                let mut ids = Vec::new();
-                for entry in by_id.iter()? {
-                    ids.push(entry?.0.value());
-                }
-                ids
-            }
-        };
+        let ids = series_ids(&tx, series)?;
         let mut out = Vec::new();
         if from >= to {
             return Ok(out);

@@ -30,16 +30,21 @@ fn raw_of(path: &Path, series: Option<&str>, from: i64, to: i64) -> Vec<(String,
     out
 }
 
-/// A batch of one bucket's readings, all kept raw.
-fn raw_batch(series: &str, readings: &[(i64, f64)]) -> Batch {
-    let mut b = Batcher::new(
+/// A batcher for building test batches by hand (its flush policy is never consulted).
+fn test_batcher() -> Batcher {
+    Batcher::new(
         crate::batcher::FlushPolicy {
             flush_interval: std::time::Duration::from_secs(1),
             max_pending_readings: usize::MAX,
             window: 1,
         },
         3600,
-    );
+    )
+}
+
+/// A batch of one bucket's readings, all kept raw.
+fn raw_batch(series: &str, readings: &[(i64, f64)]) -> Batch {
+    let mut b = test_batcher();
     let now = std::time::Instant::now();
     for &(ts, v) in readings {
         b.push_reading(Arc::from(series), Timestamp::from_nanos(ts), v, true, now);
@@ -306,14 +311,7 @@ proptest! {
 
 /// Readings of `series_count` series over hour `h`, every reading kept raw.
 fn hour_batch(h: i64, series_count: usize, per_series: i64) -> Batch {
-    let mut b = Batcher::new(
-        crate::batcher::FlushPolicy {
-            flush_interval: std::time::Duration::from_secs(1),
-            max_pending_readings: usize::MAX,
-            window: 1,
-        },
-        3600,
-    );
+    let mut b = test_batcher();
     let now = std::time::Instant::now();
     for s in 0..series_count {
         let name: Arc<str> = Arc::from(format!("s{s}/t"));
