@@ -189,47 +189,79 @@ fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
+/// The low `n` bits set (n <= 64).
+fn mask(n: u32) -> u64 {
+    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+}
+
+/// Writes bit fields most significant bit first, a byte at a time.
 #[derive(Default)]
 struct BitWriter {
     bytes: Vec<u8>,
-    /// Bits used in the last byte (0 = a new byte is needed).
-    used: u32,
+    /// Pending bits, in the low `pending` bits (fewer than 8 between calls).
+    acc: u64,
+    pending: u32,
 }
 
 impl BitWriter {
-    /// Appends the low `n` bits of `v` (n <= 64), most significant first.
+    /// Appends the low `n` bits of `v` (n <= 64).
     fn put(&mut self, v: u64, n: u32) {
-        for i in (0..n).rev() {
-            if self.used == 0 {
-                self.bytes.push(0);
+        let mut left = n;
+        while left > 0 {
+            // `pending` < 8, so at least 57 bits fit.
+            let take = left.min(56);
+            let chunk = (v >> (left - take)) & mask(take);
+            self.acc = (self.acc << take) | chunk;
+            self.pending += take;
+            left -= take;
+            while self.pending >= 8 {
+                self.pending -= 8;
+                self.bytes.push((self.acc >> self.pending) as u8);
             }
-            let bit = ((v >> i) & 1) as u8;
-            *self.bytes.last_mut().expect("pushed above") |= bit << (7 - self.used);
-            self.used = (self.used + 1) % 8;
+            self.acc &= mask(self.pending);
         }
     }
 
-    fn finish(self) -> Vec<u8> {
+    fn finish(mut self) -> Vec<u8> {
+        if self.pending > 0 {
+            self.bytes.push((self.acc << (8 - self.pending)) as u8);
+        }
         self.bytes
     }
 }
 
+/// Reads bit fields most significant bit first, a byte at a time.
 struct BitReader<'a> {
     bytes: &'a [u8],
-    pos: usize,
+    next: usize,
+    acc: u64,
+    available: u32,
 }
 
 impl<'a> BitReader<'a> {
     fn new(bytes: &'a [u8]) -> BitReader<'a> {
-        BitReader { bytes, pos: 0 }
+        BitReader {
+            bytes,
+            next: 0,
+            acc: 0,
+            available: 0,
+        }
     }
 
     fn get(&mut self, n: u32) -> Option<u64> {
         let mut v = 0u64;
-        for _ in 0..n {
-            let byte = *self.bytes.get(self.pos / 8)?;
-            v = (v << 1) | u64::from((byte >> (7 - self.pos % 8)) & 1);
-            self.pos += 1;
+        let mut left = n;
+        while left > 0 {
+            if self.available == 0 {
+                self.acc = u64::from(*self.bytes.get(self.next)?);
+                self.next += 1;
+                self.available = 8;
+            }
+            let take = left.min(self.available);
+            let chunk = (self.acc >> (self.available - take)) & mask(take);
+            v = (v << take) | chunk; // take <= 8: never a 64-bit shift
+            self.available -= take;
+            left -= take;
         }
         Some(v)
     }
