@@ -63,13 +63,42 @@ impl Summary {
         }
     }
 
-    /// Adds one reading. Equivalent to merging `Summary::with_params(ts, value, ..)`.
+    /// Adds one reading. Equivalent to merging `Summary::with_params(ts, value, ..)`, without
+    /// building that summary (no allocation per reading).
     pub fn push(&mut self, ts: i64, value: f64) {
-        self.merge(&Summary::with_params(ts, value, self.sketch.params()));
+        let point = Point { ts, value };
+        let one = Scalars {
+            count: 1,
+            sum: value,
+            sum_comp: 0.0,
+            min: value,
+            max: value,
+            first: point,
+            last: point,
+            mean: value,
+            m2: 0.0,
+        };
+        self.merge_scalars(&one);
+        self.sketch.add(value);
     }
 
     /// Merges `other` into `self`, as if `self` had seen `other`'s readings too.
     pub fn merge(&mut self, other: &Summary) {
+        self.merge_scalars(&Scalars {
+            count: other.count,
+            sum: other.sum,
+            sum_comp: other.sum_comp,
+            min: other.min,
+            max: other.max,
+            first: other.first,
+            last: other.last,
+            mean: other.mean,
+            m2: other.m2,
+        });
+        self.sketch.merge(&other.sketch);
+    }
+
+    fn merge_scalars(&mut self, other: &Scalars) {
         let n_a = self.count as f64;
         let n_b = other.count as f64;
         let count = self
@@ -98,7 +127,6 @@ impl Summary {
         if earlier(&self.last, &other.last) {
             self.last = other.last;
         }
-        self.sketch.merge(&other.sketch);
         self.count = count;
         debug_assert!(self.count > 0 && self.min <= self.max);
     }
@@ -127,6 +155,19 @@ impl Summary {
     pub fn stddev(&self) -> f64 {
         self.variance().sqrt()
     }
+}
+
+/// The exact aggregates of a summary, without its sketch.
+struct Scalars {
+    count: u64,
+    sum: f64,
+    sum_comp: f64,
+    min: f64,
+    max: f64,
+    first: Point,
+    last: Point,
+    mean: f64,
+    m2: f64,
 }
 
 /// Total order on points: by timestamp, then by value (`total_cmp`).
