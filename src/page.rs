@@ -16,7 +16,8 @@
 /// Timestamp units tried, largest first (nanoseconds per unit).
 const UNITS: [i64; 4] = [1_000_000_000, 1_000_000, 1_000, 1];
 
-/// An encoded page: the readings' count, time range, unit and bit stream.
+/// An encoded page: the readings' count, time range, unit and bit stream, and where the
+/// encoder stopped, so that later readings can be appended without decoding the page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EncodedPage {
     pub count: u32,
@@ -27,6 +28,22 @@ pub struct EncodedPage {
     /// `k` when values are stored as decimal integers `value * 10^k`; `-1` for XOR-encoded bits.
     pub decimals: i32,
     pub data: Vec<u8>,
+    pub tail: Tail,
+}
+
+/// The encoder's state after the last reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tail {
+    /// Last timestamp (in units) and last delta.
+    pub ts: i64,
+    pub delta: i64,
+    /// Last value: its f64 bits (XOR) or its integer (decimal).
+    pub value: u64,
+    /// XOR window of meaningful bits; `lead = 64` before the first window.
+    pub lead: u32,
+    pub trail: u32,
+    /// Bits used in the last byte of `data` (0: the last byte is full).
+    pub bits: u32,
 }
 
 /// Most fractional digits tried for the decimal value encoding.
@@ -34,14 +51,15 @@ const DECIMALS_MAX: i32 = 6;
 
 /// The smallest `k` such that every value is exactly `n / 10^k` for an integer `|n| < 2^52`.
 fn decimal_scale(readings: &[(i64, f64)]) -> Option<i32> {
-    (0..=DECIMALS_MAX).find(|&k| {
-        let scale = 10f64.powi(k);
-        readings.iter().all(|&(_, v)| {
-            let n = (v * scale).round();
-            // Through the integer, as decode does: -0.0 must not come back as 0.0.
-            n.abs() < (1u64 << 52) as f64 && ((n as i64) as f64 / scale).to_bits() == v.to_bits()
-        })
-    })
+    (0..=DECIMALS_MAX).find(|&k| readings.iter().all(|&(_, v)| is_decimal(v, k)))
+}
+
+/// Whether `v` is exactly `n / 10^k` for an integer `|n| < 2^52` (through the integer, as
+/// decode does: -0.0 must not come back as 0.0).
+fn is_decimal(v: f64, k: i32) -> bool {
+    let scale = 10f64.powi(k);
+    let n = (v * scale).round();
+    n.abs() < (1u64 << 52) as f64 && ((n as i64) as f64 / scale).to_bits() == v.to_bits()
 }
 
 /// Encodes readings (in arrival order). `readings` must not be empty.
@@ -51,62 +69,137 @@ pub fn encode(readings: &[(i64, f64)]) -> EncodedPage {
         .into_iter()
         .find(|u| readings.iter().all(|(ts, _)| ts % u == 0))
         .expect("1 divides everything");
-    let decimals = decimal_scale(readings);
-    let scale = 10f64.powi(decimals.unwrap_or(0));
-    let mut w = BitWriter::default();
-    let (mut prev_ts, mut prev_delta) = (readings[0].0 / unit, 0i64);
-    let mut prev_bits = readings[0].1.to_bits();
-    let mut prev_n = (readings[0].1 * scale).round() as i64;
-    let (mut prev_lead, mut prev_trail) = (u32::MAX, 0u32);
-    w.put(prev_ts as u64, 64);
-    w.put(
-        if decimals.is_some() {
-            prev_n as u64
-        } else {
-            prev_bits
-        },
-        64,
-    );
+    let decimals = decimal_scale(readings).unwrap_or(-1);
+    let mut e = Encoder::start(readings[0], unit, decimals);
     for &(ts, value) in &readings[1..] {
-        let ts = ts / unit;
-        let delta = ts.wrapping_sub(prev_ts);
-        put_field(&mut w, &TS_FIELDS, zigzag(delta.wrapping_sub(prev_delta)));
-        (prev_ts, prev_delta) = (ts, delta);
+        e.push(ts, value);
+    }
+    e.finish()
+}
 
-        if decimals.is_some() {
-            let n = (value * scale).round() as i64;
-            put_field(&mut w, &VALUE_FIELDS, zigzag(n.wrapping_sub(prev_n)));
-            prev_n = n;
-            continue;
+/// `page` followed by `readings`. Appends to the bit stream when the new readings fit the
+/// page's timestamp unit and value form (the usual case: O(new readings)); otherwise re-encodes
+/// everything, which also yields `None` if the page is damaged.
+pub fn append(page: &EncodedPage, readings: &[(i64, f64)]) -> Option<EncodedPage> {
+    let fits = readings
+        .iter()
+        .all(|&(ts, v)| ts % page.unit == 0 && (page.decimals < 0 || is_decimal(v, page.decimals)));
+    if fits {
+        let mut e = Encoder::resume(page);
+        for &(ts, value) in readings {
+            e.push(ts, value);
+        }
+        return Some(e.finish());
+    }
+    let mut all = decode(page)?;
+    all.extend_from_slice(readings);
+    Some(encode(&all))
+}
+
+/// The streaming encoder behind [`encode`] and [`append`].
+struct Encoder {
+    w: BitWriter,
+    unit: i64,
+    decimals: i32,
+    scale: f64,
+    tail: Tail,
+    count: u32,
+    min_ts: i64,
+    max_ts: i64,
+}
+
+impl Encoder {
+    fn start((ts, value): (i64, f64), unit: i64, decimals: i32) -> Encoder {
+        let scale = 10f64.powi(decimals.max(0));
+        let first = if decimals >= 0 {
+            (value * scale).round() as i64 as u64
+        } else {
+            value.to_bits()
+        };
+        let mut w = BitWriter::default();
+        w.put((ts / unit) as u64, 64);
+        w.put(first, 64);
+        Encoder {
+            w,
+            unit,
+            decimals,
+            scale,
+            tail: Tail {
+                ts: ts / unit,
+                delta: 0,
+                value: first,
+                lead: 64,
+                trail: 0,
+                bits: 0,
+            },
+            count: 1,
+            min_ts: ts,
+            max_ts: ts,
+        }
+    }
+
+    fn resume(page: &EncodedPage) -> Encoder {
+        Encoder {
+            w: BitWriter::resume(page.data.clone(), page.tail.bits),
+            unit: page.unit,
+            decimals: page.decimals,
+            scale: 10f64.powi(page.decimals.max(0)),
+            tail: page.tail,
+            count: page.count,
+            min_ts: page.min_ts,
+            max_ts: page.max_ts,
+        }
+    }
+
+    fn push(&mut self, ts: i64, value: f64) {
+        let t = &mut self.tail;
+        let w = &mut self.w;
+        let units = ts / self.unit;
+        let delta = units.wrapping_sub(t.ts);
+        put_field(w, &TS_FIELDS, zigzag(delta.wrapping_sub(t.delta)));
+        (t.ts, t.delta) = (units, delta);
+        (self.min_ts, self.max_ts) = (self.min_ts.min(ts), self.max_ts.max(ts));
+        self.count += 1;
+
+        if self.decimals >= 0 {
+            let n = (value * self.scale).round() as i64;
+            put_field(w, &VALUE_FIELDS, zigzag(n.wrapping_sub(t.value as i64)));
+            t.value = n as u64;
+            return;
         }
         let bits = value.to_bits();
-        let xor = bits ^ prev_bits;
-        prev_bits = bits;
+        let xor = bits ^ t.value;
+        t.value = bits;
         if xor == 0 {
             w.put(0, 1);
-            continue;
+            return;
         }
         let (lead, trail) = (xor.leading_zeros().min(31), xor.trailing_zeros());
-        if prev_lead != u32::MAX && lead >= prev_lead && trail >= prev_trail {
+        if t.lead != 64 && lead >= t.lead && trail >= t.trail {
             // Fits the previous window of meaningful bits.
             w.put(0b10, 2);
-            w.put(xor >> prev_trail, 64 - prev_lead - prev_trail);
+            w.put(xor >> t.trail, 64 - t.lead - t.trail);
         } else {
             let len = 64 - lead - trail;
             w.put(0b11, 2);
             w.put(u64::from(lead), 5);
             w.put(u64::from(len - 1), 6);
             w.put(xor >> trail, len);
-            (prev_lead, prev_trail) = (lead, trail);
+            (t.lead, t.trail) = (lead, trail);
         }
     }
-    EncodedPage {
-        count: u32::try_from(readings.len()).expect("pages hold far fewer than 2^32 readings"),
-        min_ts: readings.iter().map(|r| r.0).min().expect("not empty"),
-        max_ts: readings.iter().map(|r| r.0).max().expect("not empty"),
-        unit,
-        decimals: decimals.unwrap_or(-1),
-        data: w.finish(),
+
+    fn finish(self) -> EncodedPage {
+        let (data, bits) = self.w.finish();
+        EncodedPage {
+            count: self.count,
+            min_ts: self.min_ts,
+            max_ts: self.max_ts,
+            unit: self.unit,
+            decimals: self.decimals,
+            data,
+            tail: Tail { bits, ..self.tail },
+        }
     }
 }
 
@@ -222,11 +315,30 @@ impl BitWriter {
         }
     }
 
-    fn finish(mut self) -> Vec<u8> {
+    /// Continues a stream whose last byte holds `bits` used bits (0: the last byte is full).
+    fn resume(mut bytes: Vec<u8>, bits: u32) -> BitWriter {
+        let partial = if bits > 0 { bytes.pop() } else { None };
+        match partial {
+            Some(last) => BitWriter {
+                bytes,
+                acc: u64::from(last >> (8 - bits)),
+                pending: bits,
+            },
+            None => BitWriter {
+                bytes,
+                acc: 0,
+                pending: 0,
+            },
+        }
+    }
+
+    /// The bytes, and how many bits of the last byte are used (0: all eight).
+    fn finish(mut self) -> (Vec<u8>, u32) {
+        let bits = self.pending;
         if self.pending > 0 {
             self.bytes.push((self.acc << (8 - self.pending)) as u8);
         }
-        self.bytes
+        (self.bytes, bits)
     }
 }
 
@@ -354,6 +466,24 @@ mod tests {
     }
 
     proptest! {
+        /// Appending to an encoded page equals encoding everything at once (when the new
+        /// readings fit the page's form, byte for byte; otherwise in content).
+        #[test]
+        fn appending_equals_encoding_the_concatenation(
+            a in prop::collection::vec(reading(), 1..100),
+            b in prop::collection::vec(reading(), 0..100),
+            c in prop::collection::vec(reading(), 0..20),
+        ) {
+            let all: Vec<(i64, f64)> = a.iter().chain(&b).chain(&c).copied().collect();
+            let appended = append(&append(&encode(&a), &b).unwrap(), &c).unwrap();
+            prop_assert_eq!(appended.count as usize, all.len());
+            prop_assert_eq!(bits(&decode(&appended).unwrap()), bits(&all));
+            let whole = encode(&all);
+            if (whole.unit, whole.decimals) == (appended.unit, appended.decimals) {
+                prop_assert_eq!(appended, whole);
+            }
+        }
+
         #[test]
         fn any_readings_round_trip_in_arrival_order(
             readings in prop::collection::vec(reading(), 1..300)

@@ -119,6 +119,13 @@ pub struct PageDoc {
     pub decimals: i32,
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// Where the encoder stopped ([`crate::page::Tail`]), so appends need no decoding.
+    pub tail_ts: i64,
+    pub tail_delta: i64,
+    pub tail_value: i64,
+    pub tail_lead: i32,
+    pub tail_trail: i32,
+    pub tail_bits: i32,
 }
 
 /// Version of the page document.
@@ -126,7 +133,21 @@ pub const PAGE_SCHEMA_VERSION: i32 = 1;
 
 impl PageDoc {
     pub fn of(readings: &[(i64, f64)]) -> PageDoc {
-        let p = crate::page::encode(readings);
+        PageDoc::from_encoded(crate::page::encode(readings))
+    }
+
+    /// This page with `readings` appended; `None` if the page is damaged.
+    pub fn append(&self, readings: &[(i64, f64)]) -> Option<PageDoc> {
+        crate::page::append(&self.encoded()?, readings).map(PageDoc::from_encoded)
+    }
+
+    /// The readings in arrival order; `None` if the document is damaged.
+    pub fn readings(&self) -> Option<Vec<(i64, f64)>> {
+        crate::page::decode(&self.encoded()?)
+    }
+
+    fn from_encoded(p: crate::page::EncodedPage) -> PageDoc {
+        let small = |v: u32| i32::try_from(v).expect("tail fields are below 64");
         PageDoc {
             schema_version: PAGE_SCHEMA_VERSION,
             count: i32::try_from(p.count).expect("page_capacity is validated below 2^31"),
@@ -135,18 +156,32 @@ impl PageDoc {
             unit: p.unit,
             decimals: p.decimals,
             data: p.data,
+            tail_ts: p.tail.ts,
+            tail_delta: p.tail.delta,
+            tail_value: p.tail.value as i64, // BSON has no u64: the bits, reinterpreted
+            tail_lead: small(p.tail.lead),
+            tail_trail: small(p.tail.trail),
+            tail_bits: small(p.tail.bits),
         }
     }
 
-    /// The readings in arrival order; `None` if the document is damaged.
-    pub fn readings(&self) -> Option<Vec<(i64, f64)>> {
-        crate::page::decode(&crate::page::EncodedPage {
+    fn encoded(&self) -> Option<crate::page::EncodedPage> {
+        let small = |v: i32| u32::try_from(v).ok().filter(|v| *v <= 64);
+        Some(crate::page::EncodedPage {
             count: u32::try_from(self.count).ok()?,
             min_ts: self.min_ts,
             max_ts: self.max_ts,
             unit: self.unit,
             decimals: self.decimals,
             data: self.data.clone(),
+            tail: crate::page::Tail {
+                ts: self.tail_ts,
+                delta: self.tail_delta,
+                value: self.tail_value as u64,
+                lead: small(self.tail_lead)?,
+                trail: small(self.tail_trail)?,
+                bits: small(self.tail_bits).filter(|b| *b < 8)?,
+            },
         })
     }
 
