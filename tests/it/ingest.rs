@@ -371,3 +371,36 @@ async fn reconnects_and_resumes_its_session_after_an_outage(broker: Broker, prot
 }
 
 on_every_broker!(reconnects_and_resumes_its_session_after_an_outage);
+
+/// Limits hold end to end: a device inventing series past `limits.max_series` gets counted
+/// `series_limit` rejections (the known series keep being ingested), and a payload over
+/// `limits.max_payload_bytes` is a counted `payload_too_large`, acknowledged, not a stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_and_payload_limits_reject_and_count() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics);
+    raw.limits.max_series = 3;
+    raw.limits.max_payload_bytes = bytesize::ByteSize::kib(1);
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let mut messages: Vec<(String, Vec<u8>)> = (0..5)
+        .map(|i| (topics.value(&format!("dev{i}"), "t"), b"1.5".to_vec()))
+        .collect();
+    messages.push((topics.value("dev0", "t"), vec![b'1'; 2048]));
+    messages.push((topics.value("dev1", "t"), b"2.5".to_vec()));
+    publish_all(&broker, &messages, 1).await;
+    wait_ingested(&d, 4, 3).await;
+    assert_eq!(d.stats.rejected(DecodeError::SeriesLimit), 2);
+    assert_eq!(d.stats.rejected(DecodeError::PayloadTooLarge), 1);
+    let stats = d.stats.clone();
+    d.stop().await.unwrap();
+    assert_eq!(
+        Stats::get(&stats.acks_sent),
+        messages.len() as u64,
+        "rejected ones acked too"
+    );
+    let reader = StoreReader::open(&dir.path().join("b.redb")).unwrap();
+    assert_eq!(reader.series().unwrap(), ["dev0/t", "dev1/t", "dev2/t"]);
+}
