@@ -445,7 +445,8 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
     if raw.port == 0 {
         return Err(invalid("mqtt.port", "must be 1..=65535"));
     }
-    if raw.client_id.is_empty() || raw.client_id.len() > 23 * 8 {
+    // MQTT strings are at most 65,535 bytes; brokers may accept less (3.1.1 promises only 23).
+    if raw.client_id.is_empty() || raw.client_id.len() > 65_535 {
         return Err(invalid(
             "mqtt.client_id",
             "must be a non-empty, stable id (the broker keeps the session under it)",
