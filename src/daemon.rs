@@ -74,11 +74,12 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
     let state_dir = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
     let store_path = config.resolved_store_path(state_dir.as_deref());
     let password = read_password(config)?;
+    let width_secs =
+        i64::try_from(config.store.bucket_width.as_secs()).expect("validated to divide a day");
 
     let store = Store::open(&StoreSettings {
         path: store_path.clone(),
-        bucket_width_secs: i64::try_from(config.store.bucket_width.as_secs())
-            .expect("validated to divide a day"),
+        bucket_width_secs: width_secs,
         durability: config.store.durability,
         quick_repair: config.store.quick_repair,
         cache_bytes: config.store.cache_bytes,
@@ -117,8 +118,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         stats: stats.clone(),
         metrics: metrics.clone(),
         flush: flush_tx,
-        bucket_width_secs: i64::try_from(config.store.bucket_width.as_secs())
-            .expect("validated to divide a day"),
+        bucket_width_secs: width_secs,
         max_buckets_per_query: config.http.max_buckets_per_query,
         max_raw_readings: config.http.max_raw_readings,
     };
@@ -132,11 +132,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         mqtt: Mqtt::new(&config.mqtt, password, &config.subscriptions),
         subscriptions: config.subscriptions.clone(),
         limits: config.limits.clone(),
-        batcher: Batcher::with_sketch(
-            policy,
-            i64::try_from(config.store.bucket_width.as_secs()).expect("validated"),
-            config.store.sketch,
-        ),
+        batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
         series,
         stats: stats.clone(),
         backoff: Backoff::new(
