@@ -1,0 +1,201 @@
+//! Micro-benchmarks of the hot paths: decode (value, JSON object, JSON array of 100), summary
+//! merge, folding readings into the open batch, and one commit of N touched buckets at each
+//! durability setting.
+//!
+//! `cargo bench --bench micro` (criterion; `-- decode` etc. to pick some).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bucketd::batcher::{Batch, Batcher, FlushPolicy};
+use bucketd::config::{Config, Durability, Subscription};
+use bucketd::decode::{DecodeContext, Decoded, decode};
+use bucketd::reading::Timestamp;
+use bucketd::store::{Store, StoreSettings};
+use bucketd::summary::Summary;
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+
+const NOW_S: i64 = 1_763_719_200;
+
+fn subscriptions() -> Vec<Subscription> {
+    Config::load(None, Vec::new())
+        .expect("the defaults load")
+        .subscriptions
+}
+
+fn ctx() -> DecodeContext {
+    let received = Timestamp::from_secs(NOW_S);
+    DecodeContext {
+        received,
+        oldest: Timestamp::from_secs(NOW_S - 30 * 86_400),
+        newest: Timestamp::from_secs(NOW_S + 600),
+        max_payload_bytes: 1 << 20,
+    }
+}
+
+fn bench_decode(c: &mut Criterion) {
+    let subs = subscriptions();
+    let (value, json) = (&subs[0], &subs[1]);
+    let mut out = Decoded::default();
+    let mut g = c.benchmark_group("decode");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("value", |b| {
+        b.iter(|| decode(value, b"sensors/s17/temperature", black_box(b"21.5"), &ctx(), &mut out))
+    });
+    let object = format!(
+        "{{\"ts\": {}, \"temperature\": 21.5, \"humidity\": 40.25, \"status\": \"ok\"}}",
+        NOW_S * 1000
+    );
+    g.throughput(Throughput::Elements(2));
+    g.bench_function("json_object_2_readings", |b| {
+        b.iter(|| {
+            decode(
+                json,
+                b"devices/s17/telemetry",
+                black_box(object.as_bytes()),
+                &ctx(),
+                &mut out,
+            )
+        })
+    });
+    let array = format!(
+        "[{}]",
+        (0..100)
+            .map(|i| format!("{{\"ts\": {}, \"temperature\": 21.{i}}}", NOW_S * 1000 + i))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    g.throughput(Throughput::Elements(100));
+    g.bench_function("json_array_100_readings", |b| {
+        b.iter(|| {
+            decode(
+                json,
+                b"devices/s17/telemetry",
+                black_box(array.as_bytes()),
+                &ctx(),
+                &mut out,
+            )
+        })
+    });
+    g.finish();
+}
+
+fn hour_summary(seed: u64) -> Summary {
+    let mut x = seed | 1;
+    let mut s = Summary::of(NOW_S * 1_000_000_000, 21.0);
+    for i in 1..3600i64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push((NOW_S + i) * 1_000_000_000, 21.0 + (x % 100) as f64 / 100.0);
+    }
+    s
+}
+
+fn bench_merge(c: &mut Criterion) {
+    let (a, b) = (hour_summary(1), hour_summary(2));
+    let mut g = c.benchmark_group("summary");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("merge_two_hours_with_sketches", |bench| {
+        bench.iter_batched(
+            || a.clone(),
+            |mut m| {
+                m.merge(black_box(&b));
+                m
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("push_one_reading", |bench| {
+        let mut s = a.clone();
+        let mut i = 0i64;
+        bench.iter(|| {
+            i += 1;
+            s.push(i, black_box(21.5));
+        })
+    });
+    g.finish();
+}
+
+fn policy() -> FlushPolicy {
+    FlushPolicy {
+        flush_interval: Duration::from_secs(3600),
+        max_pending_readings: usize::MAX,
+        window: 1,
+    }
+}
+
+/// 10,000 readings over 1,000 series in one hour, as one flush would hold them.
+fn bench_batcher(c: &mut Criterion) {
+    let names: Vec<Arc<str>> = (0..1000).map(|i| Arc::from(format!("s{i}/t"))).collect();
+    let mut g = c.benchmark_group("batcher");
+    g.throughput(Throughput::Elements(10_000));
+    for raw in [false, true] {
+        let id = if raw { "push_10000_with_raw" } else { "push_10000" };
+        g.bench_function(id, |b| {
+            b.iter(|| {
+                let mut batcher = Batcher::new(policy(), 3600);
+                let now = Instant::now();
+                for i in 0..10_000usize {
+                    let ts = Timestamp::from_secs(NOW_S + (i / 1000) as i64);
+                    batcher.push_reading(names[i % 1000].clone(), ts, 21.5, raw, now);
+                }
+                batcher.take()
+            })
+        });
+    }
+    g.finish();
+}
+
+/// A batch touching `n` buckets (one series each), one reading per bucket.
+fn batch_of(n: usize, second: i64) -> Batch {
+    let mut b = Batcher::new(policy(), 3600);
+    let now = Instant::now();
+    for i in 0..n {
+        let ts = Timestamp::from_secs(NOW_S + second);
+        b.push_reading(Arc::from(format!("s{i}/t")), ts, 21.5, false, now);
+    }
+    b.take().0
+}
+
+/// One commit of N touched buckets that already exist (the steady state: get, merge, put).
+fn bench_commit(c: &mut Criterion) {
+    let mut g = c.benchmark_group("commit");
+    g.sample_size(20);
+    for (name, durability, quick_repair) in [
+        ("immediate+quick_repair", Durability::Immediate, true),
+        ("immediate", Durability::Immediate, false),
+        ("two_phase", Durability::TwoPhase, false),
+    ] {
+        for n in [100usize, 1_000, 10_000] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = Store::open(&StoreSettings {
+                path: dir.path().join("bench.redb"),
+                bucket_width_secs: 3600,
+                durability,
+                quick_repair,
+                cache_bytes: 16 << 20,
+                page_capacity: 1000,
+            })
+            .unwrap();
+            store.commit(&batch_of(n, 0)).unwrap();
+            let mut second = 0;
+            g.throughput(Throughput::Elements(n as u64));
+            g.bench_function(format!("{name}/{n}_buckets"), |b| {
+                b.iter_batched(
+                    || {
+                        second += 1;
+                        batch_of(n, second % 3600)
+                    },
+                    |batch| store.commit(&batch).unwrap(),
+                    BatchSize::PerIteration,
+                )
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_decode, bench_merge, bench_batcher, bench_commit);
+criterion_main!(benches);
