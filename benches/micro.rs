@@ -41,7 +41,15 @@ fn bench_decode(c: &mut Criterion) {
     let mut g = c.benchmark_group("decode");
     g.throughput(Throughput::Elements(1));
     g.bench_function("value", |b| {
-        b.iter(|| decode(value, b"sensors/s17/temperature", black_box(b"21.5"), &ctx(), &mut out))
+        b.iter(|| {
+            decode(
+                value,
+                b"sensors/s17/temperature",
+                black_box(b"21.5"),
+                &ctx(),
+                &mut out,
+            )
+        })
     });
     let object = format!(
         "{{\"ts\": {}, \"temperature\": 21.5, \"humidity\": 40.25, \"status\": \"ok\"}}",
@@ -132,7 +140,11 @@ fn bench_batcher(c: &mut Criterion) {
     let mut g = c.benchmark_group("batcher");
     g.throughput(Throughput::Elements(10_000));
     for raw in [false, true] {
-        let id = if raw { "push_10000_with_raw" } else { "push_10000" };
+        let id = if raw {
+            "push_10000_with_raw"
+        } else {
+            "push_10000"
+        };
         g.bench_function(id, |b| {
             b.iter(|| {
                 let mut batcher = Batcher::new(policy(), 3600);
@@ -197,5 +209,11 @@ fn bench_commit(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_decode, bench_merge, bench_batcher, bench_commit);
+criterion_group!(
+    benches,
+    bench_decode,
+    bench_merge,
+    bench_batcher,
+    bench_commit
+);
 criterion_main!(benches);
