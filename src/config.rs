@@ -591,8 +591,15 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
             ),
         ));
     }
-    if raw.qos > 2 {
-        return Err(invalid(key("qos"), "must be 0, 1 or 2"));
+    if raw.qos > 1 {
+        // QoS 2 deliveries stalled after the broker's in-flight window against Mosquitto 2.0.11
+        // in testing (PUBREC sent after the commit, no further messages); until that is
+        // understood, refuse it rather than stall.
+        return Err(invalid(
+            key("qos"),
+            "must be 0 or 1; QoS 2 is not supported yet (QoS 1 with acknowledgement after the \
+             commit already loses nothing)",
+        ));
     }
     match raw.format {
         Format::Value => {

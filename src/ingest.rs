@@ -254,6 +254,7 @@ impl Ingest {
                 st.acks_unwritten = st.acks_unwritten.saturating_sub(1);
                 self.stats.acks_sent.fetch_add(1, Ordering::Relaxed);
                 self.send_acks(st);
+                self.update_gauges(st);
             }
             Ok(MqttEvent::Connected { session_present }) => {
                 st.connection += 1;

@@ -142,8 +142,8 @@ fn subscriptions_are_checked_against_their_format_and_filter() {
             "filter",
         ),
         (
-            "filter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\nqos = 3",
-            "qos",
+            "filter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\nqos = 2",
+            "QoS 2 is not supported",
         ),
         (
             "filter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\nfoo = 1",

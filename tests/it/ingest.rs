@@ -284,6 +284,10 @@ async fn a_broker_that_exceeds_the_window_loses_nothing(broker: Broker, protocol
     publish_paced(&broker, &work.messages, 1, Some(d.stats.clone())).await;
     wait_ingested(&d, work.readings.len() as u64, work.rejected_total()).await;
     let stats = d.stats.clone();
+    eventually(WAIT, "the unacknowledged gauge to reach 0", || {
+        Stats::get(&stats.unacked_messages) == 0
+    })
+    .await;
     d.stop().await.unwrap();
     assert_eq!(
         Stats::get(&stats.acks_sent),

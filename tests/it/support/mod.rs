@@ -253,7 +253,7 @@ pub async fn publish_paced(
             .expect("publishing took over 60 s")
             .expect("publisher connection failed");
         match event {
-            Event::Incoming(Packet::PubAck(_)) => acked += 1,
+            Event::Incoming(Packet::PubAck(_) | Packet::PubComp(_)) => acked += 1,
             Event::Outgoing(Outgoing::Publish(_)) => sent += 1,
             _ => {}
         }
