@@ -98,7 +98,8 @@ pub fn number(v: f64) -> String {
     }
 }
 
-fn csv_text(s: &str) -> String {
+/// A CSV cell (RFC 4180): quoted when it holds a comma, quote or line break.
+pub fn csv_text(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {

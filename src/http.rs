@@ -158,8 +158,10 @@ fn time_param(params: &HashMap<String, String>, name: &str) -> Result<Timestamp,
     })
 }
 
-/// The series and `[from, to)` range in whole seconds, validated.
-fn range(params: &HashMap<String, String>) -> Result<(String, i64, i64), ApiError> {
+/// The validated `series`, `from` and `to` parameters, with `from` before `to`.
+fn series_range(
+    params: &HashMap<String, String>,
+) -> Result<(String, Timestamp, Timestamp), ApiError> {
     let series = required(params, "series")?;
     validate_series(series).map_err(|_| {
         ApiError::bad(format!(
@@ -173,12 +175,18 @@ fn range(params: &HashMap<String, String>) -> Result<(String, i64, i64), ApiErro
             "parameters `from` and `to`: `from` must be before `to`",
         ));
     }
+    Ok((series.to_owned(), from, to))
+}
+
+/// [`series_range`] with `[from, to)` in whole seconds for bucket starts.
+fn range(params: &HashMap<String, String>) -> Result<(String, i64, i64), ApiError> {
+    let (series, from, to) = series_range(params)?;
     // A bucket is in the answer when from <= start < to.
     let ceil_secs = |t: Timestamp| {
         let n = t.as_nanos();
         n.div_euclid(1_000_000_000) + i64::from(n.rem_euclid(1_000_000_000) != 0)
     };
-    Ok((series.to_owned(), ceil_secs(from), ceil_secs(to)))
+    Ok((series, ceil_secs(from), ceil_secs(to)))
 }
 
 async fn buckets(State(s): State<ApiState>, Query(params): Params) -> Result<Response, ApiError> {
@@ -226,19 +234,7 @@ async fn buckets(State(s): State<ApiState>, Query(params): Params) -> Result<Res
 /// Raw readings of one series in `[from, to)`, in timestamp order, at most `limit` (default and
 /// cap: `http.max_raw_readings`); `truncated` says whether more were in the range.
 async fn raw(State(s): State<ApiState>, Query(params): Params) -> Result<Response, ApiError> {
-    let series = required(&params, "series")?.to_owned();
-    validate_series(&series).map_err(|_| {
-        ApiError::bad(format!(
-            "parameter `series`: `{series}` is not sensor/metric"
-        ))
-    })?;
-    let from = time_param(&params, "from")?;
-    let to = time_param(&params, "to")?;
-    if from >= to {
-        return Err(ApiError::bad(
-            "parameters `from` and `to`: `from` must be before `to`",
-        ));
-    }
+    let (series, from, to) = series_range(&params)?;
     let limit = match params.get("limit") {
         None => s.max_raw_readings,
         Some(text) => text

@@ -340,17 +340,17 @@ impl Ingest {
             newest: received.saturating_add(self.limits.max_future),
             max_payload_bytes: self.limits.max_payload_bytes,
         };
-        let subscription = std::str::from_utf8(topic).ok().and_then(|t| {
-            self.subscriptions
-                .iter()
-                .find(|s| decode::topic_matches(&s.filter, t))
-        });
-        let store_raw = subscription.is_some_and(|s| s.store_raw);
-        let result = match subscription {
-            Some(sub) => decode::decode(sub, topic, payload, &ctx, &mut st.decoded),
-            None if std::str::from_utf8(topic).is_err() => Err(DecodeError::InvalidUtf8),
-            None => Err(DecodeError::TopicMismatch),
-        };
+        let subscription = std::str::from_utf8(topic)
+            .map_err(|_| DecodeError::InvalidUtf8)
+            .and_then(|t| {
+                self.subscriptions
+                    .iter()
+                    .find(|s| decode::topic_matches(&s.filter, t))
+                    .ok_or(DecodeError::TopicMismatch)
+            });
+        let store_raw = subscription.is_ok_and(|s| s.store_raw);
+        let result =
+            subscription.and_then(|sub| decode::decode(sub, topic, payload, &ctx, &mut st.decoded));
         match result {
             Err(e) => {
                 debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");

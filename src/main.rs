@@ -306,16 +306,12 @@ fn export(
         }
     };
     if let Some(name) = series {
-        match reader.series() {
-            Ok(names) if !names.iter().any(|n| n == name) => {
-                eprintln!(
-                    "bucketd: no series `{name}` in {}; it has {} series",
-                    db.display(),
-                    names.len()
-                );
+        match reader.has_series(name) {
+            Ok(true) => {}
+            Ok(false) => {
+                eprintln!("bucketd: no series `{name}` in {}", db.display());
                 return ExitCode::FAILURE;
             }
-            Ok(_) => {}
             Err(e) => {
                 eprintln!("bucketd: reading {}: {e}", db.display());
                 return ExitCode::FAILURE;

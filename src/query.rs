@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::export::csv_text;
+
 /// How the answer is printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QueryFormat {
@@ -125,18 +127,10 @@ impl Table {
     pub fn csv(&self) -> String {
         let mut out = self.headers.join(",") + "\n";
         for row in &self.rows {
-            let cells: Vec<String> = row.iter().map(|c| csv_cell(c)).collect();
+            let cells: Vec<String> = row.iter().map(|c| csv_text(c)).collect();
             out.push_str(&(cells.join(",") + "\n"));
         }
         out
-    }
-}
-
-fn csv_cell(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_owned()
     }
 }
 
