@@ -118,6 +118,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         stats: stats.clone(),
         metrics: metrics.clone(),
         flush: flush_tx,
+        flush_slots: Arc::new(tokio::sync::Semaphore::new(FLUSH_REQUESTS_MAX)),
         bucket_width_secs: width_secs,
         max_buckets_per_query: config.http.max_buckets_per_query,
         max_raw_readings: config.http.max_raw_readings,
@@ -170,7 +171,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
     })
 }
 
-/// Pending `POST /api/v1/flush` requests; more get a 429.
+/// `POST /api/v1/flush` requests served at once; more get a 429.
 const FLUSH_REQUESTS_MAX: usize = 16;
 /// How often histogram samples are folded into buckets when nobody scrapes.
 const METRICS_UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);

@@ -33,6 +33,9 @@ pub struct ApiState {
     pub stats: Arc<Stats>,
     pub metrics: Arc<Metrics>,
     pub flush: mpsc::Sender<FlushRequest>,
+    /// Flush requests being served; more are refused with 429, so the ingest task never holds
+    /// more waiters than permits.
+    pub flush_slots: Arc<tokio::sync::Semaphore>,
     pub bucket_width_secs: i64,
     pub max_buckets_per_query: usize,
     pub max_raw_readings: usize,
@@ -287,13 +290,21 @@ async fn raw(State(s): State<ApiState>, Query(params): Params) -> Result<Respons
 }
 
 async fn flush(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError> {
+    let too_many = || {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many flush requests are waiting; retry shortly",
+        )
+    };
+    let _slot = s
+        .flush_slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| too_many())?;
     let (tx, rx) = oneshot::channel();
     let unavailable = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucketd is shutting down");
     s.flush.try_send(tx).map_err(|e| match e {
-        mpsc::error::TrySendError::Full(_) => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too many flush requests are waiting; retry shortly",
-        ),
+        mpsc::error::TrySendError::Full(_) => too_many(),
         mpsc::error::TrySendError::Closed(_) => unavailable(),
     })?;
     let committed = tokio::time::timeout(FLUSH_WAIT_MAX, rx)
@@ -306,4 +317,49 @@ async fn flush(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError>
         })?
         .map_err(|_| unavailable())?;
     Ok(axum::Json(json!({ "committed": committed })))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::config::Durability;
+    use crate::store::{Store, StoreSettings};
+
+    /// With every flush slot taken, a further `POST /api/v1/flush` is a 429 and never reaches
+    /// the ingest task, so its waiter list stays bounded.
+    #[tokio::test]
+    async fn flush_requests_past_the_limit_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&StoreSettings {
+            path: dir.path().join("h.redb"),
+            bucket_width_secs: 3600,
+            durability: Durability::Immediate,
+            quick_repair: true,
+            cache_bytes: 1 << 20,
+            page_capacity: 1000,
+        })
+        .unwrap();
+        let (flush, mut requests) = mpsc::channel(16);
+        let state = ApiState {
+            reader: store.reader(),
+            stats: Arc::new(Stats::new(0)),
+            metrics: Arc::new(Metrics::new()),
+            flush,
+            flush_slots: Arc::new(tokio::sync::Semaphore::new(0)),
+            bucket_width_secs: 3600,
+            max_buckets_per_query: 10,
+            max_raw_readings: 10,
+        };
+        let request = Request::post("/api/v1/flush").body(Body::empty()).unwrap();
+        let response = router(state).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            requests.try_recv().is_err(),
+            "nothing reached the ingest task"
+        );
+    }
 }
