@@ -456,28 +456,25 @@ impl Store {
         tx.set_durability(redb::Durability::Immediate)?;
         tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
         tx.set_quick_repair(self.settings.quick_repair);
-        let mut new_series = Vec::new();
+        // Series first seen in this batch; joined to `self.series` only once the commit holds.
+        let mut new_series: HashMap<Arc<str>, u64> = HashMap::new();
         {
             let mut by_name = tx.open_table(SERIES_BY_NAME)?;
             let mut by_id = tx.open_table(SERIES_BY_ID)?;
             let mut buckets = tx.open_table(BUCKETS)?;
             let mut pages = tx.open_table(PAGES)?;
-            let mut next_id = self.series.len() as u64;
+            let first_new_id = self.series.len() as u64;
             let mut buf = Vec::with_capacity(512);
             for ((series, start), delta) in &batch.buckets {
-                let id = match self.series.get(series) {
+                let id = match self.series.get(series).or(new_series.get(series)) {
                     Some(&id) => id,
-                    None => match new_series.iter().find(|(name, _)| name == series) {
-                        Some(&(_, id)) => id,
-                        None => {
-                            let id = next_id;
-                            next_id += 1;
-                            by_name.insert(&**series, id)?;
-                            by_id.insert(id, &**series)?;
-                            new_series.push((series.clone(), id));
-                            id
-                        }
-                    },
+                    None => {
+                        let id = first_new_id + new_series.len() as u64;
+                        by_name.insert(&**series, id)?;
+                        by_id.insert(id, &**series)?;
+                        new_series.insert(series.clone(), id);
+                        id
+                    }
                 };
                 let mut merged = match buckets.get((id, *start))? {
                     Some(stored) => {
