@@ -189,6 +189,7 @@ fn bench_commit(c: &mut Criterion) {
                 quick_repair,
                 cache_bytes: 16 << 20,
                 page_capacity: 1000,
+                dedup_window: 8192,
             })
             .unwrap();
             store.commit(&batch_of(n, 0)).unwrap();

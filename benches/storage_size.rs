@@ -65,6 +65,7 @@ fn store_size(path: &std::path::Path, data: &[(i64, f64)], raw: bool) -> u64 {
         quick_repair: true,
         cache_bytes: 4 << 20,
         page_capacity: PAGE as u32,
+        dedup_window: 8192,
     })
     .unwrap();
     for chunk in data.chunks(COMMIT_EVERY as usize) {

@@ -94,6 +94,9 @@ pub struct Batch {
     pub buckets: BTreeMap<BucketKey, Summary>,
     pub raw: BTreeMap<BucketKey, Vec<(i64, f64)>>,
     pub readings: usize,
+    /// Fingerprints of the batch's messages that a redelivery could repeat
+    /// ([`crate::dedup`]), stored with the batch.
+    pub fingerprints: Vec<crate::dedup::Fingerprint>,
 }
 
 impl Batch {
@@ -211,6 +214,11 @@ impl Batcher {
             }
         }
         self.batch.readings += 1;
+    }
+
+    /// Records the fingerprint of a message whose readings are in the batch.
+    pub fn push_fingerprint(&mut self, fp: crate::dedup::Fingerprint) {
+        self.batch.fingerprints.push(fp);
     }
 
     /// Records the acknowledgement a message needs once everything before it is committed.

@@ -138,6 +138,7 @@ pub struct RawLimits {
     #[serde(with = "humantime_serde")]
     pub max_future: Duration,
     pub dead_letters: usize,
+    pub dedup_window: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -259,6 +260,8 @@ pub struct Limits {
     pub max_age: Duration,
     pub max_future: Duration,
     pub dead_letters: usize,
+    /// Fingerprints of recent messages kept for recognising redeliveries ([`crate::dedup`]).
+    pub dedup_window: usize,
 }
 
 /// One validated subscription: the MQTT filter plus how to turn its messages into readings.
@@ -374,12 +377,23 @@ impl TryFrom<RawConfig> for Config {
                 ),
             ));
         }
+        if raw.limits.dedup_window < usize::from(mqtt.receive_maximum) {
+            return Err(invalid(
+                "limits.dedup_window",
+                format!(
+                    "must be at least mqtt.receive_maximum ({}): every message the broker may \
+                     redeliver must fit in it",
+                    mqtt.receive_maximum
+                ),
+            ));
+        }
         let limits = Limits {
             max_series: raw.limits.max_series,
             max_payload_bytes,
             max_age: raw.limits.max_age,
             max_future: raw.limits.max_future,
             dead_letters: raw.limits.dead_letters,
+            dedup_window: raw.limits.dedup_window,
         };
 
         let bind = raw.http.bind.parse().map_err(|_| {

@@ -71,20 +71,40 @@ impl RunningDaemon {
 
 /// Starts the daemon on the current Tokio runtime.
 pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
+    start_with_faults(config, None)
+}
+
+/// [`start`], with write faults injected under the database (tests of disk failures).
+#[doc(hidden)]
+pub fn start_with_faults(
+    config: &Config,
+    faults: Option<Arc<crate::store::Faults>>,
+) -> Result<RunningDaemon, StartError> {
     let state_dir = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
     let store_path = config.resolved_store_path(state_dir.as_deref());
     let password = read_password(config)?;
     let width_secs =
         i64::try_from(config.store.bucket_width.as_secs()).expect("validated to divide a day");
 
-    let store = Store::open(&StoreSettings {
-        path: store_path.clone(),
-        bucket_width_secs: width_secs,
-        durability: config.store.durability,
-        quick_repair: config.store.quick_repair,
-        cache_bytes: config.store.cache_bytes,
-        page_capacity: config.store.page_capacity,
-    })?;
+    let store = Store::open_with_faults(
+        &StoreSettings {
+            path: store_path.clone(),
+            bucket_width_secs: width_secs,
+            durability: config.store.durability,
+            quick_repair: config.store.quick_repair,
+            cache_bytes: config.store.cache_bytes,
+            page_capacity: config.store.page_capacity,
+            dedup_window: config.limits.dedup_window,
+        },
+        faults,
+    )?;
+    let recent = store
+        .recent_fingerprints()
+        .map_err(|source| StoreOpenError::Corrupt {
+            path: store_path.clone(),
+            source,
+        })?;
+    let dedup = crate::dedup::Window::new(config.limits.dedup_window, recent);
     let stats = Arc::new(Stats::new(config.limits.dead_letters));
     let series = SeriesSet::new(config.limits.max_series, store.series_names().cloned());
     stats
@@ -93,6 +113,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
     info!(
         path = %store_path.display(),
         series = series.len(),
+        recent_messages = dedup.len(),
         "Opened the store."
     );
 
@@ -123,11 +144,13 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         max_buckets_per_query: config.http.max_buckets_per_query,
         max_raw_readings: config.http.max_raw_readings,
     };
+    let cancel = CancellationToken::new();
     let (writer, writer_thread) = crate::writer::spawn(
         store,
         stats.clone(),
         metrics.clone(),
         config.store.retention,
+        cancel.clone(),
     );
     let ingest = Ingest {
         mqtt: Mqtt::new(&config.mqtt, password, &config.subscriptions),
@@ -143,6 +166,7 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         writer,
         window: config.mqtt.receive_maximum,
         flush_requests: flush_rx,
+        dedup,
     };
     info!(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
@@ -151,7 +175,6 @@ pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
         window = config.mqtt.receive_maximum,
         "Starting ingestion."
     );
-    let cancel = CancellationToken::new();
     info!(addr = %http_addr, "Serving /metrics and the query API.");
     let server = axum::serve(listener, crate::http::router(api))
         .with_graceful_shutdown(cancel.clone().cancelled_owned());

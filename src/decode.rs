@@ -223,12 +223,15 @@ pub struct DecodeContext {
 pub struct Decoded {
     pub readings: Vec<Reading>,
     pub rejected: Vec<DecodeError>,
+    /// Some reading took the receive time (the payload had no timestamp for it).
+    pub receive_time: bool,
 }
 
 impl Decoded {
     pub fn clear(&mut self) {
         self.readings.clear();
         self.rejected.clear();
+        self.receive_time = false;
     }
 
     fn push(&mut self, ctx: &DecodeContext, sensor: &str, metric: &str, ts: Timestamp, value: f64) {
@@ -276,6 +279,7 @@ pub fn decode(
                 unreachable!("config validation requires {{sensor}} and {{metric}} for value")
             };
             let value = decode_value(payload)?;
+            out.receive_time = true;
             out.push(ctx, sensor, metric, ctx.received, value);
         }
         Format::Json => decode_json(sub, sensor, payload, ctx, out)?,
@@ -353,7 +357,10 @@ fn decode_object(
         },
     };
     let ts = match sub.timestamp_field.as_ref().and_then(|f| object.get(f)) {
-        None => ctx.received,
+        None => {
+            out.receive_time = true;
+            ctx.received
+        }
         Some(value) => match parse_timestamp(value, sub.timestamp_unit) {
             Some(ts) => ts,
             None => {

@@ -111,9 +111,11 @@ async fn healthz() -> &'static str {
 async fn readyz(State(s): State<ApiState>) -> Response {
     let connected = s.stats.connected.load(Ordering::Relaxed);
     let subscribed = s.stats.subscribed.load(Ordering::Relaxed);
-    let body = json!({"ready": connected && subscribed, "store_open": true,
+    let writable = !s.stats.store_failing.load(Ordering::Relaxed);
+    let ready = connected && subscribed && writable;
+    let body = json!({"ready": ready, "store_writable": writable,
                       "mqtt_connected": connected, "subscribed": subscribed});
-    let status = if connected && subscribed {
+    let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -341,6 +343,7 @@ mod tests {
             quick_repair: true,
             cache_bytes: 1 << 20,
             page_capacity: 1000,
+            dedup_window: 0,
         })
         .unwrap();
         let (flush, mut requests) = mpsc::channel(16);

@@ -22,6 +22,7 @@ use crate::ack::AckToken;
 use crate::batcher::{Batcher, FlushReason};
 use crate::config::{Limits, Subscription};
 use crate::decode::{self, DecodeContext, DecodeError, Decoded};
+use crate::dedup::{self, Window};
 use crate::http::FlushRequest;
 use crate::mqtt::{Backoff, Mqtt, MqttEvent, PollError};
 use crate::reading::Timestamp;
@@ -55,6 +56,8 @@ pub struct Ingest {
     pub window: u16,
     /// `POST /api/v1/flush`: commit everything pending now.
     pub flush_requests: mpsc::Receiver<FlushRequest>,
+    /// Fingerprints of the most recent messages, for recognising redeliveries.
+    pub dedup: Window,
 }
 
 /// A flush request waiting for the commits that cover what was pending when it came.
@@ -245,9 +248,10 @@ impl Ingest {
                 payload,
                 pkid,
                 qos,
+                dup,
             }) => {
                 if accept {
-                    self.on_publish(st, &topic, &payload, pkid, qos);
+                    self.on_publish(st, &topic, &payload, pkid, qos, dup);
                 }
             }
             Ok(MqttEvent::AckSent) => {
@@ -329,7 +333,15 @@ impl Ingest {
         st.reconnect_at = Some(Instant::now() + delay);
     }
 
-    fn on_publish(&mut self, st: &mut State, topic: &Bytes, payload: &Bytes, pkid: u16, qos: u8) {
+    fn on_publish(
+        &mut self,
+        st: &mut State,
+        topic: &Bytes,
+        payload: &Bytes,
+        pkid: u16,
+        qos: u8,
+        dup: bool,
+    ) {
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
         self.batcher.arrived(now);
@@ -357,20 +369,43 @@ impl Ingest {
                 self.stats.reject(e, topic, payload);
             }
             Ok(()) => {
-                for reading in st.decoded.readings.drain(..) {
-                    match self.series.intern(&reading.series) {
-                        Ok(series) => self.batcher.push_reading(
-                            series,
-                            reading.ts,
-                            reading.value,
-                            store_raw,
-                            now,
-                        ),
-                        Err(e) => self.stats.reject(e, topic, payload),
+                // See `crate::dedup` for what identifies a message and when a copy is dropped.
+                let receive_time = st.decoded.receive_time;
+                let fp = match (receive_time, qos) {
+                    (false, _) => Some(dedup::fingerprint(topic, payload, None)),
+                    (true, 0) => None, // never redelivered, and identical copies are distinct
+                    (true, _) => Some(dedup::fingerprint(topic, payload, Some(pkid))),
+                };
+                let redelivered =
+                    fp.is_some_and(|fp| (dup || !receive_time) && self.dedup.contains(fp));
+                if redelivered {
+                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                    debug!(topic = %String::from_utf8_lossy(topic), dup, "Skipped a message already counted.");
+                    st.decoded.clear();
+                } else {
+                    let mut counted = false;
+                    for reading in st.decoded.readings.drain(..) {
+                        match self.series.intern(&reading.series) {
+                            Ok(series) => {
+                                counted = true;
+                                self.batcher.push_reading(
+                                    series,
+                                    reading.ts,
+                                    reading.value,
+                                    store_raw,
+                                    now,
+                                );
+                            }
+                            Err(e) => self.stats.reject(e, topic, payload),
+                        }
                     }
-                }
-                for e in st.decoded.rejected.drain(..) {
-                    self.stats.reject(e, topic, payload);
+                    for e in st.decoded.rejected.drain(..) {
+                        self.stats.reject(e, topic, payload);
+                    }
+                    if let Some(fp) = fp.filter(|_| counted) {
+                        self.dedup.insert(fp);
+                        self.batcher.push_fingerprint(fp);
+                    }
                 }
             }
         }

@@ -27,6 +27,7 @@ pub mod batcher;
 pub mod config;
 pub mod daemon;
 pub mod decode;
+pub mod dedup;
 pub mod export;
 pub mod http;
 pub mod ingest;

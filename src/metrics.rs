@@ -36,6 +36,9 @@ pub const STORE_FILE_SIZE: &str = "bucketd_store_file_size_bytes";
 pub const MQTT_CONNECTED: &str = "bucketd_mqtt_connected";
 pub const MQTT_RECONNECTS: &str = "bucketd_mqtt_reconnects_total";
 pub const MQTT_CONNECTION_ERRORS: &str = "bucketd_mqtt_connection_errors_total";
+pub const DUPLICATES: &str = "bucketd_duplicates_total";
+pub const COMMIT_ERRORS: &str = "bucketd_commit_errors_total";
+pub const STORE_WRITABLE: &str = "bucketd_store_writable";
 
 /// Commit latency buckets, seconds: a fast disk commits in about a millisecond, an SD card in
 /// tens to hundreds.
@@ -176,6 +179,20 @@ fn describe(process: &metrics_process::Collector) {
         Unit::Count,
         "Connection losses and failed connection attempts."
     );
+    describe_counter!(
+        DUPLICATES,
+        Unit::Count,
+        "Redelivered messages recognised as already counted: acknowledged, not counted again."
+    );
+    describe_counter!(
+        COMMIT_ERRORS,
+        Unit::Count,
+        "Commits that failed (disk full, I/O error); the batch is retried, nothing is acknowledged meanwhile."
+    );
+    describe_gauge!(
+        STORE_WRITABLE,
+        "1 while commits succeed, 0 from a failed commit until one succeeds again."
+    );
     process.describe();
 }
 
@@ -194,6 +211,12 @@ fn copy_stats(stats: &Stats) {
     counter!(ACKS_SENT).absolute(Stats::get(&stats.acks_sent));
     counter!(MQTT_RECONNECTS).absolute(Stats::get(&stats.reconnects));
     counter!(MQTT_CONNECTION_ERRORS).absolute(Stats::get(&stats.connection_errors));
+    counter!(DUPLICATES).absolute(Stats::get(&stats.duplicates));
+    counter!(COMMIT_ERRORS).absolute(Stats::get(&stats.commit_errors));
+    let failing = stats
+        .store_failing
+        .load(std::sync::atomic::Ordering::Relaxed);
+    gauge!(STORE_WRITABLE).set(if failing { 0.0 } else { 1.0 });
     gauge!(PENDING_READINGS).set(Stats::get(&stats.pending_readings) as f64);
     gauge!(UNACKED_MESSAGES).set(Stats::get(&stats.unacked_messages) as f64);
     gauge!(SERIES).set(Stats::get(&stats.series) as f64);

@@ -21,6 +21,8 @@ pub enum MqttEvent {
         payload: Bytes,
         pkid: u16,
         qos: u8,
+        /// DUP: the broker says this may be a redelivery.
+        dup: bool,
     },
     /// A PUBACK or PUBREC was written to the socket.
     AckSent,
@@ -142,6 +144,7 @@ impl Mqtt {
                         payload: p.payload,
                         pkid: p.pkid,
                         qos: p.qos as u8,
+                        dup: p.dup,
                     }),
                     Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
                         Ok(MqttEvent::AckSent)
@@ -176,6 +179,7 @@ impl Mqtt {
                         payload: p.payload,
                         pkid: p.pkid,
                         qos: p.qos as u8,
+                        dup: p.dup,
                     }),
                     Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
                         Ok(MqttEvent::AckSent)

@@ -43,6 +43,12 @@ pub struct Stats {
     pub reconnects: AtomicU64,
     /// Failed polls: connection losses and failed connection attempts.
     pub connection_errors: AtomicU64,
+    /// Redelivered messages recognised and not counted again ([`crate::dedup`]).
+    pub duplicates: AtomicU64,
+    /// Commits that failed (and were retried after reopening the file).
+    pub commit_errors: AtomicU64,
+    /// False from a failed commit until a commit succeeds again.
+    pub store_failing: AtomicBool,
     dead_letters: Mutex<VecDeque<DeadLetter>>,
     dead_letters_max: usize,
 }

@@ -9,10 +9,15 @@
 //! - `pages`: `(series_id: u64, start: i64, page_no: u32)` -> BSON [`PageDoc`]: the raw readings
 //!   of a bucket, at most `page_capacity` per page, in arrival order ([`crate::page`]).
 //! - `meta`: `&str` -> `&str`: `format_version`, `bucket_width_secs`, `created_at`.
+//! - `dedup`: `u64` commit sequence number -> the [`crate::dedup`] fingerprints of the messages
+//!   that commit counted (16 bytes each). Written in the same transaction as the buckets, and
+//!   trimmed to the last `limits.dedup_window` fingerprints. The last entry is always kept: its
+//!   key is the sequence number of the last commit, which tells a retry whether a commit whose
+//!   outcome was unknown (an I/O error) landed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -27,6 +32,7 @@ const SERIES_BY_ID: TableDefinition<u64, &str> = TableDefinition::new("series_by
 const BUCKETS: TableDefinition<(u64, i64), &[u8]> = TableDefinition::new("buckets");
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const PAGES: TableDefinition<(u64, i64, u32), &[u8]> = TableDefinition::new("pages");
+const DEDUP: TableDefinition<u64, &[u8]> = TableDefinition::new("dedup");
 
 /// Version of the table layout, in `meta.format_version`.
 pub const FORMAT_VERSION: u32 = 1;
@@ -44,6 +50,8 @@ pub struct StoreSettings {
     pub cache_bytes: usize,
     /// Most raw readings per page.
     pub page_capacity: u32,
+    /// Fingerprints of recent messages kept for recognising redeliveries.
+    pub dedup_window: usize,
 }
 
 /// Why the database file could not be opened. Each message says what to do.
@@ -85,10 +93,12 @@ pub enum StoreOpenError {
     UnsupportedFormat { path: PathBuf, found: String },
 }
 
-/// A commit that failed. redb refuses further writes after a failed commit until the file is
-/// reopened, so the daemon treats this as fatal: nothing of the batch was acknowledged.
+/// A commit that failed; nothing of the batch is acknowledged. After an I/O error redb refuses
+/// every further call until the file is reopened ([`Store::reopen`]).
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {
+    #[error("the database is closed after a write error and could not be reopened yet")]
+    Closed,
     #[error("redb: {0}")]
     Redb(#[from] redb::Error),
     #[error("stored bucket document for series id {series_id} at {start} is unreadable: {source}")]
@@ -331,50 +341,253 @@ impl BucketDoc {
 /// The open database, owned by the writer thread (one writer). Readers share the same handle
 /// through [`Store::reader`]; redb's MVCC read transactions never block the writer.
 pub struct Store {
-    db: Arc<redb::Database>,
+    /// `None` only between a failed reopen and the next successful one.
+    db: Option<Arc<redb::Database>>,
+    /// The same handle for readers ([`StoreReader`]); emptied while the file is reopened, since
+    /// redb's file lock lasts as long as any handle does.
+    shared: SharedDb,
     path: PathBuf,
     settings: StoreSettings,
     /// Every series in the file, name -> id; bounded by `limits.max_series` through the ingest
     /// side, which refuses new series past the limit.
     series: HashMap<Arc<str>, u64>,
+    /// Sequence number of the next commit.
+    next_seq: u64,
+    /// The `dedup` table's entries: (commit sequence number, fingerprints), oldest first.
+    dedup_log: VecDeque<(u64, usize)>,
+    /// Fingerprints in `dedup_log`.
+    dedup_total: usize,
+    /// Test seam: injected write faults, see [`Faults`].
+    faults: Option<Arc<Faults>>,
+}
+
+type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
+
+/// Write faults injected under redb, for tests of what bucketd does when the disk fails: while
+/// `fail_writes` is set every write, resize and sync of the file fails with "No space left on
+/// device", as a full SD card does; `sync_delay` slows every fsync, as a worn one does. Reads
+/// are untouched.
+#[derive(Debug, Default)]
+pub struct Faults {
+    pub fail_writes: std::sync::atomic::AtomicBool,
+    pub sync_delay_micros: std::sync::atomic::AtomicU64,
+    /// Failed writes, resizes and syncs so far.
+    pub failed: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug)]
+struct FaultyBackend {
+    inner: redb::backends::FileBackend,
+    faults: Arc<Faults>,
+}
+
+impl FaultyBackend {
+    fn check(&self) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.faults.fail_writes.load(Relaxed) {
+            self.faults.failed.fetch_add(1, Relaxed);
+            return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        Ok(())
+    }
+}
+
+impl redb::StorageBackend for FaultyBackend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.check()?;
+        let delay = self.faults.sync_delay_micros.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check()?;
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> std::io::Result<()> {
+        self.inner.close()
+    }
+    fn try_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+    fn lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.inner.lock_range(start, end)
+    }
+    fn lock_shared_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+    fn unlock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<(), redb::BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+    fn query_lock_range(
+        &self,
+        start: std::ops::Bound<u64>,
+        end: std::ops::Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.inner.query_lock_range(start, end)
+    }
 }
 
 impl Store {
     /// Opens (or creates) the database file and checks its format and bucket width.
     pub fn open(settings: &StoreSettings) -> Result<Store, StoreOpenError> {
-        let path = settings.path.clone();
-        let db = redb::Builder::new()
-            .set_cache_size(settings.cache_bytes)
-            .create(&path)
-            .map_err(|e| open_error(&path, e))?;
+        Store::open_with_faults(settings, None)
+    }
+
+    /// [`Store::open`], with write faults injected under redb when `faults` is given (tests).
+    pub fn open_with_faults(
+        settings: &StoreSettings,
+        faults: Option<Arc<Faults>>,
+    ) -> Result<Store, StoreOpenError> {
         let mut store = Store {
-            db: Arc::new(db),
-            path: path.clone(),
+            db: None,
+            shared: Arc::new(RwLock::new(None)),
+            path: settings.path.clone(),
             settings: settings.clone(),
             series: HashMap::new(),
+            next_seq: 0,
+            dedup_log: VecDeque::new(),
+            dedup_total: 0,
+            faults,
         };
-        store
-            .init_meta()
-            .map_err(|source| StoreOpenError::Corrupt {
-                path: path.clone(),
-                source,
-            })??;
-        store.series = read_series(&store.db).map_err(|source| StoreOpenError::Corrupt {
+        store.load()?;
+        Ok(store)
+    }
+
+    /// Opens the file and reads the state kept in memory: series, commit sequence number and
+    /// dedup log.
+    fn load(&mut self) -> Result<(), StoreOpenError> {
+        let path = self.path.clone();
+        let builder = {
+            let mut b = redb::Builder::new();
+            b.set_cache_size(self.settings.cache_bytes);
+            b
+        };
+        let db = match &self.faults {
+            None => builder.create(&path),
+            Some(faults) => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))
+                .and_then(redb::backends::FileBackend::new)
+                .and_then(|inner| {
+                    builder.create_with_backend(FaultyBackend {
+                        inner,
+                        faults: faults.clone(),
+                    })
+                }),
+        }
+        .map_err(|e| open_error(&path, e))?;
+        self.db = Some(Arc::new(db));
+        let corrupt = |source| StoreOpenError::Corrupt {
             path: path.clone(),
             source,
-        })?;
-        Ok(store)
+        };
+        self.init_meta().map_err(corrupt)??;
+        let db = self.db.clone().expect("opened above");
+        let db = &*db;
+        self.series = read_series(db).map_err(corrupt)?;
+        let (next_seq, log) = read_dedup_log(db).map_err(corrupt)?;
+        self.next_seq = next_seq;
+        self.dedup_total = log.iter().map(|e| e.1).sum();
+        self.dedup_log = log;
+        *self
+            .shared
+            .write()
+            .expect("no panic while holding the lock") = self.db.clone();
+        Ok(())
+    }
+
+    /// Closes and reopens the file: after an I/O error redb answers every call with an error
+    /// until then. In-memory state is read back from the file, so whatever the failed commit
+    /// did or did not write, the store again agrees with it.
+    pub fn reopen(&mut self) -> Result<(), StoreOpenError> {
+        *self
+            .shared
+            .write()
+            .expect("no panic while holding the lock") = None;
+        self.db = None;
+        self.load()
+    }
+
+    fn db(&self) -> &redb::Database {
+        self.db
+            .as_deref()
+            .expect("open: callers check `is_open` first")
+    }
+
+    fn open_db(&self) -> Result<&redb::Database, CommitError> {
+        self.db.as_deref().ok_or(CommitError::Closed)
+    }
+
+    /// Sequence number of the next commit; one more than that of the last commit in the file.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The dedup window's fingerprints in the file, oldest first.
+    pub fn recent_fingerprints(&self) -> Result<Vec<crate::dedup::Fingerprint>, redb::Error> {
+        let tx = self.open_db().map_err(|_| closed_error())?.begin_read()?;
+        let table = tx.open_table(DEDUP)?;
+        let mut out = Vec::with_capacity(self.dedup_total);
+        for entry in table.iter()? {
+            let (key, value) = entry?;
+            let fps = crate::dedup::decode(value.value()).ok_or_else(|| {
+                redb::Error::Corrupted(format!("dedup entry {} is unreadable", key.value()))
+            })?;
+            out.extend(fps);
+        }
+        Ok(out)
     }
 
     /// Creates the tables and meta entries of a new file, or checks those of an existing one.
     fn init_meta(&mut self) -> Result<Result<(), StoreOpenError>, redb::Error> {
-        let tx = self.db.begin_write()?;
+        let tx = self.db().begin_write()?;
         let checked = {
             let mut meta = tx.open_table(META)?;
             tx.open_table(SERIES_BY_NAME)?;
             tx.open_table(SERIES_BY_ID)?;
             tx.open_table(BUCKETS)?;
             tx.open_table(PAGES)?;
+            tx.open_table(DEDUP)?;
             let format = meta.get("format_version")?.map(|v| v.value().to_owned());
             match format {
                 None => {
@@ -425,7 +638,7 @@ impl Store {
     /// A reader over this open database, for queries while the daemon runs.
     pub fn reader(&self) -> StoreReader {
         StoreReader {
-            db: ReaderDb::Shared(self.db.clone()),
+            db: ReaderDb::Shared(self.shared.clone()),
         }
     }
 
@@ -444,14 +657,18 @@ impl Store {
     }
 
     /// Upsert-and-increment: in one durable write transaction, for every bucket of the batch,
-    /// read the stored summary (if any), merge the batch's summary into it, and write it back.
-    /// When this returns `Ok`, the batch is on disk.
+    /// read the stored summary (if any), merge the batch's summary into it, and write it back;
+    /// record the batch's message fingerprints under the next commit sequence number. When this
+    /// returns `Ok`, the batch is on disk. After an error, [`Store::reopen`] and compare
+    /// [`Store::next_seq`] to learn whether it landed.
     pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, CommitError> {
         let mut stats = CommitStats::default();
         if batch.is_empty() {
             return Ok(stats);
         }
-        let mut tx = self.db.begin_write()?;
+        let seq = self.next_seq;
+        let trimmed = self.dedup_trim(batch.fingerprints.len());
+        let mut tx = self.open_db()?.begin_write()?;
         // Acknowledgements wait for this commit, so it must be durable; say so explicitly.
         tx.set_durability(redb::Durability::Immediate)?;
         tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
@@ -504,11 +721,42 @@ impl Store {
                 buckets.insert((id, *start), buf.as_slice())?;
                 stats.buckets_written += 1;
             }
+            let mut dedup = tx.open_table(DEDUP)?;
+            dedup.insert(seq, crate::dedup::encode(&batch.fingerprints).as_slice())?;
+            for &old in &trimmed {
+                dedup.remove(old)?;
+            }
         }
         tx.commit()?;
         stats.series_created = new_series.len();
         self.series.extend(new_series);
+        self.dedup_log.retain(|(s, _)| !trimmed.contains(s));
+        self.dedup_log.push_back((seq, batch.fingerprints.len()));
+        self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
+        self.next_seq = seq + 1;
         Ok(stats)
+    }
+
+    /// The dedup entries that go when an entry of `adding` fingerprints is added: the oldest
+    /// ones whose fingerprints all fall out of the window, and an empty entry, which is only
+    /// kept while it is the last (its key gives [`Store::next_seq`]).
+    fn dedup_trim(&self, adding: usize) -> Vec<u64> {
+        let window = self.settings.dedup_window;
+        let mut total = self.dedup_total + adding;
+        let mut out = Vec::new();
+        for &(seq, n) in &self.dedup_log {
+            if total - n < window {
+                break;
+            }
+            total -= n;
+            out.push(seq);
+        }
+        if let Some(&(seq, 0)) = self.dedup_log.back()
+            && out.last() != Some(&seq)
+        {
+            out.push(seq);
+        }
+        out
     }
 }
 
@@ -568,7 +816,7 @@ impl Store {
         max: usize,
     ) -> Result<ExpireStats, CommitError> {
         let mut stats = ExpireStats::default();
-        let mut tx = self.db.begin_write()?;
+        let mut tx = self.open_db()?.begin_write()?;
         tx.set_durability(redb::Durability::Immediate)?;
         tx.set_quick_repair(self.settings.quick_repair);
         {
@@ -704,6 +952,28 @@ fn open_error(path: &Path, e: redb::DatabaseError) -> StoreOpenError {
     }
 }
 
+/// The `dedup` table's entries, oldest first, and the next commit sequence number.
+fn read_dedup_log(db: &redb::Database) -> Result<(u64, VecDeque<(u64, usize)>), redb::Error> {
+    let tx = db.begin_read()?;
+    let table = tx.open_table(DEDUP)?;
+    let mut log = VecDeque::new();
+    for entry in table.iter()? {
+        let (key, value) = entry?;
+        log.push_back((
+            key.value(),
+            value.value().len() / crate::dedup::FINGERPRINT_BYTES,
+        ));
+    }
+    let next = log.back().map_or(0, |&(seq, _)| seq + 1);
+    Ok((next, log))
+}
+
+fn closed_error() -> redb::Error {
+    redb::Error::Io(std::io::Error::other(
+        "the database is closed after a write error",
+    ))
+}
+
 fn read_series(db: &redb::Database) -> Result<HashMap<Arc<str>, u64>, redb::Error> {
     let tx = db.begin_read()?;
     let table = tx.open_table(SERIES_BY_NAME)?;
@@ -747,14 +1017,24 @@ pub struct StoreReader {
 #[derive(Clone)]
 enum ReaderDb {
     ReadOnly(Arc<redb::ReadOnlyDatabase>),
-    Shared(Arc<redb::Database>),
+    Shared(SharedDb),
 }
 
 impl ReaderDb {
     fn begin_read(&self) -> Result<redb::ReadTransaction, redb::TransactionError> {
         match self {
             ReaderDb::ReadOnly(db) => db.begin_read(),
-            ReaderDb::Shared(db) => db.begin_read(),
+            ReaderDb::Shared(db) => {
+                let db = db.read().expect("no panic while holding the lock").clone();
+                match db {
+                    Some(db) => db.begin_read(),
+                    None => Err(redb::TransactionError::Storage(redb::StorageError::Io(
+                        std::io::Error::other(
+                            "the database is being reopened after a write error; retry shortly",
+                        ),
+                    ))),
+                }
+            }
         }
     }
 }

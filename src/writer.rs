@@ -3,13 +3,20 @@
 //! the batch's messages only on `Ok`. Between batches it runs retention: bounded passes that
 //! delete expired raw pages and buckets, so a pass never holds up a commit for long. redb is
 //! blocking, so this is an OS thread, not a task.
+//!
+//! A commit that fails on I/O (a full disk, a failing card) is retried, after reopening the
+//! file, with a capped backoff until it lands: the ingest task keeps filling the next batch up
+//! to `max_pending_readings` and then stops reading, so the broker holds the rest. Nothing is
+//! acknowledged meanwhile. Only shutdown ends the retries; the batch is then left to the
+//! broker, which redelivers it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
 
 use crate::batcher::Batch;
 use crate::metrics::Metrics;
@@ -44,13 +51,19 @@ pub struct Writer {
     pub results: tokio::sync::mpsc::Receiver<Result<Committed, CommitError>>,
 }
 
-/// Starts the writer thread. It runs until the batch sender is dropped or a commit fails, and
-/// hands the store back when it ends.
+/// First and longest wait before reopening the file after a failed commit.
+pub const RETRY_DELAY_MIN: Duration = Duration::from_millis(100);
+pub const RETRY_DELAY_MAX: Duration = Duration::from_secs(10);
+
+/// Starts the writer thread. It runs until the batch sender is dropped or a commit fails for
+/// good (see the module docs), and hands the store back when it ends. `cancel` (shutdown) ends
+/// commit retries.
 pub fn spawn(
     mut store: Store,
     stats: Arc<Stats>,
     metrics: Arc<Metrics>,
     retention: Retention,
+    cancel: CancellationToken,
 ) -> (Writer, std::thread::JoinHandle<Store>) {
     let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(1);
     let (result_tx, result_rx) = tokio::sync::mpsc::channel(1);
@@ -80,11 +93,12 @@ pub fn spawn(
                     Err(RecvTimeoutError::Disconnected) => break,
                 };
                 let started = Instant::now();
-                let result = store.commit(&batch).map(|s| Committed {
-                    stats: s,
-                    readings: batch.readings,
-                    took: started.elapsed(),
-                });
+                let result =
+                    commit_retrying(&mut store, &batch, &stats, &cancel).map(|s| Committed {
+                        stats: s,
+                        readings: batch.readings,
+                        took: started.elapsed(),
+                    });
                 let failed = result.is_err();
                 if let Ok(c) = &result {
                     metrics.record_commit(c.took, c.readings);
@@ -103,7 +117,7 @@ pub fn spawn(
                         .store(store.file_bytes(), Ordering::Relaxed);
                 }
                 if result_tx.blocking_send(result).is_err() || failed {
-                    // The ingest side is gone, or redb refuses writes until reopened.
+                    // The ingest side is gone, or the batch could not be committed for good.
                     break;
                 }
             }
@@ -115,6 +129,79 @@ pub fn spawn(
         results: result_rx,
     };
     (writer, thread)
+}
+
+/// Commits `batch`; on an I/O error reopens the file and tries again, with a capped backoff,
+/// until it lands or `cancel`. Errors that a retry cannot fix (an unreadable stored document)
+/// return at once.
+fn commit_retrying(
+    store: &mut Store,
+    batch: &Batch,
+    stats: &Stats,
+    cancel: &CancellationToken,
+) -> Result<CommitStats, CommitError> {
+    let mut delay = RETRY_DELAY_MIN;
+    let mut attempt = 1u32;
+    loop {
+        let seq = store.next_seq();
+        let err = match store.commit(batch) {
+            Ok(s) => {
+                if stats.store_failing.swap(false, Ordering::Relaxed) {
+                    info!(attempt, "Commit succeeded again; the store is writable.");
+                }
+                return Ok(s);
+            }
+            Err(e @ (CommitError::Redb(_) | CommitError::Closed)) => e,
+            Err(e) => return Err(e),
+        };
+        stats.commit_errors.fetch_add(1, Ordering::Relaxed);
+        let first = !stats.store_failing.swap(true, Ordering::Relaxed);
+        if first {
+            error!(
+                error = %err,
+                path = %store.path().display(),
+                readings = batch.readings,
+                "Commit failed; its messages stay unacknowledged and the broker keeps them. \
+                 Retrying; if the disk is full, free space on it."
+            );
+        } else {
+            warn!(error = %err, attempt, retry_in = ?delay, "Commit failed again; retrying.");
+        }
+        // Reopen (redb refuses every call after an I/O error until then), then learn whether
+        // the failed commit landed after all.
+        loop {
+            if sleep_unless_cancelled(delay, cancel) {
+                return Err(err);
+            }
+            delay = (delay * 2).min(RETRY_DELAY_MAX);
+            match store.reopen() {
+                Ok(()) => break,
+                Err(e) => warn!(error = %e, retry_in = ?delay, "Could not reopen the database."),
+            }
+        }
+        attempt += 1;
+        if store.next_seq() > seq {
+            info!("The failed commit had reached the disk after all; not applying it twice.");
+            stats.store_failing.store(false, Ordering::Relaxed);
+            return Ok(CommitStats::default());
+        }
+    }
+}
+
+/// Sleeps for `d`, waking early on `cancel`. Returns whether it was cancelled.
+fn sleep_unless_cancelled(d: Duration, cancel: &CancellationToken) -> bool {
+    const STEP: Duration = Duration::from_millis(50);
+    let until = Instant::now() + d;
+    loop {
+        if cancel.is_cancelled() {
+            return true;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(left.min(STEP));
+    }
 }
 
 /// One bounded retention pass. Returns whether more is due.

@@ -14,6 +14,7 @@ fn settings(path: &Path) -> StoreSettings {
         quick_repair: true,
         cache_bytes: 1 << 20,
         page_capacity: 1000,
+        dedup_window: 4,
     }
 }
 
@@ -222,6 +223,110 @@ fn commit_increments_stored_buckets_instead_of_replacing_them() {
             .buckets(Some("nope/x"), i64::MIN, i64::MAX)
             .unwrap()
             .is_empty()
+    );
+}
+
+/// `batch` with message fingerprints.
+fn batch_with_fps(readings: &[(&str, i64, f64)], fps: &[u128]) -> Batch {
+    Batch {
+        fingerprints: fps.to_vec(),
+        ..batch(readings)
+    }
+}
+
+#[test]
+fn the_dedup_window_survives_reopening_and_stays_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.redb");
+    let mut store = Store::open(&settings(&path)).unwrap(); // window: 4
+    assert_eq!(store.next_seq(), 0);
+    store
+        .commit(&batch_with_fps(&[("a/t", 10, 1.0)], &[1, 2]))
+        .unwrap();
+    store
+        .commit(&batch_with_fps(&[("a/t", 11, 1.0)], &[3]))
+        .unwrap();
+    // No fingerprints (say, QoS 0 receive-time messages): still a commit with a number.
+    store
+        .commit(&batch_with_fps(&[("a/t", 12, 1.0)], &[]))
+        .unwrap();
+    assert_eq!(store.next_seq(), 3);
+    assert_eq!(store.recent_fingerprints().unwrap(), [1, 2, 3]);
+    store
+        .commit(&batch_with_fps(&[("a/t", 13, 1.0)], &[4, 5]))
+        .unwrap();
+    // 1 and 2 came in one commit; they go together once both are out of the window.
+    assert_eq!(store.recent_fingerprints().unwrap(), [1, 2, 3, 4, 5]);
+    store
+        .commit(&batch_with_fps(&[("a/t", 14, 1.0)], &[6]))
+        .unwrap();
+    assert_eq!(store.recent_fingerprints().unwrap(), [3, 4, 5, 6]);
+    drop(store);
+
+    let mut store = Store::open(&settings(&path)).unwrap();
+    assert_eq!(store.next_seq(), 5, "the sequence number is in the file");
+    assert_eq!(store.recent_fingerprints().unwrap(), [3, 4, 5, 6]);
+    for i in 0..100u128 {
+        store
+            .commit(&batch_with_fps(&[("a/t", 20, 1.0)], &[100 + i]))
+            .unwrap();
+        assert!(store.dedup_log.len() <= 5, "the table stays bounded");
+    }
+    assert_eq!(store.recent_fingerprints().unwrap(), [196, 197, 198, 199]);
+    for _ in 0..3 {
+        store
+            .commit(&batch_with_fps(&[("a/t", 21, 1.0)], &[]))
+            .unwrap();
+    }
+    assert_eq!(store.next_seq(), 108);
+    assert_eq!(store.recent_fingerprints().unwrap().len(), 4);
+    assert!(store.dedup_log.len() <= 5, "empty entries do not pile up");
+    drop(store);
+    assert_eq!(Store::open(&settings(&path)).unwrap().next_seq(), 108);
+}
+
+#[test]
+fn a_failed_commit_changes_nothing_and_the_store_recovers_after_reopening() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.redb");
+    let faults = Arc::new(Faults::default());
+    let mut store = Store::open_with_faults(&settings(&path), Some(faults.clone())).unwrap();
+    store
+        .commit(&batch_with_fps(&[("a/t", 10, 1.0)], &[1]))
+        .unwrap();
+    let reader = store.reader();
+
+    faults.fail_writes.store(true, Relaxed);
+    let failing = batch_with_fps(&[("a/t", 20, 2.0), ("b/t", 30, 3.0)], &[2]);
+    let err = store.commit(&failing).unwrap_err();
+    assert!(
+        err.to_string().contains("No space left on device"),
+        "the error names the cause: {err}"
+    );
+    assert!(faults.failed.load(Relaxed) > 0);
+    // Still failing: reopening fails too (redb writes on open), and nothing is served stale.
+    assert!(store.reopen().is_err());
+    assert!(store.commit(&failing).is_err());
+    assert!(reader.series().is_err(), "readers wait for the reopen");
+
+    faults.fail_writes.store(false, Relaxed);
+    store.reopen().unwrap();
+    assert_eq!(store.next_seq(), 1, "the failed commit did not land");
+    assert_eq!(store.series_count(), 1);
+    store.commit(&failing).unwrap();
+    assert_eq!(store.next_seq(), 2);
+    assert_eq!(store.recent_fingerprints().unwrap(), [1, 2]);
+    assert_eq!(
+        reader.series().unwrap(),
+        ["a/t", "b/t"],
+        "readers see the new handle"
+    );
+    let a = reader.buckets(Some("a/t"), 0, 3600).unwrap();
+    assert_eq!(
+        (a[0].count, a[0].summary().total()),
+        (2, 3.0),
+        "applied once"
     );
 }
 

@@ -579,7 +579,7 @@ async fn readiness_follows_the_broker_connection() {
     let (status, body) = get_json(&d, "/readyz").await;
     assert_eq!(status, 503);
     assert_eq!(body["mqtt_connected"], false);
-    assert_eq!(body["store_open"], true);
+    assert_eq!(body["store_writable"], true);
     let (_, text) = http("GET", format!("http://{}/metrics", d.http_addr)).await;
     assert!(text.contains("\nbucketd_mqtt_connected 0\n"), "{text}");
     assert_eq!(

@@ -23,6 +23,8 @@ pub struct Broker {
     pub v311_port: u16,
     /// Port for MQTT 5 clients (the same as `v311_port` on brokers that speak both on one port).
     pub v5_port: u16,
+    /// Whether the broker sets DUP on redeliveries, as MQTT requires (rumqttd 0.20 does not).
+    pub sets_dup: bool,
 }
 
 impl Broker {
@@ -44,6 +46,7 @@ impl Broker {
             host: host.to_owned(),
             v311_port: port,
             v5_port: port,
+            sets_dup: true,
         })
     }
 
@@ -108,6 +111,7 @@ fn start_rumqttd() -> Broker {
         host: "127.0.0.1".into(),
         v311_port: v4,
         v5_port: v5,
+        sets_dup: false,
     }
 }
 
@@ -272,8 +276,9 @@ pub async fn publish_paced(
 pub struct Rng(u64);
 
 impl Rng {
+    /// Distinct seeds give distinct streams (xorshift needs a non-zero state).
     pub fn new(seed: u64) -> Rng {
-        Rng(seed | 1)
+        Rng(seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
     pub fn next(&mut self) -> u64 {
