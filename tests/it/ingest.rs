@@ -17,8 +17,8 @@ use bucketd::store::StoreReader;
 
 use crate::on_every_broker;
 use crate::support::{
-    Broker, Expected, Proxy, Rng, Topics, assert_matches_truth, assert_nothing_lost, config,
-    eventually, publish_all, publish_paced, raw_config, truth,
+    Broker, Expected, Proxy, Rng, Topics, assert_matches_truth, config, eventually, publish_all,
+    publish_paced, raw_config, truth,
 };
 
 const WAIT: Duration = Duration::from_secs(60);

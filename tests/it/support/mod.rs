@@ -447,18 +447,6 @@ fn check_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>, quantiles:
     assert_eq!(seen, docs.len(), "buckets exist that no reading explains");
 }
 
-/// Like [`assert_matches_truth`] for at-least-once delivery: every bucket holds at least the
-/// readings the truth has, and min, max, first and last (which duplicates cannot change) are
-/// exact.
-pub fn assert_nothing_lost(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>) {
-    for ((series, start), want) in truth {
-        let (_, got) = stored(docs, series, *start);
-        let ctx = format!("{series} @ {start:?}: got {got:?}, want {want:?}");
-        assert!(got.count as i64 >= want.count, "count {ctx}");
-        assert_extremes_exact(&got, want, &ctx);
-    }
-}
-
 /// A quantile estimate within the sketch's 1% of the exact value of the same rank.
 pub fn assert_quantile(p: f64, want: &Truth, q: f64, ctx: &str) {
     let exact = want.quantile(q);
