@@ -17,22 +17,22 @@ use crate::support::{
     truth,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_bucketd");
+pub const BIN: &str = env!("CARGO_BIN_EXE_bucketd");
 
-fn write_config(dir: &Path, raw: &RawConfig) -> std::path::PathBuf {
+pub fn write_config(dir: &Path, raw: &RawConfig) -> std::path::PathBuf {
     let path = dir.join("bucketd.toml");
     std::fs::write(&path, bucketd::config::render(raw)).unwrap();
     path
 }
 
 /// The daemon as a child process whose stderr lines arrive on a channel.
-struct Daemon {
+pub struct Daemon {
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 impl Daemon {
-    fn start(config: &Path) -> Daemon {
+    pub fn start(config: &Path) -> Daemon {
         let mut child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(config)
@@ -55,7 +55,7 @@ impl Daemon {
     }
 
     /// Reads log lines until `f` returns true for one; returns every line read.
-    fn wait_for_line(&self, what: &str, mut f: impl FnMut(&str) -> bool) -> Vec<String> {
+    pub fn wait_for_line(&self, what: &str, mut f: impl FnMut(&str) -> bool) -> Vec<String> {
         let mut seen = Vec::new();
         loop {
             let line = self
@@ -70,9 +70,19 @@ impl Daemon {
         }
     }
 
-    fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
+    pub fn terminate(self) -> (std::process::ExitStatus, Vec<String>) {
+        self.signal(libc::SIGTERM)
+    }
+
+    /// `kill -9`: no shutdown, no commit, no acknowledgement; a power cut as far as the
+    /// process can tell (the page cache survives, see docs/RELIABILITY.md).
+    pub fn kill(self) -> (std::process::ExitStatus, Vec<String>) {
+        self.signal(libc::SIGKILL)
+    }
+
+    fn signal(mut self, signal: libc::c_int) -> (std::process::ExitStatus, Vec<String>) {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
         assert_eq!(rc, 0);
         let status = self.child.wait().unwrap();
         let rest: Vec<String> = self.lines.iter().collect();

@@ -8,6 +8,8 @@ mod support;
 mod api;
 /// The `bucketd` binary: SIGTERM shutdown, export, exit codes.
 mod cli;
+/// `kill -9` under load: nothing lost, nothing counted twice.
+mod crash;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.
 mod ingest;
 

@@ -214,6 +214,30 @@ pub async fn publish_paced(
     qos: u8,
     consumer: Option<std::sync::Arc<bucketd::stats::Stats>>,
 ) {
+    let pace = consumer.map_or(Pace::Flat, Pace::Consumer);
+    publish_with(broker, messages, qos, pace).await;
+}
+
+/// How fast a publisher goes.
+pub enum Pace {
+    Flat,
+    /// At most [`AHEAD_MAX`] messages ahead of what this in-process daemon has received.
+    Consumer(std::sync::Arc<bucketd::stats::Stats>),
+    /// This many messages per second: a device fleet's steady stream. Keeps what a broker
+    /// queues while the daemon restarts below the broker's queue limit (Mosquitto's
+    /// max_queued_messages is 1000 by default).
+    Rate(u32),
+}
+
+pub async fn publish_with(broker: &Broker, messages: &[(String, Vec<u8>)], qos: u8, pace: Pace) {
+    let consumer = match &pace {
+        Pace::Consumer(c) => Some(c.clone()),
+        _ => None,
+    };
+    let rate = match pace {
+        Pace::Rate(r) => Some(r),
+        _ => None,
+    };
     use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
     let mut opts = MqttOptions::new(unique("pub"), broker.host.clone(), broker.v311_port);
     opts.set_keep_alive(Duration::from_secs(30))
@@ -224,6 +248,7 @@ pub async fn publish_paced(
     let total = messages.len();
     let messages = messages.to_vec();
     let publisher = tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
         let base = consumer
             .as_ref()
             .map_or(0, |c| bucketd::stats::Stats::get(&c.messages_received));
@@ -237,13 +262,21 @@ pub async fn publish_paced(
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
             }
+            if let Some(rate) = rate {
+                let due = started + Duration::from_secs_f64(sent as f64 / f64::from(rate));
+                tokio::time::sleep_until(due).await;
+            }
             client.publish(topic, qos, false, payload).await.unwrap();
         }
         client
     });
     let mut acked = 0;
     let mut sent = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_secs(60)
+        + rate.map_or(Duration::ZERO, |r| {
+            Duration::from_secs_f64(total as f64 / f64::from(r))
+        });
     loop {
         let done = match qos {
             QoS::AtMostOnce => sent == total,
