@@ -24,7 +24,7 @@ use crate::support::{
 const WAIT: Duration = Duration::from_secs(60);
 
 /// One HTTP request; returns the status and the body.
-async fn http(method: &'static str, url: String) -> (u16, String) {
+pub async fn http(method: &'static str, url: String) -> (u16, String) {
     tokio::task::spawn_blocking(move || {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -42,7 +42,7 @@ async fn http(method: &'static str, url: String) -> (u16, String) {
     .unwrap()
 }
 
-async fn get_json(d: &RunningDaemon, path: &str) -> (u16, Value) {
+pub async fn get_json(d: &RunningDaemon, path: &str) -> (u16, Value) {
     let (status, body) = http("GET", format!("http://{}{path}", d.http_addr)).await;
     let value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
     (status, value)

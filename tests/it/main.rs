@@ -10,6 +10,8 @@ mod api;
 mod cli;
 /// `kill -9` under load: nothing lost, nothing counted twice.
 mod crash;
+/// A full disk and a broker that restarts.
+mod faults;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.
 mod ingest;
 
