@@ -290,3 +290,131 @@ fn every_reason_is_distinct_and_indexed() {
     reasons.dedup();
     assert_eq!(reasons.len(), DecodeError::ALL.len());
 }
+
+#[test]
+fn strings_booleans_and_nulls_are_not_readings() {
+    let s = &subs()[1];
+    let t = "devices/d/telemetry";
+    // A number sent as a string is not a metric: only numeric fields are (DESIGN.md).
+    for payload in [
+        r#"{"temperature": "21.5"}"#,
+        r#"{"on": true, "off": false}"#,
+        r#"{"x": null}"#,
+        r#"{"nested": {"temperature": 1}}"#,
+        r#"{"list": [1, 2]}"#,
+    ] {
+        assert_eq!(
+            run(s, t, payload.as_bytes()).unwrap_err(),
+            DecodeError::NoReadings,
+            "{payload}"
+        );
+    }
+    let d = run(s, t, br#"{"temperature": "21.5", "humidity": 40}"#).unwrap();
+    assert_eq!(d.readings.len(), 1, "the numeric field still counts");
+    // Huge but finite numbers are readings, exactly.
+    let d = run(s, t, br#"{"a": 1.7976931348623157e308, "b": -18446744073709551616}"#).unwrap();
+    assert_eq!(d.readings[0].value, f64::MAX);
+    assert_eq!(d.readings[1].value, -18446744073709551616.0);
+}
+
+#[test]
+fn absurd_timestamps_are_rejected_with_a_reason() {
+    let s = &subs()[1];
+    let t = "devices/d/telemetry";
+    let cases: [(&str, DecodeError); 8] = [
+        (r#"{"ts": -1, "a": 1}"#, DecodeError::TimestampOutOfRange),
+        (r#"{"ts": 0, "a": 1}"#, DecodeError::TimestampOutOfRange),
+        (r#"{"ts": 1e300, "a": 1}"#, DecodeError::InvalidTimestamp),
+        (r#"{"ts": 99999999999999999999999, "a": 1}"#, DecodeError::InvalidTimestamp),
+        (r#"{"ts": "9999-12-31T23:59:59Z", "a": 1}"#, DecodeError::InvalidTimestamp),
+        (r#"{"ts": "1970-01-01T00:00:00Z", "a": 1}"#, DecodeError::TimestampOutOfRange),
+        (r#"{"ts": true, "a": 1}"#, DecodeError::InvalidTimestamp),
+        (r#"{"ts": 1.5e9, "a": 1}"#, DecodeError::TimestampOutOfRange),
+    ];
+    for (payload, want) in cases {
+        let d = run(s, t, payload.as_bytes()).unwrap();
+        assert_eq!(d.rejected, [want], "{payload}");
+        assert!(d.readings.is_empty(), "{payload}");
+    }
+}
+
+#[test]
+fn decoded_says_whether_a_reading_took_the_receive_time() {
+    let (value, json) = (&subs()[0], &subs()[1]);
+    assert!(run(value, "sensors/s/t", b"1").unwrap().receive_time);
+    let t = "devices/d/telemetry";
+    let stamped = format!(r#"[{{"ts": {NOW_S}, "a": 1}}, {{"ts": {NOW_S}, "b": 2}}]"#);
+    assert!(!run(json, t, stamped.as_bytes()).unwrap().receive_time);
+    let mixed = format!(r#"[{{"ts": {NOW_S}, "a": 1}}, {{"b": 2}}]"#);
+    assert!(run(json, t, mixed.as_bytes()).unwrap().receive_time);
+}
+
+/// Payload fragments the structured fuzzer assembles: valid JSON pieces, broken ones, and
+/// edge-case numbers, names and timestamps.
+const FRAGMENTS: &[&str] = &[
+    "{", "}", "[", "]", ",", ":", "\"ts\"", "\"a\"", "\"temperature\"", "\"sensor\"", "\"\"",
+    "\"a/b\"", "\"\\u0000\"", "\"\\ud800\"", "0", "-0", "1e308", "1e309", "-1e-320", "5e-324",
+    "NaN", "Infinity", "null", "true", "\"2025-11-21T10:00:00Z\"", "\"2025-11-21T10:00:00.123+01:00\"",
+    "1763719200", "1763719200000", "1763719200000000", "1763719200000000000", "9223372036854775807",
+    "18446744073709551616", "\"yesterday\"", " ", "\n", "\u{feff}", "\u{e9}", "\\", "\"",
+];
+
+fn fragments() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(prop::sample::select(FRAGMENTS), 0..40)
+        .prop_map(|parts| parts.concat().into_bytes())
+}
+
+fn check_decoded(result: Result<(), DecodeError>, out: &Decoded, c: &DecodeContext) {
+    match result {
+        Err(_) => {}
+        Ok(()) => {
+            assert!(!out.readings.is_empty() || !out.rejected.is_empty());
+            for r in &out.readings {
+                assert!(r.value.is_finite(), "{r:?}");
+                assert!(c.oldest <= r.ts && r.ts <= c.newest, "{r:?}");
+                let (sensor, metric) = r.series.split_once('/').expect("sensor/metric");
+                for name in [sensor, metric] {
+                    assert!(!name.is_empty() && name.len() <= crate::reading::NAME_BYTES_MAX);
+                    assert!(!name.contains('/') && !name.chars().any(char::is_control));
+                }
+            }
+        }
+    }
+}
+
+use proptest::prelude::*;
+
+proptest! {
+    // The fuzz run in CI is bounded by the case count; `PROPTEST_CASES=1000000` runs longer.
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Any bytes, on any topic: a reading that is valid, or a rejection with a reason. Never a
+    /// panic, a non-finite value, a timestamp out of range or a bad name.
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics_and_yields_only_valid_readings(
+        topic in prop::collection::vec(any::<u8>(), 0..40),
+        payload in prop::collection::vec(any::<u8>(), 0..300),
+        which in 0usize..2,
+    ) {
+        let s = &subs()[which];
+        let c = ctx();
+        let mut out = Decoded::default();
+        let result = decode(s, &topic, &payload, &c, &mut out);
+        check_decoded(result, &out, &c);
+    }
+
+    /// JSON-shaped input near the edges: the same guarantees.
+    #[test]
+    fn decoding_json_shaped_input_yields_only_valid_readings(
+        payload in fragments(),
+        sensor_field in any::<bool>(),
+        sensor in "[a-z\\x{e9}/\\x00]{0,3}",
+    ) {
+        let s = json_sub(|s| if sensor_field { s.sensor_field = Some("sensor".into()) });
+        let topic = format!("devices/{sensor}/telemetry");
+        let c = ctx();
+        let mut out = Decoded::default();
+        let result = decode(&s, topic.as_bytes(), &payload, &c, &mut out);
+        check_decoded(result, &out, &c);
+    }
+}
