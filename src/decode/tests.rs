@@ -312,7 +312,12 @@ fn strings_booleans_and_nulls_are_not_readings() {
     let d = run(s, t, br#"{"temperature": "21.5", "humidity": 40}"#).unwrap();
     assert_eq!(d.readings.len(), 1, "the numeric field still counts");
     // Huge but finite numbers are readings, exactly.
-    let d = run(s, t, br#"{"a": 1.7976931348623157e308, "b": -18446744073709551616}"#).unwrap();
+    let d = run(
+        s,
+        t,
+        br#"{"a": 1.7976931348623157e308, "b": -18446744073709551616}"#,
+    )
+    .unwrap();
     assert_eq!(d.readings[0].value, f64::MAX);
     assert_eq!(d.readings[1].value, -18446744073709551616.0);
 }
@@ -325,9 +330,18 @@ fn absurd_timestamps_are_rejected_with_a_reason() {
         (r#"{"ts": -1, "a": 1}"#, DecodeError::TimestampOutOfRange),
         (r#"{"ts": 0, "a": 1}"#, DecodeError::TimestampOutOfRange),
         (r#"{"ts": 1e300, "a": 1}"#, DecodeError::InvalidTimestamp),
-        (r#"{"ts": 99999999999999999999999, "a": 1}"#, DecodeError::InvalidTimestamp),
-        (r#"{"ts": "9999-12-31T23:59:59Z", "a": 1}"#, DecodeError::InvalidTimestamp),
-        (r#"{"ts": "1970-01-01T00:00:00Z", "a": 1}"#, DecodeError::TimestampOutOfRange),
+        (
+            r#"{"ts": 99999999999999999999999, "a": 1}"#,
+            DecodeError::InvalidTimestamp,
+        ),
+        (
+            r#"{"ts": "9999-12-31T23:59:59Z", "a": 1}"#,
+            DecodeError::InvalidTimestamp,
+        ),
+        (
+            r#"{"ts": "1970-01-01T00:00:00Z", "a": 1}"#,
+            DecodeError::TimestampOutOfRange,
+        ),
         (r#"{"ts": true, "a": 1}"#, DecodeError::InvalidTimestamp),
         (r#"{"ts": 1.5e9, "a": 1}"#, DecodeError::TimestampOutOfRange),
     ];
@@ -352,11 +366,45 @@ fn decoded_says_whether_a_reading_took_the_receive_time() {
 /// Payload fragments the structured fuzzer assembles: valid JSON pieces, broken ones, and
 /// edge-case numbers, names and timestamps.
 const FRAGMENTS: &[&str] = &[
-    "{", "}", "[", "]", ",", ":", "\"ts\"", "\"a\"", "\"temperature\"", "\"sensor\"", "\"\"",
-    "\"a/b\"", "\"\\u0000\"", "\"\\ud800\"", "0", "-0", "1e308", "1e309", "-1e-320", "5e-324",
-    "NaN", "Infinity", "null", "true", "\"2025-11-21T10:00:00Z\"", "\"2025-11-21T10:00:00.123+01:00\"",
-    "1763719200", "1763719200000", "1763719200000000", "1763719200000000000", "9223372036854775807",
-    "18446744073709551616", "\"yesterday\"", " ", "\n", "\u{feff}", "\u{e9}", "\\", "\"",
+    "{",
+    "}",
+    "[",
+    "]",
+    ",",
+    ":",
+    "\"ts\"",
+    "\"a\"",
+    "\"temperature\"",
+    "\"sensor\"",
+    "\"\"",
+    "\"a/b\"",
+    "\"\\u0000\"",
+    "\"\\ud800\"",
+    "0",
+    "-0",
+    "1e308",
+    "1e309",
+    "-1e-320",
+    "5e-324",
+    "NaN",
+    "Infinity",
+    "null",
+    "true",
+    "\"2025-11-21T10:00:00Z\"",
+    "\"2025-11-21T10:00:00.123+01:00\"",
+    "1763719200",
+    "1763719200000",
+    "1763719200000000",
+    "1763719200000000000",
+    "9223372036854775807",
+    "18446744073709551616",
+    "\"yesterday\"",
+    " ",
+    "\n",
+    "\u{feff}",
+    "\u{e9}",
+    "\\",
+    "\"",
 ];
 
 fn fragments() -> impl Strategy<Value = Vec<u8>> {
@@ -384,9 +432,16 @@ fn check_decoded(result: Result<(), DecodeError>, out: &Decoded, c: &DecodeConte
 
 use proptest::prelude::*;
 
+fn fuzz_cases() -> u32 {
+    std::env::var("BUCKETD_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
 proptest! {
-    // The fuzz run in CI is bounded by the case count; `PROPTEST_CASES=1000000` runs longer.
-    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    // The fuzz run in CI is bounded by the case count; `BUCKETD_FUZZ_CASES=1000000` runs longer.
+    #![proptest_config(ProptestConfig { cases: fuzz_cases(), ..ProptestConfig::default() })]
 
     /// Any bytes, on any topic: a reading that is valid, or a rejection with a reason. Never a
     /// panic, a non-finite value, a timestamp out of range or a bad name.
