@@ -104,6 +104,55 @@ async fn a_full_disk_holds_back_acks_and_recovers_without_loss(broker: Broker, p
 
 on_every_broker!(a_full_disk_holds_back_acks_and_recovers_without_loss);
 
+/// A slow card (every fsync takes 50 ms): commits take long, the open batch fills to its
+/// limit and bucketd stops reading; what it holds stays within `max_pending_readings` and the
+/// broker's window, the broker holds the rest, and everything arrives exactly once.
+async fn a_slow_store_bounds_what_is_pending(broker: Broker, protocol: Protocol) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, protocol, &db, &topics);
+    raw.batch.max_pending_readings = 500;
+    raw.mqtt.receive_maximum = 200;
+    raw.limits.dedup_window = 200;
+    let faults = Arc::new(Faults::default());
+    faults.sync_delay_micros.store(50_000, Relaxed);
+    let d = daemon::start_with_faults(&config(&raw), Some(faults.clone())).unwrap();
+    let stats = d.stats.clone();
+    wait_subscribed(&d).await;
+    let work = stamped_workload(&topics, 61, 6000);
+    let publisher = {
+        let (broker, messages, stats) = (broker.clone(), work.messages.clone(), stats.clone());
+        tokio::spawn(async move { publish_paced(&broker, &messages, 1, Some(stats)).await })
+    };
+    let (mut pending_max, mut unacked_max) = (0, 0);
+    let total = work.readings.len() as u64;
+    eventually(WAIT, "every reading", || {
+        pending_max = pending_max.max(Stats::get(&stats.pending_readings));
+        unacked_max = unacked_max.max(Stats::get(&stats.unacked_messages));
+        Stats::get(&stats.readings_ingested) >= total
+    })
+    .await;
+    publisher.await.unwrap();
+    eprintln!(
+        "slow store ({} {protocol:?}): {} flushes, at most {pending_max} readings pending and \
+         {unacked_max} messages unacknowledged",
+        broker.name,
+        Stats::get(&stats.flushes)
+    );
+    // One message past the limit at most: 8 objects of 2 readings.
+    assert!(pending_max <= 500 + 16, "pending readings: {pending_max}");
+    d.stop().await.unwrap();
+    assert_eq!(Stats::get(&stats.readings_ingested), total);
+    let docs = StoreReader::open(&db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    assert_matches_truth(&docs, &truth(&work.readings, 3600));
+}
+
+on_every_broker!(a_slow_store_bounds_what_is_pending);
+
 /// A Mosquitto of the test's own, with persistence, so that it can be stopped and started
 /// again on the same port with the sessions and queued messages it had.
 struct OwnMosquitto {
