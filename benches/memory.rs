@@ -39,7 +39,8 @@ fn proc_status_kib(field: &str) -> u64 {
 async fn publisher(addr: &str, messages: usize, series: usize) {
     let (host, port) = addr.rsplit_once(':').unwrap();
     let mut opts = MqttOptions::new("mem-pub", host, port.parse().unwrap());
-    opts.set_keep_alive(Duration::from_secs(30)).set_inflight(500);
+    opts.set_keep_alive(Duration::from_secs(30))
+        .set_inflight(500);
     let (client, mut eventloop) = AsyncClient::new(opts, 1000);
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -92,7 +93,11 @@ async fn measure(addr: &str, messages: usize, series: usize, delay_ms: u64) {
         .sync_delay_micros
         .store(delay_ms * 1000, std::sync::atomic::Ordering::Relaxed);
     let daemon = bucketd::daemon::start_with_faults(&config, Some(faults)).unwrap();
-    while !daemon.stats.subscribed.load(std::sync::atomic::Ordering::Relaxed) {
+    while !daemon
+        .stats
+        .subscribed
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let idle_kib = proc_status_kib("VmRSS:");

@@ -416,7 +416,9 @@ impl Ingest {
                     window = self.window,
                     "The broker sent more unacknowledged messages than the in-flight window \
                      (mqtt.receive_maximum). It does not honour the window (Mosquitto before \
-                     2.0.13 has this bug); bucketd keeps up, but upgrade the broker."
+                     2.0.13 has this bug); bucketd keeps up, but after a crash redeliveries \
+                     beyond limits.dedup_window messages could be counted twice. Upgrade the \
+                     broker or raise limits.dedup_window."
                 );
             }
             st.arrival += 1;

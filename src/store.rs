@@ -515,7 +515,14 @@ impl Store {
                     })
                 }),
         }
-        .map_err(|e| open_error(&path, e))?;
+        .map_err(|e| match open_error(&path, e) {
+            // Creating: a missing file is made, so "not found" means the directory is missing.
+            StoreOpenError::Missing { path } => StoreOpenError::Io {
+                path,
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            },
+            other => other,
+        })?;
         self.db = Some(Arc::new(db));
         let corrupt = |source| StoreOpenError::Corrupt {
             path: path.clone(),

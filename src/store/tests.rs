@@ -370,6 +370,67 @@ fn a_file_that_is_not_a_database_is_reported_as_damaged() {
     assert!(matches!(missing, StoreOpenError::Missing { .. }));
 }
 
+#[test]
+fn an_unwritable_file_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory that does not exist: the message says to check it.
+    let nowhere = dir.path().join("no/such/dir/t.redb");
+    let e = Store::open(&settings(&nowhere))
+        .err()
+        .expect("no directory");
+    assert!(matches!(e, StoreOpenError::Io { .. }), "{e}");
+    let text = e.to_string();
+    assert!(text.contains(nowhere.to_str().unwrap()), "{text}");
+    assert!(text.contains("check that the directory exists"), "{text}");
+
+    // A read-only file. Root ignores file modes, so as root the file is put on a read-only
+    // tmpfs instead (mount needs CAP_SYS_ADMIN, which the CI machines have).
+    let path = dir.path().join("ro/t.redb");
+    std::fs::create_dir(dir.path().join("ro")).unwrap();
+    drop(Store::open(&settings(&path)).unwrap());
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mounted = root && {
+        let ro = dir.path().join("ro");
+        let ok = |c: &mut std::process::Command| c.status().is_ok_and(|s| s.success());
+        let bytes = std::fs::read(&path).unwrap();
+        ok(std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&ro))
+            && std::fs::write(&path, bytes).is_ok()
+            && ok(std::process::Command::new("mount")
+                .args(["-o", "remount,ro"])
+                .arg(&ro))
+    };
+    if !root {
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o444);
+        std::fs::set_permissions(&path, perms).unwrap();
+    }
+    if root && !mounted {
+        eprintln!("not run: read-only file as root needs mount (CAP_SYS_ADMIN)");
+    } else {
+        let e = Store::open(&settings(&path)).err().expect("read-only file");
+        let text = e.to_string();
+        assert!(matches!(e, StoreOpenError::Io { .. }), "{text}");
+        assert!(text.contains(path.to_str().unwrap()), "{text}");
+        assert!(text.contains("writable by this user"), "{text}");
+        // Reading it still works.
+        assert!(
+            StoreReader::open(&path)
+                .unwrap()
+                .series()
+                .unwrap()
+                .is_empty()
+        );
+    }
+    if mounted {
+        let _ = std::process::Command::new("umount")
+            .arg(dir.path().join("ro"))
+            .status();
+    }
+}
+
 fn series_name() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec!["a/t", "a/h", "b/t", "c/x"])
 }
