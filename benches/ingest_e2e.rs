@@ -156,44 +156,8 @@ async fn bucketd_run(host: &str, port: u16, prefix: &str, w: Workload) -> (Durat
     (took, flushes)
 }
 
-/// Starts a Mosquitto on a free port with unlimited queues; killed when dropped.
-struct OwnBroker(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
-
-impl Drop for OwnBroker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn own_broker() -> (OwnBroker, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = tempfile::tempdir().unwrap();
-    let conf = dir.path().join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-             max_queued_messages 0\nmax_inflight_messages 0\nlog_dest none\n"
-        ),
-    )
-    .unwrap();
-    let child = std::process::Command::new("mosquitto")
-        .arg("-c")
-        .arg(&conf)
-        .spawn()
-        .expect("starting mosquitto (apt-get install mosquitto, or set BUCKETD_BENCH_MQTT)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "mosquitto did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (OwnBroker(child, dir), format!("127.0.0.1:{port}"))
-}
+#[path = "../tests/shared/own_mosquitto.rs"]
+mod own_mosquitto;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -204,7 +168,9 @@ async fn main() {
     let (_broker, addr) = match std::env::var("BUCKETD_BENCH_MQTT") {
         Ok(addr) => (None, addr),
         Err(_) => {
-            let (broker, addr) = own_broker();
+            // Unlimited in-flight too: the null subscriber and bucketd both acknowledge late.
+            let broker = own_mosquitto::OwnMosquitto::start(false, "max_inflight_messages 0\n");
+            let addr = broker.addr();
             (Some(broker), addr)
         }
     };

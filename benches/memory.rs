@@ -129,34 +129,8 @@ async fn measure(addr: &str, messages: usize, series: usize, delay_ms: u64) {
     );
 }
 
-/// A Mosquitto on a free port with unlimited queues (the broker holds what bucketd does not).
-fn own_broker(dir: &std::path::Path) -> (std::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let conf = dir.join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-             max_queued_messages 0\nlog_dest none\n"
-        ),
-    )
-    .unwrap();
-    let child = std::process::Command::new("mosquitto")
-        .arg("-c")
-        .arg(&conf)
-        .spawn()
-        .expect("starting mosquitto (apt-get install mosquitto)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "mosquitto did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, format!("127.0.0.1:{port}"))
-}
+#[path = "../tests/shared/own_mosquitto.rs"]
+mod own_mosquitto;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -172,8 +146,8 @@ async fn main() {
         return;
     }
     // Each run in a process of its own, so that one run's peak is not the next one's floor.
-    let dir = tempfile::tempdir().unwrap();
-    let (mut broker, addr) = own_broker(dir.path());
+    let broker = own_mosquitto::OwnMosquitto::start(false, "");
+    let addr = broker.addr();
     let delays = std::env::var("MEM_SYNC_DELAY_MS").unwrap_or_else(|_| "0,50".into());
     for delay in delays.split(',') {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -186,6 +160,5 @@ async fn main() {
         }
         assert!(child.wait().unwrap().success());
     }
-    let _ = broker.kill();
-    let _ = broker.wait();
+    drop(broker);
 }

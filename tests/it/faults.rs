@@ -153,88 +153,17 @@ async fn a_slow_store_bounds_what_is_pending(broker: Broker, protocol: Protocol)
 
 on_every_broker!(a_slow_store_bounds_what_is_pending);
 
-/// A Mosquitto of the test's own, with persistence, so that it can be stopped and started
-/// again on the same port with the sessions and queued messages it had.
-struct OwnMosquitto {
-    child: Option<std::process::Child>,
-    port: u16,
-    conf: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
+#[path = "../shared/own_mosquitto.rs"]
+mod own_mosquitto;
+use own_mosquitto::OwnMosquitto;
 
-impl OwnMosquitto {
-    fn start() -> OwnMosquitto {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        // Started as root, Mosquitto drops to the `mosquitto` user: it must be able to write
-        // its persistence file here (else it logs an error and saves nothing).
-        let mut perms = std::fs::metadata(dir.path()).unwrap().permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o777);
-        std::fs::set_permissions(dir.path(), perms).unwrap();
-        let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n\
-                 persistence_location {}/\nmax_queued_messages 100000\nlog_dest none\n",
-                dir.path().display()
-            ),
-        )
-        .unwrap();
-        let mut broker = OwnMosquitto {
-            child: None,
-            port,
-            conf,
-            _dir: dir,
-        };
-        broker.up();
-        broker
-    }
-
-    fn up(&mut self) {
-        let child = std::process::Command::new("mosquitto")
-            .arg("-c")
-            .arg(&self.conf)
-            .spawn()
-            .expect("starting mosquitto (apt-get install mosquitto; .ci/run installs it)");
-        self.child = Some(child);
-        crate::support::eventually_sync(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-        });
-    }
-
-    /// SIGTERM: Mosquitto saves its sessions and queued messages and exits.
-    fn down(&mut self) {
-        let mut child = self.child.take().expect("running");
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        assert_eq!(
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-            0
-        );
-        assert!(child.wait().unwrap().success());
-    }
-
-    fn broker(&self) -> Broker {
-        Broker {
-            name: "own-mosquitto",
-            host: "127.0.0.1".into(),
-            v311_port: self.port,
-            v5_port: self.port,
-            sets_dup: true,
-        }
-    }
-}
-
-impl Drop for OwnMosquitto {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+fn own_broker(m: &OwnMosquitto) -> Broker {
+    Broker {
+        name: "own-mosquitto",
+        host: "127.0.0.1".into(),
+        v311_port: m.port,
+        v5_port: m.port,
+        sets_dup: true,
     }
 }
 
@@ -250,8 +179,8 @@ async fn a_broker_restart_loses_nothing_and_counts_nothing_twice(protocol: Proto
             .with_test_writer()
             .try_init();
     }
-    let mut mosquitto = OwnMosquitto::start();
-    let broker = mosquitto.broker();
+    let mut mosquitto = OwnMosquitto::start(true, "");
+    let broker = own_broker(&mosquitto);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
     let topics = Topics::new();
