@@ -60,6 +60,11 @@ enum Client {
     },
 }
 
+/// Outgoing QoS 1/2 publishes the client keeps state for. bucketd publishes nothing; rumqttc
+/// preallocates a slot per possible packet id (for MQTT 5 by default all 65,535 of them: 14 MB
+/// of the 21 MB idle RSS before this was set).
+const OUTGOING_INFLIGHT: u16 = 8;
+
 pub struct Mqtt {
     client: Client,
     subscriptions: Vec<(String, u8)>,
@@ -73,6 +78,7 @@ impl Mqtt {
             Protocol::V311 => {
                 let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
                 o.set_clean_session(false)
+                    .set_inflight(OUTGOING_INFLIGHT)
                     .set_manual_acks(true)
                     .set_keep_alive(cfg.keep_alive)
                     .set_max_packet_size(cfg.max_packet_bytes, cfg.max_packet_bytes);
@@ -91,6 +97,7 @@ impl Mqtt {
             Protocol::V5 => {
                 let mut o = rumqttc::v5::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
                 o.set_clean_start(false)
+                    .set_outgoing_inflight_upper_limit(OUTGOING_INFLIGHT)
                     .set_manual_acks(true)
                     .set_keep_alive(cfg.keep_alive)
                     .set_receive_maximum(Some(cfg.receive_maximum))
