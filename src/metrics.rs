@@ -39,6 +39,7 @@ pub const MQTT_CONNECTION_ERRORS: &str = "bucketd_mqtt_connection_errors_total";
 pub const DUPLICATES: &str = "bucketd_duplicates_total";
 pub const COMMIT_ERRORS: &str = "bucketd_commit_errors_total";
 pub const STORE_WRITABLE: &str = "bucketd_store_writable";
+pub const DISK_WRITTEN: &str = "bucketd_disk_written_bytes_total";
 
 /// Commit latency buckets, seconds: a fast disk commits in about a millisecond, an SD card in
 /// tens to hundreds.
@@ -97,6 +98,9 @@ impl Metrics {
     pub fn render(&self, stats: &Stats) -> String {
         with_local_recorder(&self.recorder, || {
             copy_stats(stats);
+            if let Some(bytes) = disk_written_bytes() {
+                counter!(DISK_WRITTEN).absolute(bytes);
+            }
             self.process.collect();
         });
         self.recorder.handle().render()
@@ -189,11 +193,25 @@ fn describe(process: &metrics_process::Collector) {
         Unit::Count,
         "Commits that failed (disk full, I/O error); the batch is retried, nothing is acknowledged meanwhile."
     );
+    describe_counter!(
+        DISK_WRITTEN,
+        Unit::Bytes,
+        "Bytes this process caused to be written to storage (/proc/self/io write_bytes): what wears the SD card."
+    );
     describe_gauge!(
         STORE_WRITABLE,
         "1 while commits succeed, 0 from a failed commit until one succeeds again."
     );
     process.describe();
+}
+
+/// `write_bytes` of `/proc/self/io`: bytes sent to the storage layer by this process (page
+/// cache writeback included, as the kernel accounts it). `None` where there is no procfs.
+pub fn disk_written_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn copy_stats(stats: &Stats) {

@@ -181,3 +181,13 @@ fn rendered_config_reloads_to_the_same_config() {
     assert_eq!(render(&reloaded), text);
     assert!(text.contains("password_file = \"/run/secret\""));
 }
+
+#[test]
+fn the_shipped_small_gateway_profile_is_a_valid_config() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/small-gateway.toml");
+    let c = Config::load(Some(&path), env(&[])).unwrap();
+    assert_eq!(c.store.cache_bytes, 4 << 20);
+    assert_eq!(c.limits.dedup_window, 1024);
+    assert_eq!(c.mqtt.receive_maximum, 256);
+    assert_eq!(c.subscriptions.len(), 2, "the default subscriptions stay");
+}

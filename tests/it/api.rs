@@ -463,6 +463,16 @@ async fn check_metrics(d: &RunningDaemon, rejected: &BTreeMap<&'static str, u64>
     assert!(value("bucketd_store_file_size_bytes ") > 0.0);
     assert!(value("process_resident_memory_bytes ") > 0.0);
     assert!(value("bucketd_flush_duration_seconds_count ") >= 1.0);
+    assert_eq!(value("bucketd_store_writable "), 1.0);
+    assert_eq!(value("bucketd_commit_errors_total "), 0.0);
+    assert_eq!(
+        value("bucketd_duplicates_total ") as u64,
+        Stats::get(&d.stats.duplicates)
+    );
+    // The process has committed to its redb file, so storage writes were accounted.
+    let written = value("bucketd_disk_written_bytes_total ");
+    assert!(written > 0.0, "{written}");
+    assert!(written as u64 <= bucketd::metrics::disk_written_bytes().unwrap());
 
     match Command::new("promtool")
         .arg("check")
