@@ -255,6 +255,22 @@ fn init_logging(config: &Config) {
     }
 }
 
+/// The error and its causes, each cause only once: our messages often already name their
+/// source ("cannot open FILE: Permission denied; ..."), and `{:#}` would repeat it.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
 fn run(file: Option<PathBuf>) -> ExitCode {
     let config = match load_config(file) {
         Ok((_, config)) => config,
@@ -270,8 +286,8 @@ fn run(file: Option<PathBuf>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("bucketd: {e:#}");
+            // Logging is up: one line on stderr (journald), not two.
+            tracing::error!("{}", error_chain(&e));
             match e.downcast_ref::<StartError>() {
                 Some(StartError::Config(_)) => ExitCode::from(EXIT_CONFIG),
                 _ => ExitCode::FAILURE,
@@ -368,5 +384,31 @@ fn export(
             eprintln!("bucketd: writing output: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let e = anyhow::Error::from(StartError::Http {
+            addr: "127.0.0.1:9470".parse().unwrap(),
+            source: io,
+        });
+        let text = error_chain(&e);
+        assert_eq!(text.matches("address in use").count(), 1, "{text}");
+        assert!(
+            text.starts_with("cannot listen on http.bind 127.0.0.1:9470"),
+            "{text}"
+        );
+        let wrapped = e.context("starting the daemon");
+        let text = error_chain(&wrapped);
+        assert!(
+            text.starts_with("starting the daemon: cannot listen"),
+            "{text}"
+        );
     }
 }
