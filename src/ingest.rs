@@ -94,6 +94,8 @@ struct State {
     warned_window: bool,
     /// While the connection is down: when to try again.
     reconnect_at: Option<Instant>,
+    /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
+    ready_sent: bool,
     decoded: Decoded,
 }
 
@@ -112,8 +114,18 @@ impl Ingest {
             ack_backlog: VecDeque::new(),
             warned_window: false,
             reconnect_at: None,
+            ready_sent: false,
             decoded: Decoded::default(),
         };
+        // Pinged from this loop, not from a task of its own: if the loop stops turning, systemd
+        // stops hearing from it and restarts the service.
+        let mut watchdog = crate::notify::watchdog_interval().map(|every| {
+            info!(every = ?every, "Pinging the systemd watchdog.");
+            let mut interval = tokio::time::interval(every);
+            // Ticks missed while not yet ready are not made up in a burst.
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        });
         loop {
             self.hand_over_due_batch(&mut st, Instant::now())?;
             let deadline = self.batcher.deadline().map(Instant::from_std);
@@ -130,6 +142,10 @@ impl Ingest {
                 }
                 () = sleep_until_opt(deadline), if deadline.is_some() && st.in_flight.is_none() => {}
                 Some(reply) = self.flush_requests.recv() => self.on_flush_request(&mut st, reply),
+                // systemd arms the watchdog once the service is ready.
+                _ = tick_opt(&mut watchdog), if watchdog.is_some() && st.ready_sent => {
+                    crate::notify::watchdog();
+                }
                 event = self.mqtt.poll(), if can_poll => self.on_event(&mut st, event, true),
             }
         }
@@ -272,6 +288,7 @@ impl Ingest {
                 if session_present {
                     info!("Connected to the MQTT broker; it kept our session and subscriptions.");
                     self.stats.subscribed.store(true, Ordering::Relaxed);
+                    self.on_ready(st);
                 } else {
                     info!("Connected to the MQTT broker with a new session; subscribing.");
                     if let Err(e) = self.mqtt.subscribe_all() {
@@ -286,6 +303,7 @@ impl Ingest {
                         "Subscribed to every configured filter."
                     );
                     self.stats.subscribed.store(true, Ordering::Relaxed);
+                    self.on_ready(st);
                 } else {
                     error!(
                         refused = ?refused,
@@ -293,10 +311,22 @@ impl Ingest {
                     );
                     let any_ok = refused.len() < self.subscriptions.len();
                     self.stats.subscribed.store(any_ok, Ordering::Relaxed);
+                    if any_ok {
+                        self.on_ready(st); // degraded, but ingesting what it may
+                    }
                 }
             }
             Ok(MqttEvent::Other | MqttEvent::DisconnectSent) => {}
             Err(e) => self.on_connection_lost(st, &e),
+        }
+    }
+
+    /// The store is open (the daemon opened it before ingesting) and the broker has our
+    /// subscriptions: tell systemd, once.
+    fn on_ready(&self, st: &mut State) {
+        if !st.ready_sent {
+            st.ready_sent = true;
+            crate::notify::ready();
         }
     }
 
@@ -457,6 +487,7 @@ impl Ingest {
     /// the broker keeps them for the next start.
     async fn shut_down(mut self, st: &mut State) -> Result<(), IngestError> {
         let deadline = Instant::now() + SHUTDOWN_DRAIN_MAX;
+        crate::notify::stopping();
         info!(
             pending_readings = self.batcher.pending_readings(),
             "Shutting down: committing pending readings."
@@ -506,6 +537,15 @@ impl Ingest {
         self.stats.connected.store(false, Ordering::Relaxed);
         info!("Shut down cleanly.");
         Ok(())
+    }
+}
+
+async fn tick_opt(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -33,6 +33,7 @@ pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod mqtt;
+pub mod notify;
 pub mod page;
 pub mod query;
 pub mod reading;

@@ -33,9 +33,14 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(config: &Path) -> Daemon {
+        Daemon::start_with_env(config, &[])
+    }
+
+    pub fn start_with_env(config: &Path, env: &[(&str, &std::ffi::OsStr)]) -> Daemon {
         let mut child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "bucketd=debug")
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
@@ -365,4 +370,66 @@ fn help_lists_every_command() {
     for command in ["run", "check-config", "export"] {
         assert!(help.contains(command), "{help}");
     }
+}
+
+/// systemd's notify protocol, with a test socket standing in for systemd: READY=1 once the
+/// broker has the subscriptions (not before), WATCHDOG=1 at half of WATCHDOG_USEC from the
+/// ingest loop, STOPPING=1 on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn systemd_hears_ready_watchdog_and_stopping() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let config = write_config(
+        dir.path(),
+        &raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics),
+    );
+    let socket_path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let next = || {
+        let mut buf = [0u8; 256];
+        let n = socket.recv(&mut buf).expect("a notification within 30 s");
+        String::from_utf8_lossy(&buf[..n]).trim().to_owned()
+    };
+    let daemon = Daemon::start_with_env(
+        &config,
+        &[
+            ("NOTIFY_SOCKET", socket_path.as_os_str()),
+            ("WATCHDOG_USEC", std::ffi::OsStr::new("200000")),
+        ],
+    );
+    let lines = daemon.wait_for_line("saying it subscribed", |l| {
+        l.contains("Subscribed to every")
+    });
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Pinging the systemd watchdog")),
+        "{lines:#?}"
+    );
+    // The first message is READY (nothing is sent before the broker has the subscriptions).
+    let mut seen = vec![next()];
+    assert_eq!(seen[0], "READY=1", "READY first");
+    // Pings keep coming: every 100 ms with WatchdogSec=200ms.
+    let started = std::time::Instant::now();
+    for _ in 0..5 {
+        seen.push(next());
+    }
+    assert!(seen[1..].iter().all(|m| m == "WATCHDOG=1"), "{seen:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "pings every 100 ms"
+    );
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    let mut last = Vec::new();
+    socket.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    while let Ok(n) = socket.recv(&mut buf) {
+        last.push(String::from_utf8_lossy(&buf[..n]).trim().to_owned());
+    }
+    assert!(last.iter().any(|m| m == "STOPPING=1"), "{last:?}");
 }
