@@ -57,6 +57,8 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawHttp {
     pub bind: String,
+    pub token_file: String,
+    pub metrics_token_file: String,
     pub max_buckets_per_query: usize,
     pub max_raw_readings: usize,
 }
@@ -82,6 +84,17 @@ pub struct RawMqtt {
     pub reconnect_delay_max: Duration,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    pub tls: RawTls,
+}
+
+/// `[mqtt.tls]`: the files, never their contents.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub enabled: bool,
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -214,6 +227,10 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
     pub bind: std::net::SocketAddr,
+    /// Bearer token guarding `/api/*`, read from this file at start ([`crate::secret`]).
+    pub token_file: Option<PathBuf>,
+    /// Bearer token guarding `/metrics`, separately (a scraper needs no query rights).
+    pub metrics_token_file: Option<PathBuf>,
     pub max_buckets_per_query: usize,
     pub max_raw_readings: usize,
 }
@@ -233,6 +250,18 @@ pub struct MqttConfig {
     pub reconnect_delay_min: Duration,
     pub reconnect_delay_max: Duration,
     pub connect_timeout: Duration,
+    /// TLS to the broker, when `mqtt.tls.enabled`.
+    pub tls: Option<TlsFiles>,
+}
+
+/// Where the TLS material is. Read at start ([`crate::tls`]); a relative `key_file` is looked
+/// up in `$CREDENTIALS_DIRECTORY` like the other secrets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM CA certificates to trust; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain and private key (PEM), for brokers that require one.
+    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 #[derive(Debug, Clone)]
@@ -413,6 +442,8 @@ impl TryFrom<RawConfig> for Config {
         }
         let http = HttpConfig {
             bind,
+            token_file: non_empty_path(&raw.http.token_file),
+            metrics_token_file: non_empty_path(&raw.http.metrics_token_file),
             max_buckets_per_query: raw.http.max_buckets_per_query,
             max_raw_readings: raw.http.max_raw_readings,
         };
@@ -497,12 +528,11 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
             ));
         }
         (false, true) => Some((raw.username.clone(), None)),
-        (false, false) => Some((
-            raw.username.clone(),
-            Some(PathBuf::from(&raw.password_file)),
-        )),
+        (false, false) => Some((raw.username.clone(), non_empty_path(&raw.password_file))),
     };
+    let tls = validate_tls(&raw.tls)?;
     Ok(MqttConfig {
+        tls,
         host: raw.host.clone(),
         port: raw.port,
         client_id: raw.client_id.clone(),
@@ -516,6 +546,47 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
         reconnect_delay_max: raw.reconnect_delay_max,
         connect_timeout: raw.connect_timeout,
     })
+}
+
+fn non_empty_path(s: &str) -> Option<PathBuf> {
+    (!s.is_empty()).then(|| PathBuf::from(s))
+}
+
+fn validate_tls(raw: &RawTls) -> Result<Option<TlsFiles>, ConfigError> {
+    let named = !raw.ca_file.is_empty() || !raw.cert_file.is_empty() || !raw.key_file.is_empty();
+    if !raw.enabled {
+        if named {
+            return Err(invalid(
+                "mqtt.tls.enabled",
+                "TLS files are set but TLS is off; set mqtt.tls.enabled = true (and usually \
+                 mqtt.port = 8883), or remove the files",
+            ));
+        }
+        return Ok(None);
+    }
+    let client = match (
+        non_empty_path(&raw.cert_file),
+        non_empty_path(&raw.key_file),
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (Some(_), None) => {
+            return Err(invalid(
+                "mqtt.tls.key_file",
+                "must be set when mqtt.tls.cert_file is",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "mqtt.tls.cert_file",
+                "must be set when mqtt.tls.key_file is",
+            ));
+        }
+    };
+    Ok(Some(TlsFiles {
+        ca_file: non_empty_path(&raw.ca_file),
+        client,
+    }))
 }
 
 fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {

@@ -5,7 +5,7 @@
 //! acknowledges them, waits until the acks are written, disconnects -> the writer thread ends
 //! when its channel closes -> the store is closed.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -82,7 +82,32 @@ pub fn start_with_faults(
 ) -> Result<RunningDaemon, StartError> {
     let state_dir = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
     let store_path = config.resolved_store_path(state_dir.as_deref());
-    let password = read_password(config)?;
+    let credentials = crate::secret::credentials_directory();
+    let secret = |key: &str, file: &Option<PathBuf>| {
+        file.as_deref()
+            .map(|f| crate::secret::read(key, f, credentials.as_deref()))
+            .transpose()
+            .map_err(StartError::Config)
+    };
+    let password = match &config.mqtt.credentials {
+        Some((_, file)) => secret("mqtt.password_file", file)?,
+        None => None,
+    };
+    let tls = config
+        .mqtt
+        .tls
+        .as_ref()
+        .map(|files| crate::tls::client_config(files, credentials.as_deref()))
+        .transpose()
+        .map_err(StartError::Config)?;
+    let api_token = secret("http.token_file", &config.http.token_file)?;
+    let metrics_token = secret("http.metrics_token_file", &config.http.metrics_token_file)?;
+    if config.mqtt.credentials.is_some() && tls.is_none() && !is_loopback(&config.mqtt.host) {
+        tracing::warn!(
+            host = %config.mqtt.host,
+            "The MQTT password goes to the broker unencrypted: set mqtt.tls.enabled = true."
+        );
+    }
     let width_secs =
         i64::try_from(config.store.bucket_width.as_secs()).expect("validated to divide a day");
 
@@ -143,6 +168,8 @@ pub fn start_with_faults(
         bucket_width_secs: width_secs,
         max_buckets_per_query: config.http.max_buckets_per_query,
         max_raw_readings: config.http.max_raw_readings,
+        api_token: api_token.map(Arc::new),
+        metrics_token: metrics_token.map(Arc::new),
     };
     let cancel = CancellationToken::new();
     let (writer, writer_thread) = crate::writer::spawn(
@@ -153,7 +180,7 @@ pub fn start_with_faults(
         cancel.clone(),
     );
     let ingest = Ingest {
-        mqtt: Mqtt::new(&config.mqtt, password, &config.subscriptions),
+        mqtt: Mqtt::new(&config.mqtt, password.as_ref(), tls, &config.subscriptions),
         subscriptions: config.subscriptions.clone(),
         limits: config.limits.clone(),
         batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
@@ -172,6 +199,7 @@ pub fn start_with_faults(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
         client_id = %config.mqtt.client_id,
         protocol = ?config.mqtt.protocol,
+        tls = config.mqtt.tls.is_some(),
         window = config.mqtt.receive_maximum,
         "Starting ingestion."
     );
@@ -250,26 +278,10 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("the daemon task panicked: {e}"))?
 }
 
-/// Reads the MQTT password from `mqtt.password_file`; a relative path is looked up in systemd's
-/// `$CREDENTIALS_DIRECTORY` when set (LoadCredential=).
-fn read_password(config: &Config) -> Result<Option<String>, StartError> {
-    let Some((_, Some(file))) = &config.mqtt.credentials else {
-        return Ok(None);
-    };
-    let creds = std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from);
-    let path = match creds {
-        Some(dir) if file.is_relative() => dir.join(file),
-        _ => file.clone(),
-    };
-    read_secret(&path).map(Some)
-}
-
-fn read_secret(path: &Path) -> Result<String, StartError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        StartError::Config(format!(
-            "cannot read mqtt.password_file {}: {e}",
-            path.display()
-        ))
-    })?;
-    Ok(text.trim_end_matches(['\r', '\n']).to_owned())
+/// Whether `host` is this machine (a password sent there in clear text stays on it).
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }

@@ -8,8 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
@@ -18,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 use crate::reading::{Timestamp, validate_series};
 use crate::rollup;
+use crate::secret::Secret;
 use crate::stats::Stats;
 use crate::store::StoreReader;
 
@@ -39,19 +41,63 @@ pub struct ApiState {
     pub bucket_width_secs: i64,
     pub max_buckets_per_query: usize,
     pub max_raw_readings: usize,
+    /// Bearer token for `/api/*` (`http.token_file`); `None`: open.
+    pub api_token: Option<Arc<Secret>>,
+    /// Bearer token for `/metrics` (`http.metrics_token_file`); `None`: open.
+    pub metrics_token: Option<Arc<Secret>>,
 }
 
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    let api = Router::new()
         .route("/api/v1/series", get(series))
         .route("/api/v1/buckets", get(buckets))
         .route("/api/v1/raw", get(raw))
         .route("/api/v1/flush", post(flush))
+        .route_layer(from_fn_with_state(state.api_token.clone(), require_token));
+    let metrics = Router::new()
+        .route("/metrics", get(metrics))
+        .route_layer(from_fn_with_state(
+            state.metrics_token.clone(),
+            require_token,
+        ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(api)
+        .merge(metrics)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state)
+}
+
+/// Lets the request through when no token is configured or it carries
+/// `Authorization: Bearer <token>`; else 401 with `WWW-Authenticate: Bearer`. The answer never
+/// echoes what was sent.
+async fn require_token(
+    State(token): State<Option<Arc<Secret>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    match presented {
+        Some(candidate) if token.matches(candidate) => next.run(request).await,
+        Some(_) => unauthorized("the bearer token is not valid"),
+        None => unauthorized("this endpoint needs `Authorization: Bearer <token>`"),
+    }
+}
+
+fn unauthorized(message: &str) -> Response {
+    let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer realm=\"bucketd\""),
+    );
+    response
 }
 
 /// An error answer: a status and `{"error": message}`.
@@ -333,9 +379,10 @@ mod tests {
 
     /// With every flush slot taken, a further `POST /api/v1/flush` is a 429 and never reaches
     /// the ingest task, so its waiter list stays bounded.
-    #[tokio::test]
-    async fn flush_requests_past_the_limit_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
+    fn test_state(
+        dir: &tempfile::TempDir,
+        flush_slots: usize,
+    ) -> (ApiState, mpsc::Receiver<FlushRequest>) {
         let store = Store::open(&StoreSettings {
             path: dir.path().join("h.redb"),
             bucket_width_secs: 3600,
@@ -346,17 +393,26 @@ mod tests {
             dedup_window: 0,
         })
         .unwrap();
-        let (flush, mut requests) = mpsc::channel(16);
+        let (flush, requests) = mpsc::channel(16);
         let state = ApiState {
             reader: store.reader(),
             stats: Arc::new(Stats::new(0)),
             metrics: Arc::new(Metrics::new()),
             flush,
-            flush_slots: Arc::new(tokio::sync::Semaphore::new(0)),
+            flush_slots: Arc::new(tokio::sync::Semaphore::new(flush_slots)),
             bucket_width_secs: 3600,
             max_buckets_per_query: 10,
             max_raw_readings: 10,
+            api_token: None,
+            metrics_token: None,
         };
+        (state, requests)
+    }
+
+    #[tokio::test]
+    async fn flush_requests_past_the_limit_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, mut requests) = test_state(&dir, 0);
         let request = Request::post("/api/v1/flush").body(Body::empty()).unwrap();
         let response = router(state).oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -364,5 +420,75 @@ mod tests {
             requests.try_recv().is_err(),
             "nothing reached the ingest task"
         );
+    }
+
+    /// `/api/*` and `/metrics` each need their own token; probes stay open; a 401 never echoes
+    /// the token it was sent.
+    #[tokio::test]
+    async fn bearer_tokens_guard_the_api_and_metrics_separately() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut state, _requests) = test_state(&dir, 1);
+        let secret = |s: &str| {
+            let f = dir.path().join(s);
+            std::fs::write(&f, s).unwrap();
+            Some(Arc::new(crate::secret::read("t", &f, None).unwrap()))
+        };
+        state.api_token = secret("api-token-1");
+        state.metrics_token = secret("scrape-token-2");
+        let app = router(state);
+        let call = |path: &'static str, token: Option<&'static str>| {
+            let app = app.clone();
+            async move {
+                let mut request = Request::get(path);
+                if let Some(t) = token {
+                    request = request.header("authorization", format!("Bearer {t}"));
+                }
+                let response = app
+                    .oneshot(request.body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                let status = response.status();
+                let challenge = response.headers().get("www-authenticate").cloned();
+                let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                    .await
+                    .unwrap();
+                (
+                    status,
+                    challenge,
+                    String::from_utf8_lossy(&body).into_owned(),
+                )
+            }
+        };
+        let cases = [
+            ("/api/v1/series", None, StatusCode::UNAUTHORIZED),
+            (
+                "/api/v1/series",
+                Some("api-token-"),
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                "/api/v1/series",
+                Some("scrape-token-2"),
+                StatusCode::UNAUTHORIZED,
+            ),
+            ("/api/v1/series", Some("api-token-1"), StatusCode::OK),
+            ("/metrics", None, StatusCode::UNAUTHORIZED),
+            ("/metrics", Some("api-token-1"), StatusCode::UNAUTHORIZED),
+            ("/metrics", Some("scrape-token-2"), StatusCode::OK),
+            ("/healthz", None, StatusCode::OK),
+            ("/readyz", None, StatusCode::SERVICE_UNAVAILABLE),
+        ];
+        for (path, token, want) in cases {
+            let (status, challenge, body) = call(path, token).await;
+            assert_eq!(status, want, "{path} with {token:?}: {body}");
+            if want == StatusCode::UNAUTHORIZED {
+                assert!(challenge.is_some(), "{path}: WWW-Authenticate");
+                assert!(body.contains("\"error\""), "{body}");
+                assert!(
+                    !body.contains("token-"),
+                    "the answer echoes a token: {body}"
+                );
+            }
+        }
     }
 }

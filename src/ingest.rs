@@ -351,6 +351,15 @@ impl Ingest {
                 "The MQTT broker refused the connection; check mqtt.username, the password file \
                  and mqtt.client_id."
             );
+        } else if e.tls && (attempt == 1 || attempt.is_power_of_two()) {
+            error!(
+                error = %e,
+                retry_in = ?delay,
+                attempt,
+                "The TLS connection to the MQTT broker failed; check mqtt.tls.ca_file (the CA \
+                 that signed the broker's certificate), that the certificate names mqtt.host, \
+                 and mqtt.tls.cert_file/key_file if the broker requires a client certificate."
+            );
         } else if was_connected || attempt == 1 {
             warn!(
                 error = %e,

@@ -16,6 +16,8 @@
 //! - [`rollup`]: hourly buckets merged into day/week windows for queries. Pure.
 //! - [`stats`]: counters and gauges; [`metrics`]: their Prometheus rendering.
 //! - [`http`]: the HTTP server (metrics, health, query API); [`export`]: JSON/CSV formatting.
+//! - [`secret`], [`tls`]: secrets read from files (`$CREDENTIALS_DIRECTORY`) and the rustls
+//!   client configuration.
 //! - [`daemon`]: wiring and shutdown order.
 //!
 //! # Data flow
@@ -38,9 +40,11 @@ pub mod page;
 pub mod query;
 pub mod reading;
 pub mod rollup;
+pub mod secret;
 pub mod series;
 pub mod sketch;
 pub mod stats;
 pub mod store;
 pub mod summary;
+pub mod tls;
 pub mod writer;

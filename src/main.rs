@@ -92,6 +92,9 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "table", global = true)]
         format: QueryFormat,
+        /// File holding the bearer token of the daemon's API (its http.token_file).
+        #[arg(long, env = "BUCKETD_TOKEN_FILE", value_name = "FILE", global = true)]
+        token_file: Option<PathBuf>,
         #[command(subcommand)]
         what: QueryCommand,
     },
@@ -152,7 +155,12 @@ fn main() -> ExitCode {
             format,
             raw,
         } => export(&db, series.as_deref(), from, to, format, raw),
-        Command::Query { url, format, what } => query(&url, format, what),
+        Command::Query {
+            url,
+            format,
+            token_file,
+            what,
+        } => query(&url, token_file.as_deref(), format, what),
         Command::Compact { db } => match bucketd::store::compact(&db) {
             Ok((before, after)) => {
                 println!("{}: {before} bytes -> {after} bytes", db.display());
@@ -166,9 +174,22 @@ fn main() -> ExitCode {
     }
 }
 
-fn query(url: &str, format: QueryFormat, what: QueryCommand) -> ExitCode {
+fn query(
+    url: &str,
+    token_file: Option<&std::path::Path>,
+    format: QueryFormat,
+    what: QueryCommand,
+) -> ExitCode {
     use bucketd::query::{Client, buckets_table, raw_table, render, series_table};
-    let client = Client::new(url);
+    let token = match token_file.map(|f| bucketd::secret::read("--token-file", f, None)) {
+        None => None,
+        Some(Ok(token)) => Some(token),
+        Some(Err(e)) => {
+            eprintln!("bucketd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let client = Client::new(url, token);
     let (answer, table): (_, fn(&_) -> _) = match &what {
         QueryCommand::Series => (client.get("/api/v1/series", &[]), series_table),
         QueryCommand::Buckets {

@@ -2,12 +2,14 @@
 //! about normalised into [`MqttEvent`]. Sets up the persistent session, manual acknowledgements,
 //! the in-flight window and packet size limits. Knows nothing about decoding or storage.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::ack::AckToken;
 use crate::config::{MqttConfig, Protocol, Subscription};
+use crate::secret::Secret;
 
 /// The events the ingest loop acts on.
 #[derive(Debug)]
@@ -40,6 +42,8 @@ pub struct PollError {
     /// The broker refused the connection (bad credentials, client id refused, ...): retrying
     /// alone will not fix it, the operator must.
     pub refused: bool,
+    /// The TLS handshake or TLS setup failed (certificate not trusted, wrong host name, ...).
+    pub tls: bool,
 }
 
 /// Request channel sized so that acknowledgements never find it full: two batches can be
@@ -72,8 +76,20 @@ pub struct Mqtt {
 
 impl Mqtt {
     /// Builds the client. Nothing connects until the first [`Mqtt::poll`].
-    pub fn new(cfg: &MqttConfig, password: Option<String>, subscriptions: &[Subscription]) -> Mqtt {
+    pub fn new(
+        cfg: &MqttConfig,
+        password: Option<&Secret>,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        subscriptions: &[Subscription],
+    ) -> Mqtt {
         let cap = request_capacity(cfg.receive_maximum);
+        let password = password.map(|p| p.expose().to_owned()).unwrap_or_default();
+        let transport = || match &tls {
+            Some(config) => rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
+                config.clone(),
+            )),
+            None => rumqttc::Transport::tcp(),
+        };
         let client = match cfg.protocol {
             Protocol::V311 => {
                 let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
@@ -81,9 +97,10 @@ impl Mqtt {
                     .set_inflight(OUTGOING_INFLIGHT)
                     .set_manual_acks(true)
                     .set_keep_alive(cfg.keep_alive)
-                    .set_max_packet_size(cfg.max_packet_bytes, cfg.max_packet_bytes);
+                    .set_max_packet_size(cfg.max_packet_bytes, cfg.max_packet_bytes)
+                    .set_transport(transport());
                 if let Some((user, _)) = &cfg.credentials {
-                    o.set_credentials(user, password.unwrap_or_default());
+                    o.set_credentials(user, password);
                 }
                 let (client, mut eventloop) = rumqttc::AsyncClient::new(o, cap);
                 eventloop
@@ -107,9 +124,10 @@ impl Mqtt {
                     .set_session_expiry_interval(Some(
                         u32::try_from(cfg.session_expiry.as_secs()).expect("validated to fit"),
                     ))
-                    .set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
+                    .set_connection_timeout(cfg.connect_timeout.as_secs().max(1))
+                    .set_transport(transport());
                 if let Some((user, _)) = &cfg.credentials {
-                    o.set_credentials(user, password.unwrap_or_default());
+                    o.set_credentials(user, password);
                 }
                 let (client, eventloop) = rumqttc::v5::AsyncClient::new(o, cap);
                 Client::V5 {
@@ -160,6 +178,7 @@ impl Mqtt {
                     Ok(_) => Ok(MqttEvent::Other),
                     Err(e) => Err(PollError {
                         refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
+                        tls: matches!(e, rumqttc::ConnectionError::Tls(_)) || tls_failure(&e),
                         message: e.to_string(),
                     }),
                 }
@@ -195,6 +214,7 @@ impl Mqtt {
                     Ok(_) => Ok(MqttEvent::Other),
                     Err(e) => Err(PollError {
                         refused: matches!(e, rumqttc::v5::ConnectionError::ConnectionRefused(_)),
+                        tls: matches!(e, rumqttc::v5::ConnectionError::Tls(_)) || tls_failure(&e),
                         message: e.to_string(),
                     }),
                 }
@@ -262,6 +282,28 @@ impl Mqtt {
             Client::V5 { client, .. } => client.try_disconnect().map_err(|e| e.to_string()),
         }
     }
+}
+
+/// Whether `e` was caused by rustls (a handshake failure arrives as an I/O error wrapping it,
+/// an alert from the broker sometimes only as text).
+fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(err) = source {
+        if err.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    // Some paths keep only the text (a TLS alert from the broker read as an MQTT decoding
+    // error): rustls' wording for an alert, such as a client certificate the broker requires.
+    e.to_string().contains("received fatal alert")
 }
 
 /// Capped exponential backoff for reconnects: `min`, doubling to `max`, reset on success.

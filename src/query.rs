@@ -29,10 +29,13 @@ pub enum QueryError {
 pub struct Client {
     agent: ureq::Agent,
     base: String,
+    token: Option<crate::secret::Secret>,
 }
 
 impl Client {
-    pub fn new(base: &str) -> Client {
+    /// A client of the API at `base`, sending `token` as `Authorization: Bearer` when given
+    /// (the daemon's `http.token_file`).
+    pub fn new(base: &str, token: Option<crate::secret::Secret>) -> Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(60)))
@@ -41,6 +44,7 @@ impl Client {
         Client {
             agent,
             base: base.trim_end_matches('/').to_owned(),
+            token,
         }
     }
 
@@ -48,6 +52,9 @@ impl Client {
     pub fn get(&self, path: &str, params: &[(&str, Option<&str>)]) -> Result<Value, QueryError> {
         let url = format!("{}{path}", self.base);
         let mut request = self.agent.get(&url);
+        if let Some(token) = &self.token {
+            request = request.header("Authorization", format!("Bearer {}", token.expose()));
+        }
         for (k, v) in params {
             if let Some(v) = v {
                 request = request.query(*k, *v);
@@ -73,8 +80,13 @@ impl Client {
             Ok(value)
         } else {
             let message = value["error"].as_str().unwrap_or("unknown error");
+            let hint = if status.as_u16() == 401 {
+                "; pass the daemon's http.token_file with --token-file"
+            } else {
+                ""
+            };
             Err(QueryError::Api(format!(
-                "{message} (HTTP {})",
+                "{message} (HTTP {}){hint}",
                 status.as_u16()
             )))
         }

@@ -96,6 +96,17 @@ fn bad_values_are_errors_that_name_the_key() {
         ("[mqtt]\nreceive_maximum = 70000\n", "receive_maximum"),
         ("[mqtt]\nport = \"x\"\n", "port"),
         ("[mqtt]\npassword_file = \"/p\"\n", "mqtt.username"),
+        ("[mqtt.tls]\nca_file = \"/ca.pem\"\n", "mqtt.tls.enabled"),
+        (
+            "[mqtt.tls]\nenabled = true\ncert_file = \"/c.pem\"\n",
+            "mqtt.tls.key_file",
+        ),
+        (
+            "[mqtt.tls]\nenabled = true\nkey_file = \"k.pem\"\n",
+            "mqtt.tls.cert_file",
+        ),
+        ("[mqtt.tls]\nenabled = \"maybe\"\n", "enabled"),
+        ("[mqtt.tls]\ncafile = \"/ca.pem\"\n", "cafile"),
         (
             "[limits]\nmax_payload_bytes = \"1MiB\"\n",
             "limits.max_payload_bytes",
@@ -169,6 +180,43 @@ fn relative_store_path_resolves_against_the_state_directory() {
         Path::new("/var/lib/bucketd/bucketd.redb")
     );
     assert_eq!(c.resolved_store_path(None), Path::new("bucketd.redb"));
+}
+
+#[test]
+fn tls_and_tokens_are_read_from_file_environment_and_defaults() {
+    let c = Config::load(None, env(&[])).unwrap();
+    assert_eq!(c.mqtt.tls, None);
+    assert_eq!(c.http.token_file, None);
+    let f = file(
+        "[mqtt.tls]\nenabled = true\ncert_file = \"/etc/bucketd/client.pem\"\n\
+         key_file = \"client-key\"\n[http]\nmetrics_token_file = \"/run/scrape\"\n",
+    );
+    let c = Config::load(
+        Some(f.path()),
+        env(&[
+            ("BUCKETD__MQTT__TLS__CA_FILE", "/etc/bucketd/ca.pem"),
+            ("BUCKETD__HTTP__TOKEN_FILE", "api-token"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.mqtt.tls,
+        Some(TlsFiles {
+            ca_file: Some("/etc/bucketd/ca.pem".into()),
+            client: Some(("/etc/bucketd/client.pem".into(), "client-key".into())),
+        })
+    );
+    assert_eq!(c.http.token_file, Some("api-token".into()));
+    assert_eq!(c.http.metrics_token_file, Some("/run/scrape".into()));
+    // TLS on with nothing else: the system's roots, no client certificate.
+    let c = Config::load(None, env(&[("BUCKETD__MQTT__TLS__ENABLED", "true")])).unwrap();
+    assert_eq!(
+        c.mqtt.tls,
+        Some(TlsFiles {
+            ca_file: None,
+            client: None
+        })
+    );
 }
 
 #[test]

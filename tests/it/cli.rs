@@ -40,8 +40,8 @@ impl Daemon {
         let mut child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(config)
-            .envs(env.iter().copied())
             .env("RUST_LOG", "bucketd=debug")
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
@@ -62,10 +62,12 @@ impl Daemon {
     /// Reads log lines until `f` returns true for one; returns every line read.
     pub fn wait_for_line(&self, what: &str, mut f: impl FnMut(&str) -> bool) -> Vec<String> {
         let mut seen = Vec::new();
+        // One deadline for all lines: a chatty log (trace level) must not keep it waiting.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let line = self
                 .lines
-                .recv_timeout(Duration::from_secs(60))
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
                 .unwrap_or_else(|_| panic!("no log line {what} within 60 s; saw {seen:#?}"));
             let done = f(&line);
             seen.push(line);
@@ -106,7 +108,7 @@ fn committed_readings(line: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn export(args: &[&str]) -> std::process::Output {
+pub fn export(args: &[&str]) -> std::process::Output {
     Command::new(BIN).arg("export").args(args).output().unwrap()
 }
 
@@ -268,7 +270,7 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
 on_every_broker!(sigterm_commits_and_export_reads_it_back);
 
 /// Rebuilds a stored document from an exported line, through the exported fields only.
-fn doc_from_export(v: &serde_json::Value) -> bucketd::store::BucketDoc {
+pub fn doc_from_export(v: &serde_json::Value) -> bucketd::store::BucketDoc {
     use bucketd::reading::Timestamp;
     use bucketd::summary::{Point, Summary};
     let ts = |s: &serde_json::Value| Timestamp::parse(s.as_str().unwrap()).unwrap().as_nanos();

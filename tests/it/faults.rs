@@ -153,9 +153,7 @@ async fn a_slow_store_bounds_what_is_pending(broker: Broker, protocol: Protocol)
 
 on_every_broker!(a_slow_store_bounds_what_is_pending);
 
-#[path = "../shared/own_mosquitto.rs"]
-mod own_mosquitto;
-use own_mosquitto::OwnMosquitto;
+use crate::own_mosquitto::OwnMosquitto;
 
 fn own_broker(m: &OwnMosquitto) -> Broker {
     Broker {

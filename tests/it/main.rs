@@ -2,6 +2,9 @@
 //! tests run against the in-process rumqttd and, when `BUCKETD_TEST_MQTT=host:port` is set,
 //! against that broker too (CI points it at Mosquitto).
 
+/// A Mosquitto of the test's own (shared with the benchmarks).
+#[path = "../shared/own_mosquitto.rs"]
+mod own_mosquitto;
 mod support;
 
 /// The HTTP API, `bucketd query` and `/metrics`.
@@ -14,6 +17,8 @@ mod crash;
 mod faults;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.
 mod ingest;
+/// TLS, passwords, client certificates, credentials and HTTP tokens, against Mosquitto.
+mod security;
 
 /// Runs an async scenario `fn(Broker, Protocol)` against every broker, as one test per broker
 /// and protocol. Against the external broker, the test passes without running when

@@ -19,6 +19,12 @@ impl OwnMosquitto {
     /// Starts it. With `persistence`, it keeps sessions and queued messages across
     /// [`OwnMosquitto::down`] and [`OwnMosquitto::up`]. `extra` is appended to its config.
     pub fn start(persistence: bool, extra: &str) -> OwnMosquitto {
+        OwnMosquitto::start_with(persistence, "", extra)
+    }
+
+    /// [`OwnMosquitto::start`] with `head` placed before the first listener (for options that
+    /// must come first, such as `per_listener_settings true`).
+    pub fn start_with(persistence: bool, head: &str, extra: &str) -> OwnMosquitto {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -34,7 +40,7 @@ impl OwnMosquitto {
         std::fs::write(
             &conf,
             format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence {persistence}\n\
+                "{head}\nlistener {port} 127.0.0.1\nallow_anonymous true\npersistence {persistence}\n\
                  persistence_location {}/\nmax_queued_messages 0\nlog_dest none\n{extra}",
                 dir.path().display()
             ),

@@ -1,0 +1,180 @@
+//! TLS to the broker: builds the rustls client configuration from `[mqtt.tls]` (CA file or the
+//! system's roots, optional client certificate and key). rustls with the `ring` provider, passed
+//! explicitly rather than installed process-wide. Errors name the config key and the file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::TlsFiles;
+
+/// The client configuration for `files`; `credentials` is `$CREDENTIALS_DIRECTORY` (for a
+/// relative `key_file`).
+pub fn client_config(
+    files: &TlsFiles,
+    credentials: Option<&Path>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    match &files.ca_file {
+        Some(ca) => {
+            for cert in certificates("mqtt.tls.ca_file", ca)? {
+                roots.add(cert).map_err(|e| {
+                    format!(
+                        "mqtt.tls.ca_file {}: not a usable CA certificate: {e}",
+                        ca.display()
+                    )
+                })?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                return Err(format!(
+                    "mqtt.tls.ca_file is empty and no system CA certificates were found ({} \
+                     errors); install ca-certificates or set mqtt.tls.ca_file",
+                    found.errors.len()
+                ));
+            }
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("ring supports the default protocol versions")
+    .with_root_certificates(roots);
+    let config = match &files.client {
+        None => builder.with_no_client_auth(),
+        Some((cert_file, key_file)) => {
+            let chain = certificates("mqtt.tls.cert_file", cert_file)?;
+            let key = private_key(key_file, credentials)?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                format!(
+                    "mqtt.tls.cert_file {} and mqtt.tls.key_file {}: {e}",
+                    cert_file.display(),
+                    key_file.display()
+                )
+            })?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// Every certificate in a PEM file; none at all is an error.
+fn certificates(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bytes =
+        std::fs::read(path).map_err(|e| format!("cannot read {key} {}: {e}", path.display()))?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{key} {}: not a PEM certificate file: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{key} {}: no certificate in it (expected PEM \"-----BEGIN CERTIFICATE-----\")",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The client key: a secret, so relative paths resolve like the other credentials and the
+/// error never quotes the file.
+fn private_key(file: &Path, credentials: Option<&Path>) -> Result<PrivateKeyDer<'static>, String> {
+    let path = crate::secret::resolve(file, credentials);
+    let bytes = std::fs::read(&path)
+        .map_err(|e| format!("cannot read mqtt.tls.key_file {}: {e}", path.display()))?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| {
+        format!(
+            "mqtt.tls.key_file {}: no PEM private key in it (PKCS#8, PKCS#1 or SEC1)",
+            path.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    struct Pki {
+        dir: tempfile::TempDir,
+    }
+
+    impl Pki {
+        fn new() -> Pki {
+            let dir = tempfile::tempdir().unwrap();
+            let ca_key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let ca = params.self_signed(&ca_key).unwrap();
+            let issuer = rcgen::Issuer::new(params, ca_key);
+            let client_key = rcgen::KeyPair::generate().unwrap();
+            let client = rcgen::CertificateParams::new(vec!["client".to_owned()])
+                .unwrap()
+                .signed_by(&client_key, &issuer)
+                .unwrap();
+            std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+            std::fs::write(dir.path().join("client.pem"), client.pem()).unwrap();
+            std::fs::write(dir.path().join("client.key"), client_key.serialize_pem()).unwrap();
+            std::fs::write(dir.path().join("garbage"), "not pem at all").unwrap();
+            Pki { dir }
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.dir.path().join(name)
+        }
+    }
+
+    #[test]
+    fn builds_with_a_ca_file_and_a_client_certificate() {
+        let pki = Pki::new();
+        let files = TlsFiles {
+            ca_file: Some(pki.path("ca.pem")),
+            client: Some((pki.path("client.pem"), "client.key".into())),
+        };
+        // The relative key file is found in the credentials directory.
+        let config = client_config(&files, Some(pki.dir.path())).unwrap();
+        assert!(config.client_auth_cert_resolver.has_certs());
+    }
+
+    #[test]
+    fn bad_files_are_named_with_their_key() {
+        let pki = Pki::new();
+        let cases = [
+            (
+                TlsFiles {
+                    ca_file: Some(pki.path("garbage")),
+                    client: None,
+                },
+                "mqtt.tls.ca_file",
+            ),
+            (
+                TlsFiles {
+                    ca_file: Some(pki.path("nope.pem")),
+                    client: None,
+                },
+                "mqtt.tls.ca_file",
+            ),
+            (
+                TlsFiles {
+                    ca_file: Some(pki.path("ca.pem")),
+                    client: Some((pki.path("client.pem"), pki.path("garbage"))),
+                },
+                "mqtt.tls.key_file",
+            ),
+            (
+                TlsFiles {
+                    ca_file: Some(pki.path("ca.pem")),
+                    client: Some((pki.path("garbage"), pki.path("client.key"))),
+                },
+                "mqtt.tls.cert_file",
+            ),
+        ];
+        for (files, key) in cases {
+            let e = client_config(&files, None).unwrap_err();
+            assert!(e.contains(key), "{e}");
+        }
+    }
+}
