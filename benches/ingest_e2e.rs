@@ -1,23 +1,33 @@
-//! End-to-end ingest benchmark: one publisher sends a fixed QoS 1 workload to a real broker and
-//! we measure, in the same run,
-//! 1. the limit: a null subscriber (rumqttc, QoS 1, acknowledging each message at once);
-//! 2. bucketd (in-process, real redb file in a temporary directory), from first publish to the
-//!    last reading committed.
+//! End-to-end ingest comparison: one publisher sends a fixed QoS 1 workload to a real broker and,
+//! in the same run, each of these subscribers takes it in turn, each as its own process so that
+//! its CPU time, peak RSS and bytes written are its own (`/proc/<pid>`):
+//! 1. `null`: the limit. rumqttc, QoS 1, acknowledging each message as it arrives, nothing else.
+//! 2. `sqlite`: the common alternative on gateways. Each message upserted into SQLite (WAL,
+//!    `ON CONFLICT DO UPDATE` incrementing count and sum, min/max, `synchronous=FULL` so the commit
+//!    is durable like bucketd's), one transaction per message, acknowledged after it.
+//! 3. `bucketd`: the real binary at its default settings, and 4. `bucketd-durable`: at its most
+//!    durable ones (`durability = "two_phase"`, quick repair on).
 //!
-//! `cargo bench --bench ingest_e2e`. The broker is a Mosquitto the benchmark starts on a free
-//! port with unlimited queues (`mosquitto` must be on PATH), or the one named by
-//! `BUCKETD_BENCH_MQTT=host:port`. A broker with Mosquitto's default `max_queued_messages` (1000)
-//! drops messages whenever a subscriber falls that far behind a flat-out publisher, and the run
-//! would never finish.
+//! Measured from the first publish to the last message received (null) or the last reading
+//! committed (the others): the sustained rate, CPU seconds per million readings, peak RSS and
+//! bytes written to disk per reading. Every run checks what was ingested: the counts, and the sum
+//! of all values, of SQLite's table and bucketd's buckets (it panics otherwise), so a short run
+//! is the CI smoke test: `BENCH_MESSAGES=2000 BENCH_RUNS=1 cargo bench --bench ingest_e2e`.
+//!
+//! `cargo bench --bench ingest_e2e` runs the whole comparison (docs/PERFORMANCE.md). The broker is
+//! a Mosquitto the benchmark starts on a free port with unlimited queues and in-flight window
+//! (`mosquitto` must be on PATH), or the one named by `BUCKETD_BENCH_MQTT=host:port`.
 //! Knobs: `BENCH_MESSAGES` (default 200000), `BENCH_SERIES` (1000), `BENCH_READINGS_PER_MESSAGE`
-//! (1 = value payloads; more = JSON arrays).
+//! (1 = `value` payloads; more = JSON arrays), `BENCH_RUNS` (3), `BENCH_ONLY` (comma-separated
+//! contender names).
 
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bucketd::config::{Config, Protocol, RawConfig, RawSubscription};
-use bucketd::stats::Stats;
-use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use bucketd::config::{Protocol, RawConfig, RawSubscription};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use serde_json::{Value, json};
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -26,33 +36,43 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 struct Workload {
     messages: Vec<(String, Vec<u8>)>,
     readings: u64,
+    /// The sum of every value, to check what was stored.
+    sum: f64,
 }
 
 fn workload(prefix: &str, messages: usize, series: usize, per_message: usize) -> Workload {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
     let mut out = Vec::with_capacity(messages);
+    let mut sum = 0.0;
     for i in 0..messages {
         let s = i % series;
         if per_message == 1 {
+            let value = format!("{}.{}", 20 + i % 10, i % 997);
+            sum += value.parse::<f64>().unwrap();
             out.push((
                 format!("{prefix}/sensors/s{s}/temperature"),
-                format!("{}.{}", 20 + i % 10, i % 997).into_bytes(),
+                value.into_bytes(),
             ));
         } else {
             let items: Vec<String> = (0..per_message)
                 .map(|k| {
                     let ts = now_ms - 3_600_000 + ((i * per_message + k) as u64 % 3_600_000);
-                    format!(
-                        "{{\"ts\":{ts},\"temperature\":{}.{}}}",
-                        20 + k % 10,
-                        i % 997
-                    )
+                    let value = format!("{}.{}", 20 + k % 10, i % 997);
+                    sum += value.parse::<f64>().unwrap();
+                    format!("{{\"ts\":{ts},\"temperature\":{value}}}")
                 })
                 .collect();
             out.push((
@@ -64,17 +84,20 @@ fn workload(prefix: &str, messages: usize, series: usize, per_message: usize) ->
     Workload {
         messages: out,
         readings: (messages * per_message) as u64,
+        sum,
     }
 }
 
 /// Publishes everything at QoS 1 as fast as the broker takes it.
-async fn publish(host: &str, port: u16, messages: Vec<(String, Vec<u8>)>) {
+async fn publish(host: String, port: u16, messages: Vec<(String, Vec<u8>)>) {
     let mut opts = MqttOptions::new(format!("bench-pub-{}", std::process::id()), host, port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_inflight(1000)
         .set_max_packet_size(1 << 20, 1 << 20);
     let (client, mut eventloop) = AsyncClient::new(opts, 10_000);
     let total = messages.len();
+    // Held until every PUBACK is in: dropping the last client ends the event loop.
+    let _keep = client.clone();
     tokio::spawn(async move {
         for (topic, payload) in messages {
             client
@@ -91,9 +114,48 @@ async fn publish(host: &str, port: u16, messages: Vec<(String, Vec<u8>)>) {
     }
 }
 
-/// The limit: receive and acknowledge each message at once, nothing else.
-async fn null_subscriber(host: &str, port: u16, prefix: &str, w: Workload) -> Duration {
-    let mut opts = MqttOptions::new(format!("bench-null-{prefix}"), host, port);
+/// CPU time, peak RSS and bytes written of a process (`self` or a pid), from `/proc`.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    cpu_s: f64,
+    peak_rss_kib: u64,
+    write_bytes: u64,
+}
+
+fn usage(pid: &str) -> Usage {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces): utime and stime are 14 and 15.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu_s = (fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap()) / ticks;
+    let field = |file: &str, key: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/{file}"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in /proc/{pid}/{file}"))
+    };
+    Usage {
+        cpu_s,
+        peak_rss_kib: field("status", "VmHWM:"),
+        write_bytes: field("io", "write_bytes:"),
+    }
+}
+
+// ---- The child roles: `BENCH_ROLE=null|sqlite`, started by the parent. --------------------
+
+/// A subscriber child: subscribes to `BENCH_PREFIX/#`, prints `subscribed`, takes
+/// `BENCH_EXPECT` messages, then prints one JSON line with its end time, usage and (sqlite) the
+/// table's totals, and exits.
+async fn child(role: &str) {
+    let host = std::env::var("BENCH_HOST").unwrap();
+    let port: u16 = env_or("BENCH_PORT", 0);
+    let prefix = std::env::var("BENCH_PREFIX").unwrap();
+    let expect: usize = env_or("BENCH_EXPECT", 0);
+    let mut opts = MqttOptions::new(format!("bench-{role}-{prefix}"), host, port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_manual_acks(true)
         .set_max_packet_size(1 << 20, 1 << 20);
@@ -102,32 +164,181 @@ async fn null_subscriber(host: &str, port: u16, prefix: &str, w: Workload) -> Du
         .subscribe(format!("{prefix}/#"), QoS::AtLeastOnce)
         .await
         .unwrap();
+    let mut sqlite = (role == "sqlite").then(|| Sqlite::open(&prefix));
     loop {
         if let Event::Incoming(Packet::SubAck(_)) = eventloop.poll().await.unwrap() {
             break;
         }
     }
-    let total = w.messages.len();
-    let start = Instant::now();
-    let (h, p) = (host.to_owned(), port);
-    let publisher = tokio::spawn(async move { publish(&h, p, w.messages).await });
+    println!("subscribed");
     let mut received = 0;
-    while received < total {
-        match eventloop.poll().await.unwrap() {
-            Event::Incoming(Packet::Publish(publish)) => {
-                client.try_ack(&publish).unwrap();
-                received += 1;
+    while received < expect {
+        if let Event::Incoming(Packet::Publish(p)) = eventloop.poll().await.unwrap() {
+            if let Some(db) = &mut sqlite {
+                db.upsert_message(p.topic.as_bytes(), &p.payload);
             }
-            Event::Outgoing(Outgoing::PubAck(_)) => {}
-            _ => {}
+            client.try_ack(&p).unwrap();
+            received += 1;
         }
     }
-    let took = start.elapsed();
-    publisher.await.unwrap();
-    took
+    let end_ns = now_ns();
+    // The last acknowledgements go out with the next polls; the run is over either way.
+    let u = usage("self");
+    let (count, sum) = sqlite
+        .as_ref()
+        .map_or((received as u64, 0.0), Sqlite::totals);
+    println!(
+        "{}",
+        json!({"end_ns": end_ns.to_string(), "cpu_s": u.cpu_s, "peak_rss_kib": u.peak_rss_kib,
+               "write_bytes": u.write_bytes, "count": count, "sum": sum})
+    );
 }
 
-async fn bucketd_run(host: &str, port: u16, prefix: &str, w: Workload) -> (Duration, u64) {
+/// One SQLite file with one row per (series, hour): the upsert-per-message alternative.
+struct Sqlite {
+    conn: rusqlite::Connection,
+    _dir: tempfile::TempDir,
+}
+
+impl Sqlite {
+    fn open(prefix: &str) -> Sqlite {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = rusqlite::Connection::open(dir.path().join(format!("{prefix}.sqlite"))).unwrap();
+        let sync = std::env::var("BENCH_SQLITE_SYNC").unwrap_or_else(|_| "FULL".into());
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync};
+             CREATE TABLE buckets (series TEXT NOT NULL, start INTEGER NOT NULL,
+               count INTEGER NOT NULL, sum REAL NOT NULL, min REAL NOT NULL, max REAL NOT NULL,
+               PRIMARY KEY (series, start)) WITHOUT ROWID;"
+        ))
+        .unwrap();
+        Sqlite { conn, _dir: dir }
+    }
+
+    /// One transaction per message: every reading of it upserted, then committed.
+    fn upsert_message(&mut self, topic: &[u8], payload: &[u8]) {
+        let topic = std::str::from_utf8(topic).unwrap();
+        let sensor = topic.split('/').nth(2).unwrap();
+        let series = format!("{sensor}/temperature");
+        let hour = |ms: i64| ms.div_euclid(3_600_000) * 3600;
+        let readings: Vec<(i64, f64)> = if topic.ends_with("/telemetry") {
+            let items: Vec<Value> = serde_json::from_slice(payload).unwrap();
+            items
+                .iter()
+                .map(|o| {
+                    (
+                        hour(o["ts"].as_i64().unwrap()),
+                        o["temperature"].as_f64().unwrap(),
+                    )
+                })
+                .collect()
+        } else {
+            let now_ms = (now_ns() / 1_000_000) as i64;
+            let value = std::str::from_utf8(payload).unwrap().parse().unwrap();
+            vec![(hour(now_ms), value)]
+        };
+        let tx = self.conn.transaction().unwrap();
+        {
+            let mut upsert = tx
+                .prepare_cached(
+                    "INSERT INTO buckets (series, start, count, sum, min, max)
+                     VALUES (?1, ?2, 1, ?3, ?3, ?3)
+                     ON CONFLICT (series, start) DO UPDATE SET count = count + 1,
+                       sum = sum + excluded.sum, min = min(min, excluded.min),
+                       max = max(max, excluded.max)",
+                )
+                .unwrap();
+            for (start, value) in readings {
+                upsert
+                    .execute(rusqlite::params![series, start, value])
+                    .unwrap();
+            }
+        }
+        tx.commit().unwrap();
+    }
+
+    fn totals(&self) -> (u64, f64) {
+        self.conn
+            .query_row("SELECT SUM(count), SUM(sum) FROM buckets", [], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get(1)?))
+            })
+            .unwrap()
+    }
+}
+
+// ---- The parent: runs each contender as a child process. ---------------------------------
+
+struct Outcome {
+    took: Duration,
+    usage: Usage,
+    count: u64,
+    sum: f64,
+    commits: Option<u64>,
+}
+
+/// Starts the bench binary itself as a `role` child and waits until it has subscribed.
+fn spawn_role(role: &str, host: &str, port: u16, prefix: &str, expect: usize) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("BENCH_ROLE", role)
+        .env("BENCH_HOST", host)
+        .env("BENCH_PORT", port.to_string())
+        .env("BENCH_PREFIX", prefix)
+        .env("BENCH_EXPECT", expect.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let stdout = child.stdout.as_mut().unwrap();
+    let mut reader = BufReader::new(stdout);
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "subscribed", "{role} child");
+    child
+}
+
+async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) -> Outcome {
+    let child = spawn_role(role, host, port, prefix, w.messages.len());
+    let start_ns = now_ns();
+    let start = Instant::now();
+    let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages));
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let wall = start.elapsed();
+    publisher.await.unwrap();
+    assert!(output.status.success(), "{role} child failed");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let report: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let end_ns: u128 = report["end_ns"].as_str().unwrap().parse().unwrap();
+    let took = Duration::from_nanos((end_ns - start_ns) as u64);
+    assert!(took <= wall);
+    Outcome {
+        took,
+        usage: Usage {
+            cpu_s: report["cpu_s"].as_f64().unwrap(),
+            peak_rss_kib: report["peak_rss_kib"].as_u64().unwrap(),
+            write_bytes: report["write_bytes"].as_u64().unwrap(),
+        },
+        count: report["count"].as_u64().unwrap(),
+        sum: report["sum"].as_f64().unwrap(),
+        commits: None,
+    }
+}
+
+/// The sum of every sample of metric `name` (all label sets) in the Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+async fn run_bucketd(host: &str, port: u16, prefix: &str, durable: bool, w: Workload) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let mut raw = RawConfig::load(None, Vec::new()).unwrap();
     raw.mqtt.host = host.to_owned();
@@ -135,40 +346,105 @@ async fn bucketd_run(host: &str, port: u16, prefix: &str, w: Workload) -> (Durat
     raw.mqtt.protocol = Protocol::V5;
     raw.mqtt.client_id = format!("bench-bucketd-{prefix}");
     raw.store.path = dir.path().join("bench.redb");
+    if durable {
+        raw.store.durability = bucketd::config::Durability::TwoPhase;
+        raw.store.quick_repair = true;
+    }
     raw.http.bind = "127.0.0.1:0".into();
     raw.subscriptions = RawSubscription::defaults_under(prefix);
-    let config = Config::try_from(raw).unwrap();
-    let daemon = bucketd::daemon::start(&config).unwrap();
-    while !daemon.stats.subscribed.load(Ordering::Relaxed) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let config_path = dir.path().join("bucketd.toml");
+    std::fs::File::create(&config_path)
+        .unwrap()
+        .write_all(bucketd::config::render(&raw).as_bytes())
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bucketd"))
+        .args(["run", "--config"])
+        .arg(&config_path)
+        .env("RUST_LOG", "bucketd=info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut addr = None;
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("bucketd logs its start");
+        if let Some(a) = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+        {
+            addr = Some(a.to_owned());
+        }
+        if line.contains("Subscribed to every") {
+            break;
+        }
     }
+    let metrics_url = format!("http://{}/metrics", addr.expect("the HTTP address"));
+    let pid = child.id().to_string();
     let readings = w.readings;
     let start = Instant::now();
-    let (h, p) = (host.to_owned(), port);
-    let publisher = tokio::spawn(async move { publish(&h, p, w.messages).await });
-    while Stats::get(&daemon.stats.readings_ingested) < readings {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let took = start.elapsed();
+    let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages));
+    let (took, usage, commits) = tokio::task::spawn_blocking(move || {
+        loop {
+            let text = ureq::get(&metrics_url)
+                .call()
+                .unwrap()
+                .into_body()
+                .read_to_string()
+                .unwrap();
+            let done = metric(&text, "bucketd_readings_ingested_total");
+            if done as u64 >= readings {
+                let took = start.elapsed();
+                let commits = metric(&text, "bucketd_flushes_total") as u64;
+                return (took, usage(&pid), Some(commits));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+    .await
+    .unwrap();
     publisher.await.unwrap();
-    let flushes = Stats::get(&daemon.stats.flushes);
-    daemon.stop().await.unwrap();
-    (took, flushes)
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(child.wait().unwrap().success(), "bucketd exits cleanly");
+    let docs = bucketd::store::StoreReader::open(&raw.store.path)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    Outcome {
+        took,
+        usage,
+        count: docs.iter().map(|d| d.count as u64).sum(),
+        sum: docs.iter().map(|d| d.sum + d.sum_comp).sum(),
+        commits,
+    }
 }
 
 #[path = "../tests/shared/own_mosquitto.rs"]
 mod own_mosquitto;
 
+const CONTENDERS: [&str; 4] = ["null", "sqlite", "bucketd", "bucketd-durable"];
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .init();
+    if let Ok(role) = std::env::var("BENCH_ROLE") {
+        child(&role).await;
+        return;
+    }
     let (_broker, addr) = match std::env::var("BUCKETD_BENCH_MQTT") {
         Ok(addr) => (None, addr),
         Err(_) => {
-            // Unlimited in-flight too: the null subscriber and bucketd both acknowledge late.
+            // Unlimited in-flight too: every subscriber here acknowledges late.
             let broker = own_mosquitto::OwnMosquitto::start(false, "max_inflight_messages 0\n");
             let addr = broker.addr();
             (Some(broker), addr)
@@ -179,31 +455,66 @@ async fn main() {
     let messages = env_or("BENCH_MESSAGES", 200_000usize);
     let series = env_or("BENCH_SERIES", 1000usize);
     let per_message = env_or("BENCH_READINGS_PER_MESSAGE", 1usize);
+    let runs = env_or("BENCH_RUNS", 3usize);
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let contenders: Vec<&str> = CONTENDERS
+        .into_iter()
+        .filter(|c| only.is_empty() || only.split(',').any(|o| o == *c))
+        .collect();
     println!(
-        "workload: {messages} QoS 1 messages, {series} series, {per_message} reading(s)/message, broker {addr}"
+        "workload: {messages} QoS 1 messages, {series} series, {per_message} reading(s)/message, \
+         broker {addr}, {runs} run(s)"
+    );
+    println!(
+        "{:<16} {:>4} {:>12} {:>10} {:>14} {:>12} {:>14} {:>8}",
+        "contender",
+        "run",
+        "readings/s",
+        "vs null",
+        "CPU s/M read.",
+        "peak RSS MiB",
+        "written B/rd.",
+        "commits"
     );
     let id = std::process::id();
-    let null = null_subscriber(
-        host,
-        port,
-        &format!("benchnull{id}"),
-        workload(&format!("benchnull{id}"), messages, series, per_message),
-    )
-    .await;
-    let (ours, flushes) = bucketd_run(
-        host,
-        port,
-        &format!("benchd{id}"),
-        workload(&format!("benchd{id}"), messages, series, per_message),
-    )
-    .await;
-    let rate = |d: Duration| messages as f64 / d.as_secs_f64();
-    println!("null subscriber: {:>8.0} msg/s ({:.2?})", rate(null), null);
-    println!(
-        "bucketd:         {:>8.0} msg/s, {:>8.0} readings/s ({:.2?}, {flushes} commits)",
-        rate(ours),
-        rate(ours) * per_message as f64,
-        ours
-    );
-    println!("bucketd / null: {:.2}", rate(ours) / rate(null));
+    for run in 1..=runs {
+        let mut null_rate = None;
+        for contender in &contenders {
+            let prefix = format!("bench{}{id}r{run}", contender.replace('-', ""));
+            let w = workload(&prefix, messages, series, per_message);
+            let (readings, sum) = (w.readings, w.sum);
+            let outcome = match *contender {
+                "null" | "sqlite" => run_role(contender, host, port, &prefix, w).await,
+                "bucketd" => run_bucketd(host, port, &prefix, false, w).await,
+                _ => run_bucketd(host, port, &prefix, true, w).await,
+            };
+            // What was ingested is right, however fast.
+            match *contender {
+                "null" => assert_eq!(outcome.count, messages as u64, "null: messages"),
+                _ => {
+                    assert_eq!(outcome.count, readings, "{contender}: readings stored");
+                    assert!(
+                        (outcome.sum - sum).abs() <= 1e-9 * sum.abs(),
+                        "{contender}: sum {} != {sum}",
+                        outcome.sum
+                    );
+                }
+            }
+            let rate = readings as f64 / outcome.took.as_secs_f64();
+            let null = *null_rate.get_or_insert(rate);
+            println!(
+                "{:<16} {:>4} {:>12.0} {:>10.2} {:>14.2} {:>12.1} {:>14.1} {:>8}",
+                contender,
+                run,
+                rate,
+                rate / null,
+                outcome.usage.cpu_s / readings as f64 * 1e6,
+                outcome.usage.peak_rss_kib as f64 / 1024.0,
+                outcome.usage.write_bytes as f64 / readings as f64,
+                outcome
+                    .commits
+                    .map_or_else(|| "-".to_owned(), |c| c.to_string())
+            );
+        }
+    }
 }
