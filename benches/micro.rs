@@ -210,11 +210,54 @@ fn bench_commit(c: &mut Criterion) {
     g.finish();
 }
 
+/// The store path alone: 10,000 readings over 1,000 series (one flush at the default
+/// `max_pending_readings`) folded into a batch and committed, into buckets that already exist.
+fn bench_store_path(c: &mut Criterion) {
+    let names: Vec<Arc<str>> = (0..1000).map(|i| Arc::from(format!("s{i}/t"))).collect();
+    let mut g = c.benchmark_group("store_path");
+    g.sample_size(20);
+    g.throughput(Throughput::Elements(10_000));
+    for raw in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&StoreSettings {
+            path: dir.path().join("bench.redb"),
+            bucket_width_secs: 3600,
+            durability: Durability::Immediate,
+            quick_repair: true,
+            cache_bytes: 16 << 20,
+            page_capacity: 1000,
+            dedup_window: 8192,
+        })
+        .unwrap();
+        store.commit(&batch_of(1000, 0)).unwrap();
+        let mut round = 0i64;
+        let id = if raw {
+            "fold_and_commit_10000_with_raw"
+        } else {
+            "fold_and_commit_10000"
+        };
+        g.bench_function(id, |b| {
+            b.iter(|| {
+                round += 1;
+                let mut batcher = Batcher::new(policy(), 3600);
+                let now = Instant::now();
+                for i in 0..10_000usize {
+                    let ts = Timestamp::from_secs(NOW_S + (round * 10 + (i / 1000) as i64) % 3600);
+                    batcher.push_reading(names[i % 1000].clone(), ts, 21.5, raw, now);
+                }
+                store.commit(&batcher.take().0).unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     bench_decode,
     bench_merge,
     bench_batcher,
-    bench_commit
+    bench_commit,
+    bench_store_path
 );
 criterion_main!(benches);
