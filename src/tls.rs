@@ -79,16 +79,14 @@ fn certificates(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, 
     Ok(certs)
 }
 
-/// The client key: a secret, so relative paths resolve like the other credentials and the
-/// error never quotes the file.
+/// The client key: a secret like the others ([`crate::secret::read`]: relative paths in the
+/// credentials directory, errors that never quote the file).
 fn private_key(file: &Path, credentials: Option<&Path>) -> Result<PrivateKeyDer<'static>, String> {
-    let path = crate::secret::resolve(file, credentials);
-    let bytes = std::fs::read(&path)
-        .map_err(|e| format!("cannot read mqtt.tls.key_file {}: {e}", path.display()))?;
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| {
+    let pem = crate::secret::read("mqtt.tls.key_file", file, credentials)?;
+    PrivateKeyDer::from_pem_slice(pem.expose().as_bytes()).map_err(|_| {
         format!(
             "mqtt.tls.key_file {}: no PEM private key in it (PKCS#8, PKCS#1 or SEC1)",
-            path.display()
+            crate::secret::resolve(file, credentials).display()
         )
     })
 }
