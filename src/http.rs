@@ -53,11 +53,20 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/buckets", get(buckets))
         .route("/api/v1/raw", get(raw))
         .route("/api/v1/flush", post(flush))
-        .route_layer(from_fn_with_state(state.api_token.clone(), require_token));
+        .route_layer(from_fn_with_state(
+            Guard {
+                token: state.api_token.clone(),
+                stats: state.stats.clone(),
+            },
+            require_token,
+        ));
     let metrics = Router::new()
         .route("/metrics", get(metrics))
         .route_layer(from_fn_with_state(
-            state.metrics_token.clone(),
+            Guard {
+                token: state.metrics_token.clone(),
+                stats: state.stats.clone(),
+            },
             require_token,
         ));
     Router::new()
@@ -69,26 +78,34 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
+/// The token one group of routes needs, and where refusals are counted.
+#[derive(Clone)]
+struct Guard {
+    token: Option<Arc<Secret>>,
+    stats: Arc<Stats>,
+}
+
 /// Lets the request through when no token is configured or it carries
-/// `Authorization: Bearer <token>`; else 401 with `WWW-Authenticate: Bearer`. The answer never
-/// echoes what was sent.
-async fn require_token(
-    State(token): State<Option<Arc<Secret>>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let Some(token) = token else {
+/// `Authorization: Bearer <token>`; else 401 with `WWW-Authenticate: Bearer`, counted in
+/// `bucketd_http_unauthorized_total`. The answer never echoes what was sent.
+async fn require_token(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    let Some(token) = guard.token else {
         return next.run(request).await;
     };
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    match presented {
-        Some(candidate) if token.matches(candidate) => next.run(request).await,
-        Some(_) => unauthorized("the bearer token is not valid"),
-        None => unauthorized("this endpoint needs `Authorization: Bearer <token>`"),
-    }
+    let message = match presented {
+        Some(candidate) if token.matches(candidate) => return next.run(request).await,
+        Some(_) => "the bearer token is not valid",
+        None => "this endpoint needs `Authorization: Bearer <token>`",
+    };
+    guard
+        .stats
+        .http_unauthorized
+        .fetch_add(1, Ordering::Relaxed);
+    unauthorized(message)
 }
 
 fn unauthorized(message: &str) -> Response {
@@ -435,6 +452,7 @@ mod tests {
         };
         state.api_token = secret("api-token-1");
         state.metrics_token = secret("scrape-token-2");
+        let stats = state.stats.clone();
         let app = router(state);
         let call = |path: &'static str, token: Option<&'static str>| {
             let app = app.clone();
@@ -490,5 +508,10 @@ mod tests {
                 );
             }
         }
+        let refused = cases
+            .iter()
+            .filter(|(_, _, want)| *want == StatusCode::UNAUTHORIZED)
+            .count() as u64;
+        assert_eq!(Stats::get(&stats.http_unauthorized), refused);
     }
 }

@@ -47,6 +47,8 @@ pub struct Stats {
     pub duplicates: AtomicU64,
     /// Commits that failed (and were retried after reopening the file).
     pub commit_errors: AtomicU64,
+    /// HTTP requests refused for a missing or wrong bearer token.
+    pub http_unauthorized: AtomicU64,
     /// False from a failed commit until a commit succeeds again.
     pub store_failing: AtomicBool,
     dead_letters: Mutex<VecDeque<DeadLetter>>,
