@@ -12,7 +12,10 @@
 //!
 //! Measured from the first publish to the last message received (null) or the last reading
 //! committed (the others): the sustained rate, CPU seconds per million readings, peak RSS and
-//! bytes written to disk per reading. Every run checks what was ingested: the counts, and the sum
+//! bytes written to disk per reading; for bucketd also each message's latency from publish to
+//! commit (p50, p99; meaningful at a fixed rate, `BENCH_RATE`, where nothing queues).
+//! Before them, the storage engines alone, without MQTT ("anchors"): SQLite and bucketd's store,
+//! one transaction per reading and batched. Every run checks what was ingested: the counts, and the sum
 //! of all values, of SQLite's table and bucketd's buckets (it panics otherwise), so a short run
 //! is the CI smoke test: `BENCH_MESSAGES=2000 BENCH_RUNS=1 cargo bench --bench ingest_e2e`.
 //!
@@ -20,8 +23,10 @@
 //! a Mosquitto the benchmark starts on a free port with unlimited queues and in-flight window
 //! (`mosquitto` must be on PATH), or the one named by `BUCKETD_BENCH_MQTT=host:port`.
 //! Knobs: `BENCH_MESSAGES` (default 200000), `BENCH_SERIES` (1000), `BENCH_READINGS_PER_MESSAGE`
-//! (1 = `value` payloads; more = JSON arrays), `BENCH_RUNS` (3), `BENCH_ONLY` (comma-separated
-//! contender names).
+//! (1 = `value` payloads; more = JSON arrays), `BENCH_RATE` (messages/s; 0 = flat out),
+//! `BENCH_RUNS` (3), `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
+//! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
+//! 200000).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -50,6 +55,8 @@ struct Workload {
     readings: u64,
     /// The sum of every value, to check what was stored.
     sum: f64,
+    /// Messages per second; 0: flat out.
+    rate: f64,
 }
 
 fn workload(prefix: &str, messages: usize, series: usize, per_message: usize) -> Workload {
@@ -87,11 +94,19 @@ fn workload(prefix: &str, messages: usize, series: usize, per_message: usize) ->
         messages: out,
         readings: (messages * per_message) as u64,
         sum,
+        rate: 0.0,
     }
 }
 
-/// Publishes everything at QoS 1 as fast as the broker takes it.
-async fn publish(host: String, port: u16, messages: Vec<(String, Vec<u8>)>) {
+/// Publishes everything at QoS 1, as fast as the broker takes it (`rate` 0) or at `rate`
+/// messages per second; returns when every PUBACK is in, with the instant each message was
+/// handed to the client.
+async fn publish(
+    host: String,
+    port: u16,
+    messages: Vec<(String, Vec<u8>)>,
+    rate: f64,
+) -> Vec<Instant> {
     let mut opts = MqttOptions::new(format!("bench-pub-{}", std::process::id()), host, port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_inflight(1000)
@@ -100,13 +115,21 @@ async fn publish(host: String, port: u16, messages: Vec<(String, Vec<u8>)>) {
     let total = messages.len();
     // Held until every PUBACK is in: dropping the last client ends the event loop.
     let _keep = client.clone();
-    tokio::spawn(async move {
-        for (topic, payload) in messages {
+    let sender = tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
+        let mut sent = Vec::with_capacity(messages.len());
+        for (i, (topic, payload)) in messages.into_iter().enumerate() {
+            if rate > 0.0 {
+                // The timer's resolution is a millisecond: at high rates, small bursts.
+                tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+            }
+            sent.push(Instant::now());
             client
                 .publish(topic, QoS::AtLeastOnce, false, payload)
                 .await
                 .unwrap();
         }
+        sent
     });
     let mut acked = 0;
     while acked < total {
@@ -114,6 +137,7 @@ async fn publish(host: String, port: u16, messages: Vec<(String, Vec<u8>)>) {
             acked += 1;
         }
     }
+    sender.await.unwrap()
 }
 
 /// CPU time, peak RSS and bytes written of a process (`self` or a pid), from `/proc`.
@@ -168,7 +192,10 @@ async fn child(role: &str) {
         .subscribe(format!("{prefix}/#"), QoS::AtLeastOnce)
         .await
         .unwrap();
-    let mut sqlite = role.starts_with("sqlite").then(|| Sqlite::open(&prefix));
+    let sync = std::env::var("BENCH_SQLITE_SYNC").unwrap_or_else(|_| "FULL".into());
+    let mut sqlite = role
+        .starts_with("sqlite")
+        .then(|| Sqlite::open(&prefix, &sync));
     // Messages per transaction; their acknowledgements wait for its commit.
     let per_tx: usize = if role == "sqlite-1000" { 1000 } else { 1 };
     let mut unacked = Vec::with_capacity(per_tx);
@@ -219,10 +246,9 @@ struct Sqlite {
 }
 
 impl Sqlite {
-    fn open(prefix: &str) -> Sqlite {
+    fn open(prefix: &str, sync: &str) -> Sqlite {
         let dir = tempfile::tempdir().unwrap();
         let conn = rusqlite::Connection::open(dir.path().join(format!("{prefix}.sqlite"))).unwrap();
-        let sync = std::env::var("BENCH_SQLITE_SYNC").unwrap_or_else(|_| "FULL".into());
         conn.execute_batch(&format!(
             "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync};
              CREATE TABLE buckets (series TEXT NOT NULL, start INTEGER NOT NULL,
@@ -255,23 +281,24 @@ impl Sqlite {
             let value = std::str::from_utf8(payload).unwrap().parse().unwrap();
             vec![(hour(now_ms), value)]
         };
-        {
-            let mut upsert = self
-                .conn
-                .prepare_cached(
-                    "INSERT INTO buckets (series, start, count, sum, min, max)
-                     VALUES (?1, ?2, 1, ?3, ?3, ?3)
-                     ON CONFLICT (series, start) DO UPDATE SET count = count + 1,
-                       sum = sum + excluded.sum, min = min(min, excluded.min),
-                       max = max(max, excluded.max)",
-                )
-                .unwrap();
-            for (start, value) in readings {
-                upsert
-                    .execute(rusqlite::params![series, start, value])
-                    .unwrap();
-            }
+        for (start, value) in readings {
+            self.upsert(&series, start, value);
         }
+    }
+
+    /// One reading upserted into its hour's row.
+    fn upsert(&mut self, series: &str, start: i64, value: f64) {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO buckets (series, start, count, sum, min, max)
+                 VALUES (?1, ?2, 1, ?3, ?3, ?3)
+                 ON CONFLICT (series, start) DO UPDATE SET count = count + 1,
+                   sum = sum + excluded.sum, min = min(min, excluded.min),
+                   max = max(max, excluded.max)",
+            )
+            .unwrap()
+            .execute(rusqlite::params![series, start, value])
+            .unwrap();
     }
 
     fn totals(&self) -> (u64, f64) {
@@ -283,6 +310,121 @@ impl Sqlite {
     }
 }
 
+// ---- Storage alone: the issue's anchors, without MQTT, in this process. -------------------
+
+/// One storage-alone contender's figures.
+struct Anchor {
+    name: &'static str,
+    readings: usize,
+    took: Duration,
+    cpu_s: f64,
+    write_bytes: u64,
+}
+
+/// Upserts `readings` readings over `series` series (one hour) with `per_tx` readings per
+/// transaction, into SQLite (`synchronous=NORMAL`, as in the issue's anchors) or bucketd's
+/// [`Store`] (default durability; readings folded into a batch in memory, one commit per
+/// `per_tx`, as the daemon does), and checks the stored count and sum.
+fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> Anchor {
+    use bucketd::batcher::{Batcher, FlushPolicy};
+    use bucketd::reading::Timestamp;
+    use bucketd::store::{Store, StoreReader, StoreSettings};
+    use std::sync::Arc;
+
+    let names: Vec<Arc<str>> = (0..series)
+        .map(|i| Arc::from(format!("s{i}/temperature")))
+        .collect();
+    let hour = (now_ns() / 1_000_000_000) as i64 / 3600 * 3600;
+    let value = |i: usize| (200 + i % 100) as f64 / 10.0;
+    let expected: f64 = (0..readings).map(value).sum();
+    let dir = tempfile::tempdir().unwrap();
+    let before = usage("self");
+    let start = Instant::now();
+    let (count, sum) = if name.starts_with("sqlite") {
+        let mut db = Sqlite::open("anchor", "NORMAL");
+        for chunk in (0..readings).collect::<Vec<_>>().chunks(per_tx) {
+            db.conn.execute_batch("BEGIN").unwrap();
+            for &r in chunk {
+                db.upsert(&names[r % series], hour, value(r));
+            }
+            db.conn.execute_batch("COMMIT").unwrap();
+        }
+        db.totals()
+    } else {
+        let path = dir.path().join("anchor.redb");
+        let raw = name.ends_with("raw");
+        let mut store = Store::open(&StoreSettings {
+            path: path.clone(),
+            bucket_width_secs: 3600,
+            durability: bucketd::config::Durability::Immediate,
+            quick_repair: true,
+            cache_bytes: 16 << 20,
+            page_capacity: 1000,
+            dedup_window: 8192,
+        })
+        .unwrap();
+        let policy = FlushPolicy {
+            flush_interval: Duration::from_secs(3600),
+            max_pending_readings: usize::MAX,
+            window: 1,
+        };
+        let mut batcher = Batcher::new(policy, 3600);
+        let now = Instant::now();
+        for r in 0..readings {
+            let ts = Timestamp::from_secs(hour + (r / series) as i64 % 3600);
+            batcher.push_reading(names[r % series].clone(), ts, value(r), raw, now);
+            if (r + 1) % per_tx == 0 || r + 1 == readings {
+                store.commit(&batcher.take().0).unwrap();
+            }
+        }
+        drop(store);
+        let docs = StoreReader::open(&path)
+            .unwrap()
+            .buckets(None, i64::MIN, i64::MAX)
+            .unwrap();
+        (
+            docs.iter().map(|d| d.count as u64).sum(),
+            docs.iter().map(|d| d.sum + d.sum_comp).sum(),
+        )
+    };
+    let took = start.elapsed();
+    let after = usage("self");
+    assert_eq!(count, readings as u64, "{name}: readings stored");
+    assert!(
+        (sum - expected).abs() <= 1e-9 * expected,
+        "{name}: sum {sum} != {expected}"
+    );
+    Anchor {
+        name,
+        readings,
+        took,
+        cpu_s: after.cpu_s - before.cpu_s,
+        write_bytes: after.write_bytes - before.write_bytes,
+    }
+}
+
+/// The anchors: SQLite and bucketd's store, one transaction per reading and batched.
+fn anchors(readings: usize, series: usize, run: usize) {
+    // One transaction per reading is slow (an fsync each): a tenth of the readings.
+    let few = (readings / 10).max(series);
+    for a in [
+        anchor("sqlite/1", few, series, 1),
+        anchor("sqlite/1000", readings, series, 1000),
+        anchor("store/1", few / 4, series, 1),
+        anchor("store/10000", readings, series, 10_000),
+        anchor("store/10000+raw", readings, series, 10_000),
+    ] {
+        println!(
+            "{:<16} {:>4} {:>12.0} {:>14.2} {:>14.1}",
+            a.name,
+            run,
+            a.readings as f64 / a.took.as_secs_f64(),
+            a.cpu_s / a.readings as f64 * 1e6,
+            a.write_bytes as f64 / a.readings as f64,
+        );
+    }
+}
+
 // ---- The parent: runs each contender as a child process. ---------------------------------
 
 struct Outcome {
@@ -291,6 +433,8 @@ struct Outcome {
     count: u64,
     sum: f64,
     commits: Option<u64>,
+    /// Publish -> commit latency of every message, sorted (bucketd only).
+    latencies: Vec<Duration>,
 }
 
 /// Starts the bench binary itself as a `role` child and waits until it has subscribed.
@@ -316,7 +460,7 @@ async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) 
     let child = spawn_role(role, host, port, prefix, w.messages.len());
     let start_ns = now_ns();
     let start = Instant::now();
-    let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages));
+    let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages, w.rate));
     let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
         .await
         .unwrap();
@@ -338,6 +482,7 @@ async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) 
         count: report["count"].as_u64().unwrap(),
         sum: report["sum"].as_f64().unwrap(),
         commits: None,
+        latencies: Vec::new(),
     }
 }
 
@@ -416,9 +561,14 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
     let metrics_url = format!("http://{}/metrics", addr.expect("the HTTP address"));
     let pid = child.id().to_string();
     let readings = w.readings;
+    let per_message = readings / w.messages.len() as u64;
+    // At a fixed rate the polls are what times each commit: closer together.
+    let poll_every = Duration::from_millis(if w.rate > 0.0 { 2 } else { 10 });
     let start = Instant::now();
-    let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages));
-    let (took, usage, commits) = tokio::task::spawn_blocking(move || {
+    let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages, w.rate));
+    let (took, usage, commits, polls) = tokio::task::spawn_blocking(move || {
+        // (when the answer was in, readings committed by then)
+        let mut polls = Vec::new();
         loop {
             let text = ureq::get(&metrics_url)
                 .call()
@@ -426,18 +576,20 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
                 .into_body()
                 .read_to_string()
                 .unwrap();
-            let done = metric(&text, "bucketd_readings_ingested_total");
-            if done as u64 >= readings {
+            let done = metric(&text, "bucketd_readings_ingested_total") as u64;
+            polls.push((Instant::now(), done));
+            if done >= readings {
                 let took = start.elapsed();
                 let commits = metric(&text, "bucketd_flushes_total") as u64;
-                return (took, usage(&pid), Some(commits));
+                return (took, usage(&pid), Some(commits), polls);
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(poll_every);
         }
     })
     .await
     .unwrap();
-    publisher.await.unwrap();
+    let sent = publisher.await.unwrap();
+    let latencies = commit_latencies(&sent, per_message, &polls);
     // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     assert!(child.wait().unwrap().success(), "bucketd exits cleanly");
@@ -451,7 +603,36 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
         count: docs.iter().map(|d| d.count as u64).sum(),
         sum: docs.iter().map(|d| d.sum + d.sum_comp).sum(),
         commits,
+        latencies,
     }
+}
+
+/// Each message's publish -> commit latency, sorted: from the instant it was handed to the
+/// publishing client to the first poll of `/metrics` that counted its readings as committed.
+/// One publisher's messages reach bucketd in order and a commit takes every message received
+/// before it, so message `i` is committed once `(i + 1) * per_message` readings are. An upper
+/// bound, by at most the poll interval and one HTTP request.
+fn commit_latencies(sent: &[Instant], per_message: u64, polls: &[(Instant, u64)]) -> Vec<Duration> {
+    let mut out = Vec::with_capacity(sent.len());
+    let mut p = 0;
+    for (i, &at) in sent.iter().enumerate() {
+        let needed = (i as u64 + 1) * per_message;
+        while polls[p].1 < needed {
+            p += 1;
+        }
+        out.push(polls[p].0.saturating_duration_since(at));
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The `q` quantile of sorted durations, in milliseconds ("-" when there are none).
+fn quantile_ms(sorted: &[Duration], q: f64) -> String {
+    if sorted.is_empty() {
+        return "-".to_owned();
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    format!("{:.1}", sorted[i].as_secs_f64() * 1e3)
 }
 
 #[path = "../tests/shared/own_mosquitto.rs"]
@@ -487,17 +668,41 @@ async fn main() {
     let series = env_or("BENCH_SERIES", 1000usize);
     let per_message = env_or("BENCH_READINGS_PER_MESSAGE", 1usize);
     let runs = env_or("BENCH_RUNS", 3usize);
+    let rate = env_or("BENCH_RATE", 0.0f64);
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let contenders: Vec<&str> = CONTENDERS
         .into_iter()
         .filter(|c| only.is_empty() || only.split(',').any(|o| o == *c))
         .collect();
+    let pace = if rate > 0.0 {
+        format!("{rate} messages/s")
+    } else {
+        "flat out".to_owned()
+    };
     println!(
-        "workload: {messages} QoS 1 messages, {series} series, {per_message} reading(s)/message, \
-         broker {addr}, {runs} run(s)"
+        "workload: {messages} QoS 1 messages ({pace}), {series} series, {per_message} \
+         reading(s)/message, broker {addr}, {runs} run(s)"
     );
+    if only.is_empty() || only.split(',').any(|o| o == "anchors") {
+        let readings = env_or(
+            "BENCH_STORE_READINGS",
+            (messages * per_message).min(200_000),
+        );
+        println!(
+            "storage alone (no MQTT): {readings} readings over {series} series, one hour; \
+             name/N = N readings per transaction (a tenth of the readings at N = 1, a fortieth \
+             for store/1)"
+        );
+        println!(
+            "{:<16} {:>4} {:>12} {:>14} {:>14}",
+            "anchor", "run", "readings/s", "CPU s/M read.", "written B/rd."
+        );
+        for run in 1..=runs {
+            anchors(readings, series, run);
+        }
+    }
     println!(
-        "{:<16} {:>4} {:>12} {:>10} {:>14} {:>12} {:>14} {:>8}",
+        "{:<16} {:>4} {:>12} {:>10} {:>14} {:>12} {:>14} {:>8} {:>8} {:>8}",
         "contender",
         "run",
         "readings/s",
@@ -505,14 +710,19 @@ async fn main() {
         "CPU s/M read.",
         "peak RSS MiB",
         "written B/rd.",
-        "commits"
+        "commits",
+        "p50 ms",
+        "p99 ms"
     );
     let id = std::process::id();
     for run in 1..=runs {
         let mut null_rate = None;
         for contender in &contenders {
             let prefix = format!("bench{}{id}r{run}", contender.replace('-', ""));
-            let w = workload(&prefix, messages, series, per_message);
+            let w = Workload {
+                rate,
+                ..workload(&prefix, messages, series, per_message)
+            };
             let (readings, sum) = (w.readings, w.sum);
             let outcome = match *contender {
                 "null" | "sqlite" | "sqlite-1000" => {
@@ -535,7 +745,7 @@ async fn main() {
             let rate = readings as f64 / outcome.took.as_secs_f64();
             let null = *null_rate.get_or_insert(rate);
             println!(
-                "{:<16} {:>4} {:>12.0} {:>10.2} {:>14.2} {:>12.1} {:>14.1} {:>8}",
+                "{:<16} {:>4} {:>12.0} {:>10.2} {:>14.2} {:>12.1} {:>14.1} {:>8} {:>8} {:>8}",
                 contender,
                 run,
                 rate,
@@ -545,7 +755,9 @@ async fn main() {
                 outcome.usage.write_bytes as f64 / readings as f64,
                 outcome
                     .commits
-                    .map_or_else(|| "-".to_owned(), |c| c.to_string())
+                    .map_or_else(|| "-".to_owned(), |c| c.to_string()),
+                quantile_ms(&outcome.latencies, 0.5),
+                quantile_ms(&outcome.latencies, 0.99),
             );
         }
     }

@@ -794,14 +794,11 @@ fn append_pages(
             page_no: last,
         })?;
         if (page.count as usize) < cap {
-            let mut readings = page.readings().ok_or(damaged)?;
-            let take = (cap - readings.len()).min(rest.len());
-            readings.extend_from_slice(&rest[..take]);
+            // Appended to the page's bit stream without decoding it: O(new readings).
+            let take = (cap - page.count as usize).min(rest.len());
+            let grown = page.append(&rest[..take]).ok_or(damaged)?;
             rest = &rest[take..];
-            table.insert(
-                (id, start, last),
-                PageDoc::of(&readings).to_bytes().as_slice(),
-            )?;
+            table.insert((id, start, last), grown.to_bytes().as_slice())?;
         }
     }
     for chunk in rest.chunks(cap) {
