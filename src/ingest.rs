@@ -92,6 +92,8 @@ struct State {
     ack_backlog: VecDeque<AckToken>,
     /// Whether the "broker exceeds its window" warning was logged on this connection.
     warned_window: bool,
+    /// Whether the window learned from a stall was logged on this connection.
+    told_window: bool,
     /// While the connection is down: when to try again.
     reconnect_at: Option<Instant>,
     /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
@@ -113,6 +115,7 @@ impl Ingest {
             acks_unwritten: 0,
             ack_backlog: VecDeque::new(),
             warned_window: false,
+            told_window: false,
             reconnect_at: None,
             ready_sent: false,
             decoded: Decoded::default(),
@@ -160,20 +163,34 @@ impl Ingest {
         if st.force_flush {
             st.force_flush = false;
             self.stats.flush_started(FlushReason::Request);
-            return self.send_batch(st);
+            return self.send_batch(st, FlushReason::Request);
         }
         match self.batcher.flush_reason(now.into_std()) {
             Some(reason) => {
                 self.stats.flush_started(reason);
-                self.send_batch(st)
+                self.send_batch(st, reason)
             }
             None => Ok(()),
         }
     }
 
-    fn send_batch(&mut self, st: &mut State) -> Result<(), IngestError> {
+    fn send_batch(&mut self, st: &mut State, reason: FlushReason) -> Result<(), IngestError> {
         debug_assert!(st.in_flight.is_none(), "one batch at the writer at a time");
-        let (batch, acks) = self.batcher.take();
+        let learned = self.batcher.window_seen();
+        let (batch, acks) = self.batcher.take_for(reason);
+        if learned.is_none()
+            && !st.told_window
+            && let Some(window) = self.batcher.window_seen()
+        {
+            // Once per connection: a pause in traffic can look like a stall too.
+            st.told_window = true;
+            info!(
+                window,
+                "The broker stops sending at {window} unacknowledged messages, fewer than \
+                 mqtt.receive_maximum; committing whenever it does. Raise its in-flight limit \
+                 (Mosquitto: max_inflight_messages) for fewer, larger commits."
+            );
+        }
         st.in_flight = Some(acks);
         st.sent_seq += 1;
         // Never full: one batch at the writer at a time (checked above).
@@ -282,7 +299,8 @@ impl Ingest {
                 st.acks_unwritten = 0;
                 st.ack_backlog.clear();
                 st.warned_window = false;
-                self.batcher.released(std::time::Instant::now());
+                st.told_window = false;
+                self.batcher.connected(std::time::Instant::now());
                 self.backoff.reset();
                 self.stats.connected.store(true, Ordering::Relaxed);
                 if session_present {
@@ -507,7 +525,7 @@ impl Ingest {
                     break;
                 }
                 self.stats.flush_started(FlushReason::Request);
-                self.send_batch(st)?;
+                self.send_batch(st, FlushReason::Request)?;
             }
             // Keep polling while the commit runs so the connection stays alive.
             tokio::select! {
