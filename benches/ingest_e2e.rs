@@ -361,6 +361,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             cache_bytes: 16 << 20,
             page_capacity: 1000,
             dedup_window: 8192,
+            outbox_max_entries: 0,
         })
         .unwrap();
         let policy = FlushPolicy {

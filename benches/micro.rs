@@ -190,6 +190,7 @@ fn bench_commit(c: &mut Criterion) {
                 cache_bytes: 16 << 20,
                 page_capacity: 1000,
                 dedup_window: 8192,
+                outbox_max_entries: 0,
             })
             .unwrap();
             store.commit(&batch_of(n, 0)).unwrap();
@@ -227,6 +228,7 @@ fn bench_store_path(c: &mut Criterion) {
             cache_bytes: 16 << 20,
             page_capacity: 1000,
             dedup_window: 8192,
+            outbox_max_entries: 0,
         })
         .unwrap();
         store.commit(&batch_of(1000, 0)).unwrap();

@@ -49,8 +49,88 @@ pub struct RawConfig {
     pub batch: RawBatch,
     pub limits: RawLimits,
     pub http: RawHttp,
+    pub upstream: RawUpstream,
     pub log: RawLog,
     pub subscriptions: Vec<RawSubscription>,
+}
+
+/// `[upstream]`: forwarding bucket deltas to the fleet tier.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub target: String,
+    pub gateway_id: String,
+    pub postgres: String,
+    pub password_file: String,
+    pub outbox_max_entries: usize,
+    pub batch_entries: usize,
+    #[serde(with = "humantime_serde")]
+    pub retry_delay_max: Duration,
+}
+
+/// Forwarding to PostgreSQL, when `upstream.target = "postgres"`.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub gateway_id: String,
+    /// libpq key=value or URL, without the password.
+    pub postgres: String,
+    pub password_file: Option<PathBuf>,
+    pub outbox_max_entries: usize,
+    pub batch_entries: usize,
+    pub retry_delay_max: Duration,
+}
+
+fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, ConfigError> {
+    match raw.target.as_str() {
+        "" => return Ok(None),
+        "postgres" => {}
+        "mqtt" => {
+            return Err(invalid(
+                "upstream.target",
+                "forwarding over MQTT is not built yet; use \"postgres\" or leave it empty",
+            ));
+        }
+        other => {
+            return Err(invalid(
+                "upstream.target",
+                format!("unknown target {other:?}; expected \"\" (off) or \"postgres\""),
+            ));
+        }
+    }
+    let id_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if raw.gateway_id.is_empty() || !raw.gateway_id.chars().all(id_ok) || raw.gateway_id.len() > 64
+    {
+        return Err(invalid(
+            "upstream.gateway_id",
+            "must be 1-64 letters, digits, \"-\", \"_\" or \".\" (it names this gateway upstream)",
+        ));
+    }
+    if raw.postgres.is_empty() {
+        return Err(invalid(
+            "upstream.postgres",
+            "must be set when upstream.target = \"postgres\"",
+        ));
+    }
+    if raw.outbox_max_entries == 0 {
+        return Err(invalid("upstream.outbox_max_entries", "must be at least 1"));
+    }
+    if raw.batch_entries == 0 || raw.batch_entries > raw.outbox_max_entries {
+        return Err(invalid(
+            "upstream.batch_entries",
+            "must be between 1 and upstream.outbox_max_entries",
+        ));
+    }
+    if raw.retry_delay_max.is_zero() {
+        return Err(invalid("upstream.retry_delay_max", "must be more than 0"));
+    }
+    Ok(Some(UpstreamConfig {
+        gateway_id: raw.gateway_id.clone(),
+        postgres: raw.postgres.clone(),
+        password_file: non_empty_path(&raw.password_file),
+        outbox_max_entries: raw.outbox_max_entries,
+        batch_entries: raw.batch_entries,
+        retry_delay_max: raw.retry_delay_max,
+    }))
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -220,6 +300,8 @@ pub struct Config {
     pub batch: BatchConfig,
     pub limits: Limits,
     pub http: HttpConfig,
+    /// Forwarding to the fleet tier; `None`: off, and no outbox is kept.
+    pub upstream: Option<UpstreamConfig>,
     pub log: RawLog,
     pub subscriptions: Vec<Subscription>,
 }
@@ -471,12 +553,14 @@ impl TryFrom<RawConfig> for Config {
             .map(|(i, s)| validate_subscription(i, s))
             .collect::<Result<Vec<_>, _>>()?;
 
+        let upstream = validate_upstream(&raw.upstream)?;
         Ok(Config {
             mqtt,
             store,
             batch,
             limits,
             http,
+            upstream,
             log: raw.log,
             subscriptions,
         })

@@ -102,6 +102,10 @@ pub fn start_with_faults(
         .map_err(StartError::Config)?;
     let api_token = secret("http.token_file", &config.http.token_file)?;
     let metrics_token = secret("http.metrics_token_file", &config.http.metrics_token_file)?;
+    let upstream_password = match &config.upstream {
+        Some(u) => secret("upstream.password_file", &u.password_file)?,
+        None => None,
+    };
     if config.mqtt.credentials.is_some() && tls.is_none() && !is_loopback(&config.mqtt.host) {
         tracing::warn!(
             host = %config.mqtt.host,
@@ -120,6 +124,7 @@ pub fn start_with_faults(
             cache_bytes: config.store.cache_bytes,
             page_capacity: config.store.page_capacity,
             dedup_window: config.limits.dedup_window,
+            outbox_max_entries: config.upstream.as_ref().map_or(0, |u| u.outbox_max_entries),
         },
         faults,
     )?;
@@ -172,6 +177,19 @@ pub fn start_with_faults(
         metrics_token: metrics_token.map(Arc::new),
     };
     let cancel = CancellationToken::new();
+    if let Some(upstream) = &config.upstream {
+        stats
+            .upstream_enabled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let forwarder = crate::upstream::Forwarder {
+            config: upstream.clone(),
+            password: upstream_password,
+            reader: store.reader(),
+            outbox: store.outbox(),
+            stats: stats.clone(),
+        };
+        tokio::spawn(forwarder.run(cancel.clone()));
+    }
     let (writer, writer_thread) = crate::writer::spawn(
         store,
         stats.clone(),

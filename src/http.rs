@@ -408,6 +408,7 @@ mod tests {
             cache_bytes: 1 << 20,
             page_capacity: 1000,
             dedup_window: 0,
+            outbox_max_entries: 0,
         })
         .unwrap();
         let (flush, requests) = mpsc::channel(16);

@@ -47,4 +47,5 @@ pub mod stats;
 pub mod store;
 pub mod summary;
 pub mod tls;
+pub mod upstream;
 pub mod writer;

@@ -41,6 +41,12 @@ pub const HTTP_UNAUTHORIZED: &str = "bucketd_http_unauthorized_total";
 pub const COMMIT_ERRORS: &str = "bucketd_commit_errors_total";
 pub const STORE_WRITABLE: &str = "bucketd_store_writable";
 pub const DISK_WRITTEN: &str = "bucketd_disk_written_bytes_total";
+pub const UPSTREAM_ENTRIES: &str = "bucketd_upstream_forwarded_entries_total";
+pub const UPSTREAM_READINGS: &str = "bucketd_upstream_forwarded_readings_total";
+pub const UPSTREAM_ERRORS: &str = "bucketd_upstream_errors_total";
+pub const UPSTREAM_CONNECTED: &str = "bucketd_upstream_connected";
+pub const UPSTREAM_LAG_ENTRIES: &str = "bucketd_upstream_lag_entries";
+pub const UPSTREAM_LAG_SECONDS: &str = "bucketd_upstream_lag_seconds";
 
 /// Commit latency buckets, seconds: a fast disk commits in about a millisecond, an SD card in
 /// tens to hundreds.
@@ -208,6 +214,35 @@ fn describe(process: &metrics_process::Collector) {
         STORE_WRITABLE,
         "1 while commits succeed, 0 from a failed commit until one succeeds again."
     );
+    describe_counter!(
+        UPSTREAM_ENTRIES,
+        Unit::Count,
+        "Outbox entries (one per commit) applied by the upstream ([upstream])."
+    );
+    describe_counter!(
+        UPSTREAM_READINGS,
+        Unit::Count,
+        "Readings represented by the deltas applied upstream."
+    );
+    describe_counter!(
+        UPSTREAM_ERRORS,
+        Unit::Count,
+        "Failed forwarding attempts (connection or SQL errors); the outbox keeps the deltas."
+    );
+    describe_gauge!(
+        UPSTREAM_CONNECTED,
+        "1 while connected to the upstream, else 0."
+    );
+    describe_gauge!(
+        UPSTREAM_LAG_ENTRIES,
+        Unit::Count,
+        "Outbox entries not yet applied upstream."
+    );
+    describe_gauge!(
+        UPSTREAM_LAG_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest outbox entry not yet applied upstream (0: none)."
+    );
     process.describe();
 }
 
@@ -248,6 +283,23 @@ fn copy_stats(stats: &Stats) {
     gauge!(STORE_FILE_SIZE).set(Stats::get(&stats.store_bytes) as f64);
     let connected = stats.connected.load(std::sync::atomic::Ordering::Relaxed);
     gauge!(MQTT_CONNECTED).set(if connected { 1.0 } else { 0.0 });
+    if stats
+        .upstream_enabled
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        counter!(UPSTREAM_ENTRIES).absolute(Stats::get(&stats.upstream_entries));
+        counter!(UPSTREAM_READINGS).absolute(Stats::get(&stats.upstream_readings));
+        counter!(UPSTREAM_ERRORS).absolute(Stats::get(&stats.upstream_errors));
+        let up = stats
+            .upstream_connected
+            .load(std::sync::atomic::Ordering::Relaxed);
+        gauge!(UPSTREAM_CONNECTED).set(if up { 1.0 } else { 0.0 });
+        gauge!(UPSTREAM_LAG_ENTRIES).set(Stats::get(&stats.upstream_pending_entries) as f64);
+        let oldest = stats
+            .upstream_oldest_pending_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
+        gauge!(UPSTREAM_LAG_SECONDS).set(crate::upstream::age_secs(oldest));
+    }
 }
 
 #[cfg(test)]

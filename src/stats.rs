@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use crate::batcher::FlushReason;
 use crate::decode::DecodeError;
@@ -51,6 +51,16 @@ pub struct Stats {
     pub http_unauthorized: AtomicU64,
     /// False from a failed commit until a commit succeeds again.
     pub store_failing: AtomicBool,
+    /// Forwarding to the fleet tier ([`crate::upstream`]): entries and readings applied
+    /// upstream, failed attempts, entries waiting and the creation time of the oldest (ns).
+    pub upstream_entries: AtomicU64,
+    pub upstream_readings: AtomicU64,
+    pub upstream_errors: AtomicU64,
+    pub upstream_connected: AtomicBool,
+    pub upstream_pending_entries: AtomicU64,
+    pub upstream_oldest_pending_ns: AtomicI64,
+    /// Whether forwarding is configured (the upstream metrics are reported only then).
+    pub upstream_enabled: AtomicBool,
     dead_letters: Mutex<VecDeque<DeadLetter>>,
     dead_letters_max: usize,
 }

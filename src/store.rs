@@ -27,6 +27,9 @@ use crate::config::Durability;
 use crate::sketch::Sketch;
 use crate::summary::{Point, Summary};
 
+mod outbox;
+pub use outbox::{OutboxDoc, OutboxShared};
+
 const SERIES_BY_NAME: TableDefinition<&str, u64> = TableDefinition::new("series_by_name");
 const SERIES_BY_ID: TableDefinition<u64, &str> = TableDefinition::new("series_by_id");
 const BUCKETS: TableDefinition<(u64, i64), &[u8]> = TableDefinition::new("buckets");
@@ -52,6 +55,8 @@ pub struct StoreSettings {
     pub page_capacity: u32,
     /// Fingerprints of recent messages kept for recognising redeliveries.
     pub dedup_window: usize,
+    /// Most outbox entries kept for the upstream ([`outbox`]); 0: no outbox (no `[upstream]`).
+    pub outbox_max_entries: usize,
 }
 
 /// Why the database file could not be opened. Each message says what to do.
@@ -112,6 +117,11 @@ pub enum CommitError {
         series_id: u64,
         start: i64,
         page_no: u32,
+    },
+    #[error("outbox entry {seq} is unreadable: {source}")]
+    Outbox {
+        seq: u64,
+        source: bson::error::Error,
     },
 }
 
@@ -359,6 +369,8 @@ pub struct Store {
     dedup_total: usize,
     /// Test seam: injected write faults, see [`Faults`].
     faults: Option<Arc<Faults>>,
+    /// The outbox's state, shared with the forwarder.
+    outbox: Arc<OutboxShared>,
 }
 
 type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
@@ -484,6 +496,7 @@ impl Store {
             dedup_log: VecDeque::new(),
             dedup_total: 0,
             faults,
+            outbox: Arc::new(OutboxShared::default()),
         };
         store.load()?;
         Ok(store)
@@ -536,6 +549,7 @@ impl Store {
         self.next_seq = next_seq;
         self.dedup_total = log.iter().map(|e| e.1).sum();
         self.dedup_log = log;
+        outbox::load(db, &self.outbox).map_err(corrupt)?;
         *self
             .shared
             .write()
@@ -595,6 +609,7 @@ impl Store {
             tx.open_table(BUCKETS)?;
             tx.open_table(PAGES)?;
             tx.open_table(DEDUP)?;
+            tx.open_table(outbox::OUTBOX)?;
             let format = meta.get("format_version")?.map(|v| v.value().to_owned());
             match format {
                 None => {
@@ -640,6 +655,11 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The outbox's state, for the forwarder.
+    pub fn outbox(&self) -> Arc<OutboxShared> {
+        self.outbox.clone()
     }
 
     /// A reader over this open database, for queries while the daemon runs.
@@ -733,6 +753,16 @@ impl Store {
             for &old in &trimmed {
                 dedup.remove(old)?;
             }
+        }
+        if self.settings.outbox_max_entries > 0 {
+            outbox::record(
+                &tx,
+                &self.outbox,
+                self.settings.outbox_max_entries,
+                seq,
+                batch,
+                self.settings.bucket_width_secs,
+            )?;
         }
         tx.commit()?;
         stats.series_created = new_series.len();
@@ -1057,6 +1087,12 @@ impl StoreReader {
         Ok(StoreReader {
             db: ReaderDb::ReadOnly(Arc::new(db)),
         })
+    }
+
+    /// Up to `max` outbox entries with a sequence number above `after` (all with `None`),
+    /// oldest first.
+    pub fn outbox(&self, after: Option<u64>, max: usize) -> Result<Vec<OutboxDoc>, redb::Error> {
+        outbox::read(&self.db.begin_read()?, after, max)
     }
 
     /// Every series name, sorted.

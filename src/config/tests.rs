@@ -112,6 +112,25 @@ fn bad_values_are_errors_that_name_the_key() {
             "limits.max_payload_bytes",
         ),
         ("[log]\nlevel = \"loud!!\"\n", "log.level"),
+        ("[upstream]\ntarget = \"kafka\"\n", "upstream.target"),
+        ("[upstream]\ntarget = \"mqtt\"\n", "upstream.target"),
+        (
+            "[upstream]\ntarget = \"postgres\"\npostgres = \"host=db\"\n",
+            "upstream.gateway_id",
+        ),
+        (
+            "[upstream]\ntarget = \"postgres\"\ngateway_id = \"a/b\"\npostgres = \"host=db\"\n",
+            "upstream.gateway_id",
+        ),
+        (
+            "[upstream]\ntarget = \"postgres\"\ngateway_id = \"gw1\"\n",
+            "upstream.postgres",
+        ),
+        (
+            "[upstream]\ntarget = \"postgres\"\ngateway_id = \"gw1\"\npostgres = \"host=db\"\nbatch_entries = 0\n",
+            "upstream.batch_entries",
+        ),
+        ("[upstream]\nbroker = \"x\"\n", "broker"),
         ("[http]\nbind = \"localhost\"\n", "http.bind"),
         ("[store]\nsketch_accuracy = 0.5\n", "store.sketch_accuracy"),
         ("[store]\nsketch_max_bins = 1\n", "store.sketch_max_bins"),
@@ -238,4 +257,19 @@ fn the_shipped_small_gateway_profile_is_a_valid_config() {
     assert_eq!(c.limits.dedup_window, 1024);
     assert_eq!(c.mqtt.receive_maximum, 256);
     assert_eq!(c.subscriptions.len(), 2, "the default subscriptions stay");
+}
+
+#[test]
+fn upstream_is_off_by_default_and_postgres_when_complete() {
+    assert!(load("").unwrap().upstream.is_none());
+    let c = load(
+        "[upstream]\ntarget = \"postgres\"\ngateway_id = \"site-7.gw\"\n\
+         postgres = \"host=db user=bucketd\"\npassword_file = \"pg-pass\"\n",
+    )
+    .unwrap();
+    let u = c.upstream.expect("configured");
+    assert_eq!(u.gateway_id, "site-7.gw");
+    assert_eq!(u.postgres, "host=db user=bucketd");
+    assert_eq!(u.password_file.as_deref(), Some(Path::new("pg-pass")));
+    assert_eq!(u.outbox_max_entries, 100_000);
 }

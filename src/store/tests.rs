@@ -15,6 +15,7 @@ fn settings(path: &Path) -> StoreSettings {
         cache_bytes: 1 << 20,
         page_capacity: 1000,
         dedup_window: 4,
+        outbox_max_entries: 0,
     }
 }
 
@@ -563,4 +564,147 @@ fn compaction_shrinks_a_file_after_deletes_and_refuses_a_held_file() {
     let (before, after) = compact(&path).unwrap();
     assert!(after < before / 2, "{before} -> {after}");
     assert_eq!(raw_of(&path, None, i64::MIN, i64::MAX).len(), 20 * 600);
+}
+
+/// A batch of readings `(series, ts_ns, value)`, no raw pages.
+fn batch_of(readings: &[(&str, i64, f64)]) -> Batch {
+    let mut b = test_batcher();
+    let now = std::time::Instant::now();
+    for &(series, ts, v) in readings {
+        b.push_reading(Arc::from(series), Timestamp::from_nanos(ts), v, false, now);
+    }
+    b.take().0
+}
+
+/// The outbox's entries folded per (series, start): what the upstream would hold.
+fn outbox_totals(reader: &StoreReader) -> BTreeMap<(String, i64), (i64, f64)> {
+    let mut out = BTreeMap::new();
+    for entry in reader.outbox(None, usize::MAX).unwrap() {
+        for b in entry.buckets {
+            let t = out.entry((b.series.clone(), b.start)).or_insert((0, 0.0));
+            t.0 += b.count;
+            t.1 += b.sum + b.sum_comp;
+        }
+    }
+    out
+}
+
+const HOUR_NS: i64 = 3_600_000_000_000;
+
+#[test]
+fn the_outbox_holds_each_commits_deltas_until_acknowledged_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("o.redb");
+    let mut store = Store::open(&StoreSettings {
+        outbox_max_entries: 100,
+        ..settings(&path)
+    })
+    .unwrap();
+    let t0 = 1_700_000_000 / 3600 * 3600 * 1_000_000_000;
+    store
+        .commit(&batch_of(&[
+            ("a/t", t0, 1.0),
+            ("a/t", t0 + 1, 2.0),
+            ("b/t", t0, 5.0),
+        ]))
+        .unwrap();
+    // A late reading for the previous hour is a delta for that hour.
+    store
+        .commit(&batch_of(&[
+            ("a/t", t0 + 5, 3.0),
+            ("a/t", t0 - HOUR_NS, 7.0),
+        ]))
+        .unwrap();
+    let entries = store.reader().outbox(None, 10).unwrap();
+    assert_eq!(entries.len(), 2);
+    assert!(entries[0].seq < entries[1].seq);
+    let first: Vec<(String, i64, i64, f64)> = entries[0]
+        .buckets
+        .iter()
+        .map(|b| (b.series.clone(), b.start, b.count, b.sum))
+        .collect();
+    let s0 = t0 / 1_000_000_000;
+    assert_eq!(
+        first,
+        vec![("a/t".into(), s0, 2, 3.0), ("b/t".into(), s0, 1, 5.0)]
+    );
+    let second: Vec<(String, i64, i64)> = entries[1]
+        .buckets
+        .iter()
+        .map(|b| (b.series.clone(), b.start, b.count))
+        .collect();
+    assert_eq!(
+        second,
+        vec![("a/t".into(), s0 - 3600, 1), ("a/t".into(), s0, 1)]
+    );
+    // Survives closing and reopening.
+    drop(store);
+    let mut store = Store::open(&StoreSettings {
+        outbox_max_entries: 100,
+        ..settings(&path)
+    })
+    .unwrap();
+    assert_eq!(store.reader().outbox(None, 10).unwrap(), entries);
+    // Acknowledged entries go at the next commit, not before.
+    let outbox = store.outbox();
+    outbox.ack(u64::try_from(entries[0].seq).unwrap());
+    assert_eq!(store.reader().outbox(None, 10).unwrap().len(), 2);
+    store.commit(&batch_of(&[("b/t", t0 + 9, 1.0)])).unwrap();
+    let left = store.reader().outbox(None, 10).unwrap();
+    assert_eq!(left.len(), 2);
+    assert_eq!(left[0], entries[1]);
+    assert_eq!(outbox.entries.load(std::sync::atomic::Ordering::Relaxed), 2);
+    // Reading after a sequence number skips up to it.
+    let after = store
+        .reader()
+        .outbox(Some(u64::try_from(entries[1].seq).unwrap()), 10)
+        .unwrap();
+    assert_eq!(after, left[1..].to_vec());
+}
+
+#[test]
+fn at_its_bound_the_outbox_merges_into_the_newest_entry_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&StoreSettings {
+        outbox_max_entries: 3,
+        ..settings(&dir.path().join("o.redb"))
+    })
+    .unwrap();
+    let t0 = 1_700_000_000 / 3600 * 3600 * 1_000_000_000;
+    let mut want: BTreeMap<(String, i64), (i64, f64)> = BTreeMap::new();
+    for i in 0..20i64 {
+        let series = ["a/t", "b/t", "c/t"][i as usize % 3];
+        // Some in the previous hour: the newest entry gains buckets as it absorbs commits.
+        let ts = t0 + i - (i % 4 == 0) as i64 * HOUR_NS;
+        let v = 1.5 * i as f64;
+        store.commit(&batch_of(&[(series, ts, v)])).unwrap();
+        let w = want
+            .entry((series.to_owned(), ts.div_euclid(HOUR_NS) * 3600))
+            .or_insert((0, 0.0));
+        w.0 += 1;
+        w.1 += v;
+    }
+    assert_eq!(store.reader().outbox(None, 100).unwrap().len(), 3);
+    assert_eq!(outbox_totals(&store.reader()), want);
+    // An entry being shipped is not changed: the outbox grows past its bound by that batch.
+    let outbox = store.outbox();
+    let newest = outbox.newest_seq.load(std::sync::atomic::Ordering::Relaxed);
+    let shipped = store.reader().outbox(None, 100).unwrap();
+    outbox.sending(newest);
+    store.commit(&batch_of(&[("a/t", t0 + 99, 4.0)])).unwrap();
+    let now = store.reader().outbox(None, 100).unwrap();
+    assert_eq!(now.len(), 4);
+    assert_eq!(now[..3], shipped[..]);
+    // Once acknowledged, they are trimmed and the bound holds again.
+    outbox.ack(newest);
+    store.commit(&batch_of(&[("a/t", t0 + 100, 4.0)])).unwrap();
+    assert_eq!(store.reader().outbox(None, 100).unwrap().len(), 2);
+}
+
+#[test]
+fn without_an_upstream_no_outbox_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&settings(&dir.path().join("o.redb"))).unwrap();
+    store.commit(&batch_of(&[("a/t", 1, 1.0)])).unwrap();
+    assert!(store.reader().outbox(None, 10).unwrap().is_empty());
 }

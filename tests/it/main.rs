@@ -15,6 +15,8 @@ mod cli;
 mod crash;
 /// A full disk and a broker that restarts.
 mod faults;
+/// Forwarding bucket deltas to PostgreSQL, exactly once, through a `kill -9`.
+mod fleet;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.
 mod ingest;
 /// TLS, passwords, client certificates, credentials and HTTP tokens, against Mosquitto.

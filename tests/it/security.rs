@@ -207,7 +207,7 @@ async fn tls_with_a_password_ingests_exactly_v311() {
 }
 
 /// `Serving ... addr=HOST:PORT` from the daemon's log.
-fn http_addr(lines: &[String]) -> String {
+pub fn http_addr(lines: &[String]) -> String {
     lines
         .iter()
         .find(|l| l.contains("Serving /metrics"))

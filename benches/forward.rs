@@ -1,0 +1,174 @@
+//! Forwarding throughput to PostgreSQL (docs/FLEET.md): an outbox of `BENCH_ENTRIES` commits
+//! (default 100), each touching `BENCH_BUCKETS` buckets (default 1,000 series, one hour) with
+//! `BENCH_READINGS_PER_BUCKET` readings each (default 10), is shipped by the real forwarder into
+//! a fresh database; prints deltas/s and readings represented per second, min/median/max over
+//! `BENCH_RUNS` (default 3), and checks the table's total count.
+//!
+//! `cargo bench --bench forward`. PostgreSQL: `BENCH_POSTGRES` (libpq key=value of a role that
+//! may create databases), by default the local socket as the current user.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bucketd::batcher::{Batcher, FlushPolicy};
+use bucketd::config::{Durability, UpstreamConfig};
+use bucketd::reading::Timestamp;
+use bucketd::stats::Stats;
+use bucketd::store::{Store, StoreSettings};
+use bucketd::upstream::Forwarder;
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn admin_conninfo() -> String {
+    std::env::var("BENCH_POSTGRES").unwrap_or_else(|_| {
+        let user = std::env::var("USER")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "root".into());
+        format!("host=/var/run/postgresql user={user} dbname=postgres")
+    })
+}
+
+async fn connect(conninfo: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at {conninfo:?}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// One run: fills an outbox, forwards it, returns (seconds, deltas, readings).
+async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (f64, u64, u64) {
+    let admin = connect(&admin_conninfo()).await;
+    let db = format!("bucketd_bench_{}_{run}", std::process::id());
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let base: Vec<&str> = admin_conninfo()
+        .leak()
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with("dbname="))
+        .collect();
+    let conninfo = format!("{} dbname={db}", base.join(" "));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&StoreSettings {
+        path: dir.path().join("bench.redb"),
+        bucket_width_secs: 3600,
+        durability: Durability::Immediate,
+        quick_repair: true,
+        cache_bytes: 16 << 20,
+        page_capacity: 1000,
+        dedup_window: 8192,
+        outbox_max_entries: entries + 1,
+    })
+    .unwrap();
+    let names: Vec<Arc<str>> = (0..buckets)
+        .map(|i| Arc::from(format!("s{i}/temperature")))
+        .collect();
+    let hour = Timestamp::now().as_nanos() / 3_600_000_000_000 * 3600;
+    let policy = FlushPolicy {
+        flush_interval: Duration::from_secs(3600),
+        max_pending_readings: usize::MAX,
+        window: 1,
+    };
+    for e in 0..entries {
+        let mut b = Batcher::new(policy, 3600);
+        let now = Instant::now();
+        for (i, name) in names.iter().enumerate() {
+            for k in 0..per_bucket {
+                let ts = Timestamp::from_secs(hour + ((e * per_bucket + k) % 3600) as i64);
+                b.push_reading(name.clone(), ts, (i % 50 + k) as f64 / 4.0, false, now);
+            }
+        }
+        store.commit(&b.take().0).unwrap();
+    }
+    let stats = Arc::new(Stats::new(1));
+    let forwarder = Forwarder {
+        config: UpstreamConfig {
+            gateway_id: "bench".into(),
+            postgres: conninfo.clone(),
+            password_file: None,
+            outbox_max_entries: entries + 1,
+            batch_entries: 16,
+            retry_delay_max: Duration::from_secs(1),
+        },
+        password: None,
+        reader: store.reader(),
+        outbox: store.outbox(),
+        stats: stats.clone(),
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let started = Instant::now();
+    let task = tokio::spawn(forwarder.run(cancel.clone()));
+    while stats.upstream_entries.load(Ordering::Relaxed) < entries as u64 {
+        assert_eq!(
+            stats.upstream_errors.load(Ordering::Relaxed),
+            0,
+            "forwarding failed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    cancel.cancel();
+    task.await.unwrap();
+    let pg = connect(&conninfo).await;
+    let total: i64 = pg
+        .query_one("SELECT SUM(count)::bigint FROM bucketd_buckets", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let readings = (entries * buckets * per_bucket) as u64;
+    assert_eq!(total as u64, readings, "readings in PostgreSQL");
+    drop(pg);
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    (took, (entries * buckets) as u64, readings)
+}
+
+fn mmm(mut v: Vec<f64>) -> String {
+    v.sort_by(f64::total_cmp);
+    format!(
+        "{:.0} / {:.0} / {:.0}",
+        v[0],
+        v[v.len() / 2],
+        v[v.len() - 1]
+    )
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let entries = env_or("BENCH_ENTRIES", 100usize);
+    let buckets = env_or("BENCH_BUCKETS", 1000usize);
+    let per_bucket = env_or("BENCH_READINGS_PER_BUCKET", 10usize);
+    let runs = env_or("BENCH_RUNS", 3usize);
+    println!(
+        "forwarding {entries} outbox entries x {buckets} bucket deltas ({per_bucket} readings \
+         each) to PostgreSQL, batch_entries 16, {runs} run(s)"
+    );
+    let (mut deltas, mut readings) = (Vec::new(), Vec::new());
+    for r in 1..=runs {
+        let (took, d, n) = run(entries, buckets, per_bucket, r).await;
+        println!(
+            "run {r}: {took:.2} s, {:.0} deltas/s, {:.0} readings/s",
+            d as f64 / took,
+            n as f64 / took
+        );
+        deltas.push(d as f64 / took);
+        readings.push(n as f64 / took);
+    }
+    println!(
+        "deltas/s min/median/max: {}; readings/s: {}",
+        mmm(deltas),
+        mmm(readings)
+    );
+}

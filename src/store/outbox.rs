@@ -1,0 +1,182 @@
+//! The outbox: what every commit changed, kept for the upstream forwarder ([`crate::upstream`]).
+//!
+//! Table `outbox`: commit sequence number -> BSON [`OutboxDoc`], the per-bucket deltas of that
+//! commit (each a [`BucketDoc`] holding only the readings the commit added). Written in the same
+//! transaction as the buckets, so a delta exists exactly when its readings do. Sequence numbers
+//! only grow; a late reading for an old hour is a delta for that hour like any other.
+//!
+//! Bounded by `upstream.outbox_max_entries`: at the bound, a commit's deltas are merged into
+//! the newest entry instead of a new one (summaries are mergeable), unless the forwarder is
+//! shipping that entry, which must not change under it; then the outbox exceeds the bound by at
+//! most the forwarder's batch. The entries shrink only when the upstream has acknowledged them:
+//! [`OutboxShared::acked_below`], trimmed by the next commit (no write transaction of its own,
+//! no extra SD-card writes).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::{BucketDoc, CommitError};
+use crate::batcher::Batch;
+
+pub(super) const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
+
+/// One outbox entry: the deltas of one commit (or of several, merged at the bound).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxDoc {
+    pub seq: i64,
+    /// When the (first) commit of this entry happened, nanoseconds since the Unix epoch.
+    pub created_ns: i64,
+    pub buckets: Vec<BucketDoc>,
+}
+
+impl OutboxDoc {
+    pub fn decode(bytes: &[u8]) -> Result<OutboxDoc, bson::error::Error> {
+        bson::deserialize_from_slice(bytes)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        bson::serialize_to_vec(self).expect("an OutboxDoc has only BSON-representable fields")
+    }
+
+    /// Readings the entry represents.
+    pub fn readings(&self) -> u64 {
+        self.buckets.iter().map(|b| b.count as u64).sum()
+    }
+}
+
+/// Shared between the store (writer thread) and the forwarder.
+#[derive(Debug, Default)]
+pub struct OutboxShared {
+    /// Every entry below this sequence number is applied upstream: trim them.
+    pub acked_below: AtomicU64,
+    /// The forwarder is shipping entries below this sequence number: do not merge into them.
+    pub sending_below: AtomicU64,
+    /// Entries in the table (as of the last commit), and the newest entry's sequence number.
+    pub entries: AtomicU64,
+    pub newest_seq: AtomicU64,
+    /// Creation time of the oldest entry not yet acknowledged (ns since the epoch; 0: none).
+    pub oldest_ns: AtomicI64,
+}
+
+impl OutboxShared {
+    /// Records that the upstream has applied every entry up to `seq`.
+    pub fn ack(&self, seq: u64) {
+        self.acked_below.fetch_max(seq + 1, Ordering::Relaxed);
+    }
+
+    /// Records that the forwarder is about to ship entries up to `seq`.
+    pub fn sending(&self, seq: u64) {
+        self.sending_below.fetch_max(seq + 1, Ordering::Relaxed);
+    }
+}
+
+/// In the commit's transaction: trims acknowledged entries, then records `batch`'s deltas under
+/// `seq` (or merges them into the newest entry at the bound).
+pub(super) fn record(
+    tx: &redb::WriteTransaction,
+    shared: &OutboxShared,
+    max_entries: usize,
+    seq: u64,
+    batch: &Batch,
+    width_secs: i64,
+) -> Result<(), CommitError> {
+    let mut table = tx.open_table(OUTBOX)?;
+    let acked_below = shared.acked_below.load(Ordering::Relaxed);
+    if acked_below > 0 {
+        table.retain_in(..acked_below, |_, _| false)?;
+    }
+    let deltas = batch
+        .buckets
+        .iter()
+        .map(|((series, start), delta)| BucketDoc::new(series, *start, width_secs, delta));
+    let newest = table.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
+    let at_bound = table.len()? as usize >= max_entries;
+    let merge_into =
+        newest.filter(|(k, _)| at_bound && *k >= shared.sending_below.load(Ordering::Relaxed));
+    let doc = match merge_into {
+        Some((key, bytes)) => {
+            let mut doc = OutboxDoc::decode(&bytes)
+                .map_err(|source| CommitError::Outbox { seq: key, source })?;
+            let mut merged: BTreeMap<(String, i64), BucketDoc> = doc
+                .buckets
+                .drain(..)
+                .map(|b| ((b.series.clone(), b.start), b))
+                .collect();
+            for d in deltas {
+                match merged.get_mut(&(d.series.clone(), d.start)) {
+                    Some(have) => {
+                        let mut s = have.summary();
+                        s.merge(&d.summary());
+                        *have = have.clone().with_summary(&s);
+                    }
+                    None => {
+                        merged.insert((d.series.clone(), d.start), d);
+                    }
+                }
+            }
+            doc.buckets = merged.into_values().collect();
+            doc
+        }
+        None => OutboxDoc {
+            seq: i64::try_from(seq).expect("fewer than 2^63 commits"),
+            created_ns: crate::reading::Timestamp::now().as_nanos(),
+            buckets: deltas.collect(),
+        },
+    };
+    let key = u64::try_from(doc.seq).expect("sequence numbers are not negative");
+    table.insert(key, doc.encode().as_slice())?;
+    shared.entries.store(table.len()?, Ordering::Relaxed);
+    shared.newest_seq.store(key, Ordering::Relaxed);
+    let oldest = match table.first()? {
+        Some((_, v)) => OutboxDoc::decode(v.value()).map_or(0, |d| d.created_ns),
+        None => 0,
+    };
+    shared.oldest_ns.store(oldest, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Up to `max` entries with a sequence number above `after` (all with `None`), oldest first.
+pub(super) fn read(
+    tx: &redb::ReadTransaction,
+    after: Option<u64>,
+    max: usize,
+) -> Result<Vec<OutboxDoc>, redb::Error> {
+    let table = match tx.open_table(OUTBOX) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let mut out = Vec::new();
+    let from = after.map_or(0, |a| a.saturating_add(1));
+    for entry in table.range(from..)?.take(max) {
+        let (key, value) = entry?;
+        let doc = OutboxDoc::decode(value.value()).map_err(|e| {
+            redb::Error::Corrupted(format!("outbox entry {} is unreadable: {e}", key.value()))
+        })?;
+        out.push(doc);
+    }
+    Ok(out)
+}
+
+/// At open: the table's size, newest key and oldest entry's time, into `shared`.
+pub(super) fn load(db: &redb::Database, shared: &OutboxShared) -> Result<(), redb::Error> {
+    let tx = db.begin_read()?;
+    let table = match tx.open_table(OUTBOX) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    shared.entries.store(table.len()?, Ordering::Relaxed);
+    if let Some((k, _)) = table.last()? {
+        shared.newest_seq.store(k.value(), Ordering::Relaxed);
+    }
+    let oldest = match table.first()? {
+        Some((_, v)) => OutboxDoc::decode(v.value()).map_or(0, |d| d.created_ns),
+        None => 0,
+    };
+    shared.oldest_ns.store(oldest, Ordering::Relaxed);
+    Ok(())
+}

@@ -1,0 +1,373 @@
+//! Forwarding to the fleet tier, against the real PostgreSQL: three gateways (the `bucketd`
+//! binary, each its own broker session and redb file) forward their bucket deltas into one
+//! database; one is killed with `kill -9` while its forwarding transaction is open and is
+//! restarted; the SQL table must equal the merged ground truth of all three workloads exactly,
+//! every delta applied once.
+//!
+//! PostgreSQL: `BUCKETD_TEST_POSTGRES` (libpq key=value of a role that may create databases),
+//! by default the local server's socket as the current user (`host=/var/run/postgresql
+//! user=$USER dbname=postgres`: Debian's peer authentication; the README's test section makes
+//! the role). The test creates a database of its own and drops it at the end.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use bucketd::config::Protocol;
+use bucketd::store::{BucketDoc, PointDoc, StoreReader};
+
+use crate::cli::{Daemon, write_config};
+use crate::ingest::{Workload, stamped_workload};
+use crate::support::{
+    Broker, Topics, assert_matches_truth, publish_all, raw_config, truth, unique,
+};
+
+fn admin_conninfo() -> String {
+    if let Ok(conninfo) = std::env::var("BUCKETD_TEST_POSTGRES") {
+        return conninfo;
+    }
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        // SAFETY: geteuid has no preconditions.
+        .or_else(|| (unsafe { libc::geteuid() } == 0).then(|| "root".to_owned()))
+        .expect("USER is not set: set it, or BUCKETD_TEST_POSTGRES");
+    format!("host=/var/run/postgresql user={user} dbname=postgres")
+}
+
+/// A database of the test's own, dropped when this is.
+struct TestDb {
+    name: String,
+    admin: tokio_postgres::Client,
+}
+
+async fn connect(conninfo: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot reach PostgreSQL at {conninfo:?} ({e}): start it (the README's test \
+                 section) or point BUCKETD_TEST_POSTGRES at one"
+            )
+        });
+    tokio::spawn(conn);
+    client
+}
+
+impl TestDb {
+    async fn create() -> TestDb {
+        let admin = connect(&admin_conninfo()).await;
+        let name = unique("bucketd_it").replace('-', "_").to_lowercase();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        TestDb { name, admin }
+    }
+
+    /// libpq key=value for the test database.
+    fn conninfo(&self) -> String {
+        let base: Vec<String> = admin_conninfo()
+            .split_whitespace()
+            .filter(|kv| !kv.starts_with("dbname="))
+            .map(str::to_owned)
+            .collect();
+        format!("{} dbname={}", base.join(" "), self.name)
+    }
+
+    async fn drop_it(self) {
+        self.admin
+            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+            .await
+            .unwrap();
+    }
+}
+
+struct Gateway {
+    id: String,
+    db: PathBuf,
+    config: PathBuf,
+    topics: Topics,
+    work: Workload,
+    _dir: tempfile::TempDir,
+}
+
+fn gateway(broker: &Broker, id: &str, seed: u64, readings: usize, pg: &str) -> Gateway {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(broker, Protocol::V5, &db, &topics);
+    // Many commits, and few entries per upstream transaction: many transactions to interrupt.
+    raw.batch.flush_interval = Duration::from_millis(20);
+    raw.upstream.target = "postgres".into();
+    raw.upstream.gateway_id = id.to_owned();
+    raw.upstream.postgres = pg.to_owned();
+    raw.upstream.batch_entries = 4;
+    raw.upstream.retry_delay_max = Duration::from_millis(500);
+    let config = write_config(dir.path(), &raw);
+    Gateway {
+        id: id.to_owned(),
+        db,
+        config,
+        work: stamped_workload(&topics, seed, readings),
+        topics,
+        _dir: dir,
+    }
+}
+
+/// The gateway's rows in PostgreSQL, as bucket documents under the gateway's own series names.
+async fn rows_of(pg: &tokio_postgres::Client, gateway: &str) -> Vec<BucketDoc> {
+    let rows = pg
+        .query(
+            "SELECT series, start, width_secs, count, sum, sum_comp, min, max, first_ts_ns,
+                    first_value, last_ts_ns, last_value, mean, m2, sketch, sensor, metric
+             FROM bucketd_buckets WHERE gateway_id = $1",
+            &[&gateway],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let series: String = r.get(0);
+            let local = series
+                .strip_prefix(&format!("{gateway}/"))
+                .expect("series are prefixed by the gateway id")
+                .to_owned();
+            let start: std::time::SystemTime = r.get(1);
+            let start = start.duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
+            let width: i32 = r.get(2);
+            BucketDoc {
+                schema_version: bucketd::store::SCHEMA_VERSION,
+                series: local,
+                sensor: r.get(15),
+                metric: r.get(16),
+                start,
+                end: start + i64::from(width),
+                count: r.get(3),
+                sum: r.get(4),
+                sum_comp: r.get(5),
+                min: r.get(6),
+                max: r.get(7),
+                first: PointDoc {
+                    ts: r.get(8),
+                    value: r.get(9),
+                },
+                last: PointDoc {
+                    ts: r.get(10),
+                    value: r.get(11),
+                },
+                mean: r.get(12),
+                m2: r.get(13),
+                pages: 0,
+                sketch: r.get(14),
+            }
+        })
+        .collect()
+}
+
+async fn pg_count(pg: &tokio_postgres::Client, gateway: &str) -> i64 {
+    pg.query_one(
+        "SELECT COALESCE(SUM(count), 0)::bigint FROM bucketd_buckets WHERE gateway_id = $1",
+        &[&gateway],
+    )
+    .await
+    .map(|r| r.get(0))
+    .unwrap_or(0) // the tables appear with the first gateway's connection
+}
+
+/// Waits until PostgreSQL holds at least `want` readings of `gateway`.
+async fn until_forwarded(pg: &tokio_postgres::Client, gateway: &str, want: i64) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let have = pg_count(pg, gateway).await;
+        if have >= want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{gateway}: {have} of {want} readings forwarded after 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts a gateway again; returns it and its HTTP address once it is subscribed.
+fn restart(config: &std::path::Path) -> (Daemon, String) {
+    let daemon = Daemon::start(config);
+    let lines = daemon.wait_for_line("saying it is subscribed", |l| {
+        l.contains("Subscribed to every") || l.contains("kept our session")
+    });
+    let addr = crate::security::http_addr(&lines);
+    (daemon, addr)
+}
+
+/// `bucketd_upstream_forwarded_entries_total` of the daemon at `addr`.
+async fn forwarded_entries(addr: &str) -> u64 {
+    let (status, body) = crate::api::http("GET", format!("http://{addr}/metrics")).await;
+    assert_eq!(status, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix("bucketd_upstream_forwarded_entries_total "))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() {
+    let broker = Broker::hermetic();
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let pg = connect(&conninfo).await;
+    let gateways = [
+        gateway(&broker, "gw-a", 0xF1EE7, 1200, &conninfo),
+        gateway(&broker, "gw-b", 0xF1EE8, 2500, &conninfo),
+        gateway(&broker, "gw-c", 0xF1EE9, 600, &conninfo),
+    ];
+    let mut daemons: Vec<Option<Daemon>> = gateways
+        .iter()
+        .map(|g| {
+            let d = Daemon::start(&g.config);
+            d.wait_for_line("saying it subscribed", |l| {
+                l.contains("Subscribed to every")
+            });
+            Some(d)
+        })
+        .collect();
+
+    // gw-a's first workload, forwarded completely; the others stream meanwhile.
+    let a = &gateways[0];
+    publish_all(&broker, &a.work.messages, 1).await;
+    for g in &gateways[1..] {
+        publish_all(&broker, &g.work.messages, 1).await;
+    }
+    until_forwarded(&pg, &a.id, a.work.readings.len() as i64).await;
+    // Killed right after forwarding: its outbox still holds entries PostgreSQL has applied
+    // (they are trimmed at the next commit), and the restarted forwarder sends them again.
+    // PostgreSQL must skip them: the count stays where it is.
+    let (status, _) = daemons[0].take().unwrap().kill();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    let (restarted, addr) = restart(&a.config);
+    daemons[0] = Some(restarted);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while forwarded_entries(&addr).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted gw-a never forwarded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        pg_count(&pg, &a.id).await,
+        a.work.readings.len() as i64,
+        "entries sent again were applied again"
+    );
+    // Then hold a lock on every row gw-a has, so that the forwarding transaction of its second
+    // workload (the same sensors and hours) stops in the middle, holding the gateway row.
+    let second = stamped_workload(&a.topics, 0xF1EEA, 800);
+    let mut blocker = connect(&conninfo).await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM bucketd_buckets WHERE gateway_id = $1 FOR UPDATE",
+        &[&a.id],
+    )
+    .await
+    .unwrap();
+    publish_all(&broker, &second.messages, 1).await;
+    let application = format!("bucketd {}", a.id);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let waiting = pg
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&application],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gw-a's forwarder never blocked on the locked rows"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before_kill = pg_count(&pg, &a.id).await;
+    let (status, _) = daemons[0].take().unwrap().kill();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    // The killed gateway's transaction never commits: releasing the lock lets its backend run
+    // on, find the client gone and roll back.
+    lock.rollback().await.unwrap();
+    drop(blocker);
+    assert_eq!(pg_count(&pg, &a.id).await, before_kill);
+    daemons[0] = Some(restart(&a.config).0);
+
+    let mut gateways = gateways;
+    gateways[0].work.extend(second);
+    for g in &gateways {
+        until_forwarded(&pg, &g.id, g.work.readings.len() as i64).await;
+    }
+    // Stop the gateways: every entry left in an outbox must be one PostgreSQL has applied.
+    for d in daemons.iter_mut() {
+        let (status, _) = d.take().unwrap().terminate();
+        assert!(status.success(), "clean exit: {status}");
+    }
+    for g in &gateways {
+        let last_seq: i64 = pg
+            .query_one(
+                "SELECT last_seq FROM bucketd_gateways WHERE gateway_id = $1",
+                &[&g.id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let left = StoreReader::open(&g.db)
+            .unwrap()
+            .outbox(Some(u64::try_from(last_seq).unwrap()), usize::MAX)
+            .unwrap();
+        assert!(
+            left.is_empty(),
+            "{}: {} entries never forwarded",
+            g.id,
+            left.len()
+        );
+        // Exactly the ground truth: every field of every bucket, quantiles included. A delta
+        // applied twice would show in the counts.
+        let rows = rows_of(&pg, &g.id).await;
+        let want = truth(&g.work.readings, 3600);
+        assert_eq!(
+            rows.iter().map(|d| d.count).sum::<i64>(),
+            g.work.readings.len() as i64,
+            "{}: readings in PostgreSQL",
+            g.id
+        );
+        assert_eq!(rows.len(), want.len(), "{}: buckets", g.id);
+        assert_matches_truth(&rows, &want);
+        // And the same as the gateway's own buckets.
+        let local: BTreeMap<(String, i64), i64> = StoreReader::open(&g.db)
+            .unwrap()
+            .buckets(None, i64::MIN, i64::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|d| ((d.series, d.start), d.count))
+            .collect();
+        let upstream: BTreeMap<(String, i64), i64> = rows
+            .into_iter()
+            .map(|d| ((d.series, d.start), d.count))
+            .collect();
+        assert_eq!(
+            upstream, local,
+            "{}: PostgreSQL vs the gateway's buckets",
+            g.id
+        );
+    }
+    drop(pg);
+    testdb.drop_it().await;
+}
