@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bucketd::batcher::{Batcher, FlushPolicy};
-use bucketd::config::{Durability, UpstreamConfig};
+use bucketd::config::{Durability, UpstreamConfig, UpstreamTarget};
 use bucketd::reading::Timestamp;
 use bucketd::stats::Stats;
 use bucketd::store::{Store, StoreSettings};
@@ -94,7 +94,9 @@ async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (
     let forwarder = Forwarder {
         config: UpstreamConfig {
             gateway_id: "bench".into(),
-            postgres: conninfo.clone(),
+            target: UpstreamTarget::Postgres {
+                conninfo: conninfo.clone(),
+            },
             password_file: None,
             outbox_max_entries: entries + 1,
             batch_entries: 16,

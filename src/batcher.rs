@@ -251,6 +251,22 @@ impl Batcher {
         self.batch.readings += 1;
     }
 
+    /// Merges a bucket summary (a gateway's delta) into its bucket.
+    pub fn push_summary(&mut self, series: Arc<str>, start: i64, summary: &Summary, now: Instant) {
+        self.opened_at.get_or_insert(now);
+        match self.batch.buckets.get_mut(&(series.clone(), start)) {
+            Some(have) => have.merge(summary),
+            None => {
+                self.batch.buckets.insert((series, start), summary.clone());
+            }
+        }
+        self.batch.readings += usize::try_from(summary.count).unwrap_or(usize::MAX);
+    }
+
+    pub fn bucket_width_secs(&self) -> i64 {
+        self.bucket_width_secs
+    }
+
     /// Records the fingerprint of a message whose readings are in the batch.
     pub fn push_fingerprint(&mut self, fp: crate::dedup::Fingerprint) {
         self.batch.fingerprints.push(fp);

@@ -61,6 +61,10 @@ pub struct RawUpstream {
     pub target: String,
     pub gateway_id: String,
     pub postgres: String,
+    pub mqtt_host: String,
+    pub mqtt_port: u16,
+    pub mqtt_username: String,
+    pub mqtt_client_id: String,
     pub password_file: String,
     pub outbox_max_entries: usize,
     pub batch_entries: usize,
@@ -68,12 +72,25 @@ pub struct RawUpstream {
     pub retry_delay_max: Duration,
 }
 
-/// Forwarding to PostgreSQL, when `upstream.target = "postgres"`.
+/// Where the deltas go.
+#[derive(Debug, Clone)]
+pub enum UpstreamTarget {
+    /// libpq key=value or URL, without the password.
+    Postgres { conninfo: String },
+    /// A broker (or cluster) where a central bucketd subscribes to `bucketd/+/deltas`.
+    Mqtt {
+        host: String,
+        port: u16,
+        username: Option<String>,
+        client_id: String,
+    },
+}
+
+/// Forwarding to the fleet tier, when `upstream.target` is set.
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
     pub gateway_id: String,
-    /// libpq key=value or URL, without the password.
-    pub postgres: String,
+    pub target: UpstreamTarget,
     pub password_file: Option<PathBuf>,
     pub outbox_max_entries: usize,
     pub batch_entries: usize,
@@ -83,17 +100,11 @@ pub struct UpstreamConfig {
 fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, ConfigError> {
     match raw.target.as_str() {
         "" => return Ok(None),
-        "postgres" => {}
-        "mqtt" => {
-            return Err(invalid(
-                "upstream.target",
-                "forwarding over MQTT is not built yet; use \"postgres\" or leave it empty",
-            ));
-        }
+        "postgres" | "mqtt" => {}
         other => {
             return Err(invalid(
                 "upstream.target",
-                format!("unknown target {other:?}; expected \"\" (off) or \"postgres\""),
+                format!("unknown target {other:?}; expected \"\" (off), \"postgres\" or \"mqtt\""),
             ));
         }
     }
@@ -105,12 +116,34 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
             "must be 1-64 letters, digits, \"-\", \"_\" or \".\" (it names this gateway upstream)",
         ));
     }
-    if raw.postgres.is_empty() {
-        return Err(invalid(
-            "upstream.postgres",
-            "must be set when upstream.target = \"postgres\"",
-        ));
-    }
+    let target = if raw.target == "postgres" {
+        if raw.postgres.is_empty() {
+            return Err(invalid(
+                "upstream.postgres",
+                "must be set when upstream.target = \"postgres\"",
+            ));
+        }
+        UpstreamTarget::Postgres {
+            conninfo: raw.postgres.clone(),
+        }
+    } else {
+        if raw.mqtt_host.is_empty() {
+            return Err(invalid(
+                "upstream.mqtt_host",
+                "must be set when upstream.target = \"mqtt\"",
+            ));
+        }
+        UpstreamTarget::Mqtt {
+            host: raw.mqtt_host.clone(),
+            port: raw.mqtt_port,
+            username: (!raw.mqtt_username.is_empty()).then(|| raw.mqtt_username.clone()),
+            client_id: if raw.mqtt_client_id.is_empty() {
+                format!("bucketd-fwd-{}", raw.gateway_id)
+            } else {
+                raw.mqtt_client_id.clone()
+            },
+        }
+    };
     if raw.outbox_max_entries == 0 {
         return Err(invalid("upstream.outbox_max_entries", "must be at least 1"));
     }
@@ -125,7 +158,7 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
     }
     Ok(Some(UpstreamConfig {
         gateway_id: raw.gateway_id.clone(),
-        postgres: raw.postgres.clone(),
+        target,
         password_file: non_empty_path(&raw.password_file),
         outbox_max_entries: raw.outbox_max_entries,
         batch_entries: raw.batch_entries,
@@ -796,6 +829,21 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
                 return Err(invalid(
                     key("sensor_field"),
                     "give the sensor either as {sensor} in the template or as sensor_field, exactly one",
+                ));
+            }
+        }
+        Format::Delta => {
+            if template.has_sensor() || template.has_metric() {
+                return Err(invalid(
+                    key("template"),
+                    "format \"delta\" takes series names from the payload; remove {sensor} and \
+                     {metric}",
+                ));
+            }
+            if raw.sensor_field.is_some() || raw.timestamp_field.is_some() {
+                return Err(invalid(
+                    key("format"),
+                    "sensor_field and timestamp_field need format = \"json\"",
                 ));
             }
         }

@@ -19,6 +19,9 @@ pub enum Format {
     Value,
     /// A JSON object, or an array of them; every numeric top-level field is a metric.
     Json,
+    /// A bucketd delta message (BSON [`DeltaMessage`]) from a gateway's forwarder: bucket
+    /// summaries, merged as they are; series become `<gateway_id>:<sensor>/<metric>`.
+    Delta,
 }
 
 /// Unit of numeric timestamps in payloads.
@@ -66,11 +69,15 @@ pub enum DecodeError {
     TimestampOutOfRange,
     #[error("limits.max_series reached; new series are refused")]
     SeriesLimit,
+    #[error("payload is not a bucketd delta message (BSON with gateway_id, seq and buckets)")]
+    InvalidDelta,
+    #[error("delta bucket width differs from store.bucket_width")]
+    BucketWidthMismatch,
 }
 
 impl DecodeError {
     /// Every variant, in a fixed order (the index of a variant is its counter slot).
-    pub const ALL: [DecodeError; 13] = [
+    pub const ALL: [DecodeError; 15] = [
         DecodeError::EmptyPayload,
         DecodeError::PayloadTooLarge,
         DecodeError::TopicMismatch,
@@ -84,6 +91,8 @@ impl DecodeError {
         DecodeError::InvalidTimestamp,
         DecodeError::TimestampOutOfRange,
         DecodeError::SeriesLimit,
+        DecodeError::InvalidDelta,
+        DecodeError::BucketWidthMismatch,
     ];
 
     /// The metric label value.
@@ -102,6 +111,8 @@ impl DecodeError {
             DecodeError::InvalidTimestamp => "invalid_timestamp",
             DecodeError::TimestampOutOfRange => "timestamp_out_of_range",
             DecodeError::SeriesLimit => "series_limit",
+            DecodeError::InvalidDelta => "invalid_delta",
+            DecodeError::BucketWidthMismatch => "bucket_width_mismatch",
         }
     }
 
@@ -222,6 +233,8 @@ pub struct DecodeContext {
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Decoded {
     pub readings: Vec<Reading>,
+    /// Bucket summaries of a [`Format::Delta`] message.
+    pub deltas: Vec<Delta>,
     pub rejected: Vec<DecodeError>,
     /// Some reading took the receive time (the payload had no timestamp for it).
     pub receive_time: bool,
@@ -230,6 +243,7 @@ pub struct Decoded {
 impl Decoded {
     pub fn clear(&mut self) {
         self.readings.clear();
+        self.deltas.clear();
         self.rejected.clear();
         self.receive_time = false;
     }
@@ -283,9 +297,58 @@ pub fn decode(
             out.push(ctx, sensor, metric, ctx.received, value);
         }
         Format::Json => decode_json(sub, sensor, payload, ctx, out)?,
+        Format::Delta => decode_delta(payload, out)?,
     }
-    if out.readings.is_empty() && out.rejected.is_empty() {
+    if out.readings.is_empty() && out.deltas.is_empty() && out.rejected.is_empty() {
         return Err(DecodeError::NoReadings);
+    }
+    Ok(())
+}
+
+/// One bucket of a delta message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delta {
+    /// `<gateway_id>:<sensor>/<metric>`.
+    pub series: String,
+    pub start: i64,
+    pub width_secs: i64,
+    pub summary: crate::summary::Summary,
+}
+
+/// What a gateway's forwarder publishes (`bucketd/<gateway_id>/deltas`): the bucket deltas of
+/// one outbox entry (or one part of a large one), BSON.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeltaMessage {
+    pub gateway_id: String,
+    pub seq: i64,
+    /// Part of the entry, from 0 (large entries are split to fit a message).
+    pub part: i32,
+    pub buckets: Vec<crate::store::BucketDoc>,
+}
+
+fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
+    let msg: DeltaMessage =
+        bson::deserialize_from_slice(payload).map_err(|_| DecodeError::InvalidDelta)?;
+    let id_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if msg.gateway_id.is_empty() || !msg.gateway_id.chars().all(id_char) {
+        return Err(DecodeError::InvalidName);
+    }
+    for b in &msg.buckets {
+        let summary = b.summary();
+        let sane = crate::reading::validate_series(&b.series).is_ok()
+            && summary.count > 0
+            && summary.min <= summary.max
+            && summary.sum.is_finite()
+            && b.end > b.start;
+        if !sane {
+            return Err(DecodeError::InvalidDelta);
+        }
+        out.deltas.push(Delta {
+            series: format!("{}:{}", msg.gateway_id, b.series),
+            start: b.start,
+            width_secs: b.end - b.start,
+            summary,
+        });
     }
     Ok(())
 }

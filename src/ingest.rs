@@ -456,6 +456,21 @@ impl Ingest {
                             Err(e) => self.stats.reject(e, topic, payload),
                         }
                     }
+                    for delta in st.decoded.deltas.drain(..) {
+                        if delta.width_secs != self.batcher.bucket_width_secs() {
+                            self.stats
+                                .reject(DecodeError::BucketWidthMismatch, topic, payload);
+                            continue;
+                        }
+                        match self.series.intern(&delta.series) {
+                            Ok(series) => {
+                                counted = true;
+                                self.batcher
+                                    .push_summary(series, delta.start, &delta.summary, now);
+                            }
+                            Err(e) => self.stats.reject(e, topic, payload),
+                        }
+                    }
                     for e in st.decoded.rejected.drain(..) {
                         self.stats.reject(e, topic, payload);
                     }

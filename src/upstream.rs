@@ -1,7 +1,14 @@
 //! The forwarder: ships the outbox ([`crate::store::OutboxDoc`], one entry per commit) to the
-//! fleet tier, PostgreSQL, exactly once.
+//! fleet tier, exactly once: PostgreSQL, or an upstream MQTT broker where a central bucketd
+//! merges the deltas.
 //!
-//! Each batch of entries is applied in one SQL transaction that first locks the gateway's row in
+//! MQTT: each entry is published at QoS 1 to `bucketd/<gateway_id>/deltas` as BSON
+//! [`DeltaMessage`]s (split into parts of at most [`MESSAGE_BYTES_MAX`]), and acknowledged to
+//! the store only once the broker has acknowledged every message of the batch. A batch sent again
+//! (after a crash or a lost connection) has the same bytes, which the central bucketd recognises
+//! in its dedup window ([`crate::dedup`]) and does not count twice.
+//!
+//! PostgreSQL: each batch of entries is applied in one SQL transaction that first locks the gateway's row in
 //! `bucketd_gateways` and reads its `last_seq`, applies only the entries above it (increments
 //! with `INSERT ... ON CONFLICT DO UPDATE`; sketches merged here from the locked row), and sets
 //! `last_seq` to the batch's last entry. Only after that transaction commits are the entries
@@ -16,7 +23,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, UpstreamTarget};
+use crate::decode::DeltaMessage;
 use crate::secret::Secret;
 use crate::sketch::Sketch;
 use crate::stats::Stats;
@@ -24,6 +32,11 @@ use crate::store::{OutboxDoc, OutboxShared, StoreReader};
 
 /// The schema, run (idempotently) at every connection.
 pub const SCHEMA: &str = include_str!("../deploy/postgres/schema.sql");
+
+/// Largest delta message: below a central bucketd's default `limits.max_payload_bytes` (64 KiB).
+pub const MESSAGE_BYTES_MAX: usize = 48 * 1024;
+/// Longest wait for the broker's acknowledgements of one batch.
+const PUBACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How often the outbox is looked at when it was empty.
 const IDLE_POLL: Duration = Duration::from_millis(500);
@@ -64,18 +77,32 @@ pub struct Forwarder {
     pub stats: Arc<Stats>,
 }
 
+/// A connection to the upstream.
+enum Sink {
+    Postgres(tokio_postgres::Client),
+    Mqtt(rumqttc::AsyncClient, Box<rumqttc::EventLoop>),
+}
+
 impl Forwarder {
+    fn upstream_name(&self) -> &'static str {
+        match self.config.target {
+            UpstreamTarget::Postgres { .. } => "PostgreSQL",
+            UpstreamTarget::Mqtt { .. } => "the upstream MQTT broker",
+        }
+    }
+
     pub async fn run(self, cancel: CancellationToken) {
-        let mut client: Option<tokio_postgres::Client> = None;
+        let mut sink: Option<Sink> = None;
         // The last entry known to be applied upstream (this run).
         let mut applied: Option<u64> = None;
         let mut failures = 0u32;
-        info!(gateway_id = %self.config.gateway_id, "Forwarding bucket deltas to PostgreSQL.");
+        let name = self.upstream_name();
+        info!(gateway_id = %self.config.gateway_id, "Forwarding bucket deltas to {name}.");
         loop {
-            let wait = match self.step(&mut client, &mut applied).await {
+            let wait = match self.step(&mut sink, &mut applied).await {
                 Ok(true) => {
                     if failures > 0 {
-                        info!("Forwarding to PostgreSQL again.");
+                        info!("Forwarding to {name} again.");
                     }
                     failures = 0;
                     continue;
@@ -83,7 +110,7 @@ impl Forwarder {
                 Ok(false) => IDLE_POLL,
                 Err(e) => {
                     failures += 1;
-                    client = None;
+                    sink = None;
                     self.stats.upstream_errors.fetch_add(1, Ordering::Relaxed);
                     self.stats
                         .upstream_connected
@@ -94,17 +121,40 @@ impl Forwarder {
                         warn!(
                             error = %e,
                             attempt = failures,
-                            "Forwarding to PostgreSQL failed; the outbox keeps every delta and \
-                             retries. Check upstream.postgres and that the server is reachable."
+                            "Forwarding to {name} failed; the outbox keeps every delta and \
+                             retries. Check upstream.{} and that it is reachable.",
+                            match self.config.target {
+                                UpstreamTarget::Postgres { .. } => "postgres",
+                                UpstreamTarget::Mqtt { .. } => "mqtt_host",
+                            }
                         );
                     }
                     (RETRY_MIN * 2u32.saturating_pow(failures.min(16) - 1))
                         .min(self.config.retry_delay_max)
                 }
             };
+            // While idle, an MQTT connection is kept alive (its pings are sent from polls).
+            let idle = async {
+                match &mut sink {
+                    Some(Sink::Mqtt(_, events)) => {
+                        let deadline = tokio::time::Instant::now() + wait;
+                        while let Ok(event) = tokio::time::timeout_at(deadline, events.poll()).await
+                        {
+                            if event.is_err() {
+                                return true;
+                            }
+                        }
+                        false
+                    }
+                    _ => {
+                        tokio::time::sleep(wait).await;
+                        false
+                    }
+                }
+            };
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
+                lost = idle => if lost { sink = None },
             }
         }
     }
@@ -112,7 +162,7 @@ impl Forwarder {
     /// Ships one batch; `Ok(false)` when the outbox had nothing to ship.
     async fn step(
         &self,
-        client: &mut Option<tokio_postgres::Client>,
+        sink: &mut Option<Sink>,
         applied: &mut Option<u64>,
     ) -> anyhow::Result<bool> {
         let reader = self.reader.clone();
@@ -124,12 +174,16 @@ impl Forwarder {
         };
         let upto = u64::try_from(last.seq)?;
         self.outbox.sending(upto);
-        if client.is_none() {
-            *client = Some(self.connect().await?);
+        if sink.is_none() {
+            *sink = Some(self.connect().await?);
             self.stats.upstream_connected.store(true, Ordering::Relaxed);
         }
-        let db = client.as_mut().expect("connected above");
-        let shipped = apply(db, &self.config.gateway_id, &entries).await?;
+        let shipped = match sink.as_mut().expect("connected above") {
+            Sink::Postgres(db) => apply(db, &self.config.gateway_id, &entries).await?,
+            Sink::Mqtt(client, events) => {
+                publish(client, events, &self.config.gateway_id, &entries).await?
+            }
+        };
         self.outbox.ack(upto);
         *applied = Some(upto);
         self.stats
@@ -159,8 +213,35 @@ impl Forwarder {
             .store(oldest_ns, Ordering::Relaxed);
     }
 
-    async fn connect(&self) -> anyhow::Result<tokio_postgres::Client> {
-        let mut config: tokio_postgres::Config = self.config.postgres.parse()?;
+    async fn connect(&self) -> anyhow::Result<Sink> {
+        let conninfo = match &self.config.target {
+            UpstreamTarget::Postgres { conninfo } => conninfo,
+            UpstreamTarget::Mqtt {
+                host,
+                port,
+                username,
+                client_id,
+            } => {
+                let mut opts = rumqttc::MqttOptions::new(client_id, host, *port);
+                opts.set_keep_alive(Duration::from_secs(30))
+                    .set_clean_session(true)
+                    .set_max_packet_size(MESSAGE_BYTES_MAX + 4096, MESSAGE_BYTES_MAX + 4096);
+                if let Some(user) = username {
+                    let password = self.password.as_ref().map_or("", |p| p.expose());
+                    opts.set_credentials(user, password);
+                }
+                let (client, mut events) = rumqttc::AsyncClient::new(opts, 1024);
+                loop {
+                    let event = tokio::time::timeout(PUBACK_TIMEOUT, events.poll()).await??;
+                    if let rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) = event {
+                        break;
+                    }
+                }
+                info!("Connected to the upstream MQTT broker.");
+                return Ok(Sink::Mqtt(client, Box::new(events)));
+            }
+        };
+        let mut config: tokio_postgres::Config = conninfo.parse()?;
         if let Some(password) = &self.password {
             config.password(password.expose());
         }
@@ -178,8 +259,80 @@ impl Forwarder {
         tx.batch_execute(SCHEMA).await?;
         tx.commit().await?;
         info!("Connected to PostgreSQL.");
-        Ok(client)
+        Ok(Sink::Postgres(client))
     }
+}
+
+/// The messages of one outbox entry: its buckets in parts of at most [`MESSAGE_BYTES_MAX`].
+fn messages(gateway: &str, entry: &OutboxDoc) -> Vec<Vec<u8>> {
+    let encode = |part: i32, buckets: Vec<crate::store::BucketDoc>| {
+        bson::serialize_to_vec(&DeltaMessage {
+            gateway_id: gateway.to_owned(),
+            seq: entry.seq,
+            part,
+            buckets,
+        })
+        .expect("a DeltaMessage has only BSON-representable fields")
+    };
+    let mut out = Vec::new();
+    let mut part = Vec::new();
+    let mut bytes = 0;
+    for b in &entry.buckets {
+        let size = b.encode().len();
+        if !part.is_empty() && bytes + size > MESSAGE_BYTES_MAX - 1024 {
+            out.push(encode(out.len() as i32, std::mem::take(&mut part)));
+            bytes = 0;
+        }
+        bytes += size;
+        part.push(b.clone());
+    }
+    if !part.is_empty() || out.is_empty() {
+        out.push(encode(out.len() as i32, part));
+    }
+    out
+}
+
+/// Publishes the entries at QoS 1 and waits for every PUBACK; returns the readings they hold.
+async fn publish(
+    client: &rumqttc::AsyncClient,
+    events: &mut rumqttc::EventLoop,
+    gateway: &str,
+    entries: &[OutboxDoc],
+) -> anyhow::Result<u64> {
+    let topic = format!("bucketd/{gateway}/deltas");
+    let payloads: Vec<Vec<u8>> = entries.iter().flat_map(|e| messages(gateway, e)).collect();
+    let sent = payloads.len();
+    // Published from a task of its own while this one polls: the client's request queue is
+    // bounded, and only polling the event loop empties it.
+    let publisher = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            for payload in payloads {
+                client
+                    .publish(&topic, rumqttc::QoS::AtLeastOnce, false, payload)
+                    .await?;
+            }
+            Ok::<(), rumqttc::ClientError>(())
+        })
+    };
+    let deadline = tokio::time::Instant::now() + PUBACK_TIMEOUT;
+    let mut acked = 0;
+    let polled = async {
+        while acked < sent {
+            let event = tokio::time::timeout_at(deadline, events.poll()).await??;
+            if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) = event {
+                acked += 1;
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    if polled.is_err() {
+        publisher.abort();
+    }
+    polled?;
+    publisher.await??;
+    Ok(entries.iter().map(OutboxDoc::readings).sum())
 }
 
 /// Applies the entries above the gateway's `last_seq` in one transaction; returns the readings
@@ -210,7 +363,7 @@ async fn apply(
     let mut readings = 0;
     for entry in entries.iter().filter(|e| e.seq > last) {
         for b in &entry.buckets {
-            let series = format!("{gateway}/{}", b.series);
+            let series = format!("{gateway}:{}", b.series);
             let start = UNIX_EPOCH + Duration::from_secs(u64::try_from(b.start)?);
             let sketch = match tx.query_opt(&lock, &[&series, &start]).await? {
                 Some(row) => merged_sketch(row.get(0), &b.sketch),

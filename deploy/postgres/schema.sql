@@ -1,7 +1,7 @@
 -- bucketd's fleet tier in PostgreSQL (docs/FLEET.md). bucketd runs this itself, under an
 -- advisory lock, when it connects; an operator may run it first (psql -f schema.sql).
 --
--- One row per (series, hour) over the whole fleet. Series are '<gateway_id>/<sensor>/<metric>'.
+-- One row per (series, hour) over the whole fleet. Series are '<gateway_id>:<sensor>/<metric>'.
 -- Gateways add their per-commit deltas with INSERT ... ON CONFLICT DO UPDATE increments;
 -- `sketch` (the quantile sketch, bucketd's binary encoding) cannot be merged in SQL: the
 -- forwarder locks the row, merges it, and writes the result in the same statement.

@@ -113,7 +113,10 @@ fn bad_values_are_errors_that_name_the_key() {
         ),
         ("[log]\nlevel = \"loud!!\"\n", "log.level"),
         ("[upstream]\ntarget = \"kafka\"\n", "upstream.target"),
-        ("[upstream]\ntarget = \"mqtt\"\n", "upstream.target"),
+        (
+            "[upstream]\ntarget = \"mqtt\"\ngateway_id = \"g\"\n",
+            "upstream.mqtt_host",
+        ),
         (
             "[upstream]\ntarget = \"postgres\"\npostgres = \"host=db\"\n",
             "upstream.gateway_id",
@@ -269,7 +272,9 @@ fn upstream_is_off_by_default_and_postgres_when_complete() {
     .unwrap();
     let u = c.upstream.expect("configured");
     assert_eq!(u.gateway_id, "site-7.gw");
-    assert_eq!(u.postgres, "host=db user=bucketd");
+    assert!(
+        matches!(&u.target, UpstreamTarget::Postgres { conninfo } if conninfo == "host=db user=bucketd")
+    );
     assert_eq!(u.password_file.as_deref(), Some(Path::new("pg-pass")));
     assert_eq!(u.outbox_max_entries, 100_000);
 }

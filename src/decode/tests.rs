@@ -473,3 +473,76 @@ proptest! {
         check_decoded(result, &out, &c);
     }
 }
+
+fn delta_sub() -> Subscription {
+    json_sub(|s| {
+        s.filter = "bucketd/+/deltas".into();
+        s.template = Template::parse("bucketd/+/deltas").unwrap();
+        s.format = Format::Delta;
+        s.sensor_field = None;
+    })
+}
+
+fn delta_payload(gateway: &str, series: &str, summary: &crate::summary::Summary) -> Vec<u8> {
+    bson::serialize_to_vec(&DeltaMessage {
+        gateway_id: gateway.into(),
+        seq: 7,
+        part: 0,
+        buckets: vec![crate::store::BucketDoc::new(series, NOW_S, 3600, summary)],
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_delta_message_becomes_bucket_summaries_under_the_gateway_prefix() {
+    let mut s = crate::summary::Summary::of(NOW_NS, 1.5);
+    s.merge(&crate::summary::Summary::of(NOW_NS + 5, 4.0));
+    let d = run(
+        &delta_sub(),
+        "bucketd/gw-1/deltas",
+        &delta_payload("gw-1", "d0/t", &s),
+    )
+    .unwrap();
+    assert!(d.readings.is_empty());
+    assert_eq!(d.deltas.len(), 1);
+    assert_eq!(d.deltas[0].series, "gw-1:d0/t");
+    assert_eq!((d.deltas[0].start, d.deltas[0].width_secs), (NOW_S, 3600));
+    assert_eq!(d.deltas[0].summary.count, 2);
+    assert_eq!(d.deltas[0].summary.max, 4.0);
+}
+
+#[test]
+fn a_bad_delta_message_is_rejected_with_its_reason() {
+    let s = crate::summary::Summary::of(NOW_NS, 1.5);
+    let sub = delta_sub();
+    let cases: [(&[u8], DecodeError); 4] = [
+        (b"{\"not\": \"bson\"}", DecodeError::InvalidDelta),
+        (&delta_payload("gw/1", "d0/t", &s), DecodeError::InvalidName),
+        (
+            &bson::serialize_to_vec(&DeltaMessage {
+                gateway_id: "gw-1".into(),
+                seq: 1,
+                part: 0,
+                buckets: vec![crate::store::BucketDoc {
+                    series: "no-slash".into(),
+                    ..crate::store::BucketDoc::new("d0/t", NOW_S, 3600, &s)
+                }],
+            })
+            .unwrap(),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            &bson::serialize_to_vec(&DeltaMessage {
+                gateway_id: "gw-1".into(),
+                seq: 1,
+                part: 0,
+                buckets: Vec::new(),
+            })
+            .unwrap(),
+            DecodeError::NoReadings,
+        ),
+    ];
+    for (payload, want) in cases {
+        assert_eq!(run(&sub, "bucketd/gw-1/deltas", payload).unwrap_err(), want);
+    }
+}

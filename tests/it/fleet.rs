@@ -1,4 +1,6 @@
-//! Forwarding to the fleet tier, against the real PostgreSQL: three gateways (the `bucketd`
+//! Forwarding to the fleet tier.
+//!
+//! PostgreSQL: three gateways (the `bucketd`
 //! binary, each its own broker session and redb file) forward their bucket deltas into one
 //! database; one is killed with `kill -9` while its forwarding transaction is open and is
 //! restarted; the SQL table must equal the merged ground truth of all three workloads exactly,
@@ -8,6 +10,11 @@
 //! by default the local server's socket as the current user (`host=/var/run/postgresql
 //! user=$USER dbname=postgres`: Debian's peer authentication; the README's test section makes
 //! the role). The test creates a database of its own and drops it at the end.
+//!
+//! MQTT: two gateways forward through an upstream Mosquitto of the test's own to a central
+//! bucketd (`format = "delta"`) while that broker is stopped and restarted; and two central
+//! instances split the deltas with a shared subscription. The central buckets must equal the
+//! merged ground truth exactly.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -94,15 +101,27 @@ struct Gateway {
 }
 
 fn gateway(broker: &Broker, id: &str, seed: u64, readings: usize, pg: &str) -> Gateway {
+    gateway_to(broker, id, seed, readings, |u| {
+        u.target = "postgres".into();
+        u.postgres = pg.to_owned();
+    })
+}
+
+fn gateway_to(
+    broker: &Broker,
+    id: &str,
+    seed: u64,
+    readings: usize,
+    target: impl FnOnce(&mut bucketd::config::RawUpstream),
+) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
     let topics = Topics::new();
     let mut raw = raw_config(broker, Protocol::V5, &db, &topics);
     // Many commits, and few entries per upstream transaction: many transactions to interrupt.
     raw.batch.flush_interval = Duration::from_millis(20);
-    raw.upstream.target = "postgres".into();
     raw.upstream.gateway_id = id.to_owned();
-    raw.upstream.postgres = pg.to_owned();
+    target(&mut raw.upstream);
     raw.upstream.batch_entries = 4;
     raw.upstream.retry_delay_max = Duration::from_millis(500);
     let config = write_config(dir.path(), &raw);
@@ -131,7 +150,7 @@ async fn rows_of(pg: &tokio_postgres::Client, gateway: &str) -> Vec<BucketDoc> {
         .map(|r| {
             let series: String = r.get(0);
             let local = series
-                .strip_prefix(&format!("{gateway}/"))
+                .strip_prefix(&format!("{gateway}:"))
                 .expect("series are prefixed by the gateway id")
                 .to_owned();
             let start: std::time::SystemTime = r.get(1);
@@ -370,4 +389,265 @@ async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() 
     }
     drop(pg);
     testdb.drop_it().await;
+}
+
+// ---- Over MQTT, to central bucketd instances. ---------------------------------------------
+
+use crate::own_mosquitto::OwnMosquitto;
+
+/// `metric` (summed over its label sets) of the daemon at `addr`.
+async fn metric(addr: &str, name: &str) -> f64 {
+    let (status, body) = crate::api::http("GET", format!("http://{addr}/metrics")).await;
+    assert_eq!(status, 200);
+    body.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// Waits until `cond` holds for the metric values it reads.
+async fn until_metric(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "{what} within 90 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct Central {
+    daemon: Daemon,
+    addr: String,
+    db: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// A central bucketd on the upstream broker, merging deltas from `filter`.
+fn central(upstream: &OwnMosquitto, filter: &str) -> Central {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("central.redb");
+    let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
+    raw.mqtt.host = "127.0.0.1".into();
+    raw.mqtt.port = upstream.port;
+    raw.mqtt.protocol = Protocol::V5;
+    raw.mqtt.client_id = unique("central");
+    raw.mqtt.reconnect_delay_min = Duration::from_millis(100);
+    raw.mqtt.reconnect_delay_max = Duration::from_millis(500);
+    raw.store.path = db.clone();
+    raw.http.bind = "127.0.0.1:0".into();
+    raw.batch.flush_interval = Duration::from_millis(50);
+    raw.subscriptions = vec![bucketd::config::RawSubscription {
+        filter: filter.to_owned(),
+        template: "bucketd/+/deltas".into(),
+        format: bucketd::decode::Format::Delta,
+        qos: 1,
+        timestamp_field: None,
+        timestamp_unit: Default::default(),
+        sensor_field: None,
+        store_raw: false,
+    }];
+    let config = write_config(dir.path(), &raw);
+    let (daemon, addr) = restart(&config);
+    Central {
+        daemon,
+        addr,
+        db,
+        _dir: dir,
+    }
+}
+
+fn mqtt_gateway(broker: &Broker, upstream: &OwnMosquitto, id: &str, seed: u64) -> Gateway {
+    gateway_to(broker, id, seed, 1000, |u| {
+        u.target = "mqtt".into();
+        u.mqtt_host = "127.0.0.1".into();
+        u.mqtt_port = upstream.port;
+    })
+}
+
+/// Every central's buckets merged per (series, start): what the fleet holds.
+fn merged(centrals: &[PathBuf]) -> Vec<BucketDoc> {
+    let mut by_key: BTreeMap<(String, i64), BucketDoc> = BTreeMap::new();
+    for db in centrals {
+        for d in StoreReader::open(db)
+            .unwrap()
+            .buckets(None, i64::MIN, i64::MAX)
+            .unwrap()
+        {
+            match by_key.get_mut(&(d.series.clone(), d.start)) {
+                Some(have) => {
+                    let mut s = have.summary();
+                    s.merge(&d.summary());
+                    let fresh = BucketDoc::new(&have.series, have.start, have.end - have.start, &s);
+                    *have = fresh;
+                }
+                None => {
+                    by_key.insert((d.series.clone(), d.start), d);
+                }
+            }
+        }
+    }
+    by_key.into_values().collect()
+}
+
+/// The gateways' ground truth under the central's series names (`<gateway_id>:<series>`).
+fn fleet_truth(
+    gateways: &[(&str, &Workload)],
+) -> BTreeMap<crate::support::TruthKey, crate::support::Truth> {
+    let mut readings = Vec::new();
+    for (id, work) in gateways {
+        for r in &work.readings {
+            let mut r = r.clone();
+            r.series = format!("{id}:{}", r.series);
+            readings.push(r);
+        }
+    }
+    truth(&readings, 3600)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_forward_over_mqtt_through_an_upstream_restart() {
+    let broker = Broker::hermetic();
+    let mut upstream = OwnMosquitto::start(true, "");
+    let central = central(&upstream, "bucketd/+/deltas");
+    let mut gateways = [
+        mqtt_gateway(&broker, &upstream, "gw-m1", 0xDE17A),
+        mqtt_gateway(&broker, &upstream, "gw-m2", 0xDE17B),
+    ];
+    let mut addrs: Vec<(Daemon, String)> = gateways.iter().map(|g| restart(&g.config)).collect();
+    for g in &gateways {
+        publish_all(&broker, &g.work.messages, 1).await;
+    }
+    let first: i64 = gateways.iter().map(|g| g.work.readings.len() as i64).sum();
+    until_metric("the central has the first workloads", async || {
+        metric(&central.addr, "bucketd_readings_ingested_total").await >= first as f64
+    })
+    .await;
+    // gw-m1 killed with everything forwarded but its outbox not yet trimmed (that happens at
+    // its next commit): restarted, it publishes those entries again, and the central must
+    // recognise every one of them.
+    let (status, _) = addrs.remove(0).0.kill();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    addrs.insert(0, restart(&gateways[0].config));
+    until_metric("the restarted gw-m1 sent its entries again", async || {
+        metric(&addrs[0].1, "bucketd_upstream_forwarded_entries_total").await >= 1.0
+    })
+    .await;
+    until_metric("the central saw them again", async || {
+        metric(&central.addr, "bucketd_duplicates_total").await >= 1.0
+    })
+    .await;
+    assert_eq!(
+        metric(&central.addr, "bucketd_readings_ingested_total").await,
+        first as f64,
+        "entries sent again were counted again"
+    );
+
+    // The upstream broker goes away; the gateways go on ingesting and keep their deltas.
+    upstream.down();
+    let seconds: Vec<Workload> = gateways
+        .iter()
+        .enumerate()
+        .map(|(i, g)| stamped_workload(&g.topics, 0xDE17C + i as u64, 700))
+        .collect();
+    let mut before = Vec::new();
+    for (_, addr) in &addrs {
+        before.push(metric(addr, "bucketd_readings_ingested_total").await);
+    }
+    for w in &seconds {
+        publish_all(&broker, &w.messages, 1).await;
+    }
+    for ((w, (_, addr)), before) in seconds.iter().zip(&addrs).zip(before) {
+        let want = before + w.readings.len() as f64;
+        until_metric("the gateway committed its second workload", async || {
+            metric(addr, "bucketd_readings_ingested_total").await >= want
+        })
+        .await;
+        until_metric("the gateway noticed the upstream is gone", async || {
+            metric(addr, "bucketd_upstream_errors_total").await >= 1.0
+        })
+        .await;
+    }
+    upstream.up();
+    for (g, w) in gateways.iter_mut().zip(seconds) {
+        g.work.extend(w);
+    }
+    let total: i64 = gateways.iter().map(|g| g.work.readings.len() as i64).sum();
+    until_metric("the central has every reading", async || {
+        metric(&central.addr, "bucketd_readings_ingested_total").await >= total as f64
+    })
+    .await;
+    for (d, _) in addrs {
+        assert!(d.terminate().0.success());
+    }
+    assert!(central.daemon.terminate().0.success());
+    let docs = merged(std::slice::from_ref(&central.db));
+    assert_eq!(
+        docs.iter().map(|d| d.count).sum::<i64>(),
+        total,
+        "applied once"
+    );
+    let want = fleet_truth(&[
+        (&gateways[0].id, &gateways[0].work),
+        (&gateways[1].id, &gateways[1].work),
+    ]);
+    assert_eq!(docs.len(), want.len());
+    assert_matches_truth(&docs, &want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_central_instances_share_the_deltas_and_together_hold_the_totals() {
+    let broker = Broker::hermetic();
+    let upstream = OwnMosquitto::start(false, "");
+    let centrals = [
+        central(&upstream, "$share/central/bucketd/+/deltas"),
+        central(&upstream, "$share/central/bucketd/+/deltas"),
+    ];
+    let gateways = [
+        mqtt_gateway(&broker, &upstream, "gw-s1", 0x5A1),
+        mqtt_gateway(&broker, &upstream, "gw-s2", 0x5A2),
+    ];
+    let daemons: Vec<(Daemon, String)> = gateways.iter().map(|g| restart(&g.config)).collect();
+    for g in &gateways {
+        publish_all(&broker, &g.work.messages, 1).await;
+    }
+    let total: i64 = gateways.iter().map(|g| g.work.readings.len() as i64).sum();
+    until_metric("the centrals together have every reading", async || {
+        metric(&centrals[0].addr, "bucketd_readings_ingested_total").await
+            + metric(&centrals[1].addr, "bucketd_readings_ingested_total").await
+            >= total as f64
+    })
+    .await;
+    let each = [
+        metric(&centrals[0].addr, "bucketd_readings_ingested_total").await,
+        metric(&centrals[1].addr, "bucketd_readings_ingested_total").await,
+    ];
+    assert!(
+        each[0] > 0.0 && each[1] > 0.0,
+        "both centrals took a share: {each:?}"
+    );
+    for (d, _) in daemons {
+        assert!(d.terminate().0.success());
+    }
+    let mut dbs = Vec::new();
+    let mut dirs = Vec::new();
+    for c in centrals {
+        assert!(c.daemon.terminate().0.success());
+        dbs.push(c.db);
+        dirs.push(c._dir);
+    }
+    let docs = merged(&dbs);
+    assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), total);
+    let want = fleet_truth(&[
+        (&gateways[0].id, &gateways[0].work),
+        (&gateways[1].id, &gateways[1].work),
+    ]);
+    assert_matches_truth(&docs, &want);
 }
