@@ -6,6 +6,8 @@
 //!
 //! `cargo bench --bench forward`. PostgreSQL: `BENCH_POSTGRES` (libpq key=value of a role that
 //! may create databases), by default the local socket as the current user.
+//! `BENCH_TARGET=mqtt cargo bench --bench forward`: to a Mosquitto the benchmark starts, where a
+//! subscriber decodes every delta message and checks the readings they carry.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -43,8 +45,45 @@ async fn connect(conninfo: &str) -> tokio_postgres::Client {
     client
 }
 
+#[path = "../tests/shared/own_mosquitto.rs"]
+mod own_mosquitto;
+
+/// Subscribes to every delta message on `port`; returns the readings they carried once
+/// `want` have arrived.
+async fn count_deltas(port: u16, want: u64) -> tokio::task::JoinHandle<u64> {
+    let mut opts = rumqttc::MqttOptions::new("bench-central", "127.0.0.1", port);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let (client, mut events) = rumqttc::AsyncClient::new(opts, 100);
+    client
+        .subscribe("bucketd/+/deltas", rumqttc::QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    loop {
+        if let rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) = events.poll().await.unwrap() {
+            break;
+        }
+    }
+    tokio::spawn(async move {
+        let _client = client;
+        let mut readings = 0u64;
+        while readings < want {
+            if let rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) =
+                events.poll().await.unwrap()
+            {
+                let msg: bucketd::decode::DeltaMessage =
+                    bson::deserialize_from_slice(&p.payload).unwrap();
+                readings += msg.buckets.iter().map(|b| b.count as u64).sum::<u64>();
+            }
+        }
+        readings
+    })
+}
+
 /// One run: fills an outbox, forwards it, returns (seconds, deltas, readings).
 async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (f64, u64, u64) {
+    if std::env::var("BENCH_TARGET").as_deref() == Ok("mqtt") {
+        return run_mqtt(entries, buckets, per_bucket).await;
+    }
     let admin = connect(&admin_conninfo()).await;
     let db = format!("bucketd_bench_{}_{run}", std::process::id());
     admin
@@ -58,6 +97,54 @@ async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (
         .collect();
     let conninfo = format!("{} dbname={db}", base.join(" "));
 
+    let (took, deltas, readings, dir) = forward(
+        entries,
+        buckets,
+        per_bucket,
+        UpstreamTarget::Postgres {
+            conninfo: conninfo.clone(),
+        },
+    )
+    .await;
+    drop(dir);
+    let pg = connect(&conninfo).await;
+    let total: i64 = pg
+        .query_one("SELECT SUM(count)::bigint FROM bucketd_buckets", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(total as u64, readings, "readings in PostgreSQL");
+    drop(pg);
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+    (took, deltas, readings)
+}
+
+async fn run_mqtt(entries: usize, buckets: usize, per_bucket: usize) -> (f64, u64, u64) {
+    let broker = own_mosquitto::OwnMosquitto::start(false, "");
+    let want = (entries * buckets * per_bucket) as u64;
+    let counter = count_deltas(broker.port, want).await;
+    let target = UpstreamTarget::Mqtt {
+        host: "127.0.0.1".into(),
+        port: broker.port,
+        username: None,
+        client_id: "bench-forwarder".into(),
+    };
+    let (took, deltas, readings, _dir) = forward(entries, buckets, per_bucket, target).await;
+    assert_eq!(counter.await.unwrap(), readings, "readings received");
+    (took, deltas, readings)
+}
+
+/// Fills an outbox and forwards it to `target`; returns (seconds until every entry was
+/// acknowledged, deltas, readings, the store's directory).
+async fn forward(
+    entries: usize,
+    buckets: usize,
+    per_bucket: usize,
+    target: UpstreamTarget,
+) -> (f64, u64, u64, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(&StoreSettings {
         path: dir.path().join("bench.redb"),
@@ -94,9 +181,7 @@ async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (
     let forwarder = Forwarder {
         config: UpstreamConfig {
             gateway_id: "bench".into(),
-            target: UpstreamTarget::Postgres {
-                conninfo: conninfo.clone(),
-            },
+            target,
             password_file: None,
             outbox_max_entries: entries + 1,
             batch_entries: 16,
@@ -121,20 +206,8 @@ async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (
     let took = started.elapsed().as_secs_f64();
     cancel.cancel();
     task.await.unwrap();
-    let pg = connect(&conninfo).await;
-    let total: i64 = pg
-        .query_one("SELECT SUM(count)::bigint FROM bucketd_buckets", &[])
-        .await
-        .unwrap()
-        .get(0);
     let readings = (entries * buckets * per_bucket) as u64;
-    assert_eq!(total as u64, readings, "readings in PostgreSQL");
-    drop(pg);
-    admin
-        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .await
-        .unwrap();
-    (took, (entries * buckets) as u64, readings)
+    (took, (entries * buckets) as u64, readings, dir)
 }
 
 fn mmm(mut v: Vec<f64>) -> String {
@@ -155,7 +228,8 @@ async fn main() {
     let runs = env_or("BENCH_RUNS", 3usize);
     println!(
         "forwarding {entries} outbox entries x {buckets} bucket deltas ({per_bucket} readings \
-         each) to PostgreSQL, batch_entries 16, {runs} run(s)"
+         each) to {}, batch_entries 16, {runs} run(s)",
+        std::env::var("BENCH_TARGET").unwrap_or_else(|_| "postgres".into())
     );
     let (mut deltas, mut readings) = (Vec::new(), Vec::new());
     for r in 1..=runs {

@@ -487,19 +487,9 @@ async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) 
     }
 }
 
-/// The sum of every sample of metric `name` (all label sets) in the Prometheus text.
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let value = match rest.strip_prefix('{') {
-                Some(labelled) => labelled.split_once("} ")?.1,
-                None => rest.strip_prefix(' ')?,
-            };
-            value.parse::<f64>().ok()
-        })
-        .sum()
-}
+#[path = "../tests/shared/prom.rs"]
+mod prom;
+use prom::metric;
 
 async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Workload) -> Outcome {
     let dir = tempfile::tempdir().unwrap();

@@ -221,15 +221,6 @@ fn restart(config: &std::path::Path) -> (Daemon, String) {
     (daemon, addr)
 }
 
-/// `bucketd_upstream_forwarded_entries_total` of the daemon at `addr`.
-async fn forwarded_entries(addr: &str) -> u64 {
-    let (status, body) = crate::api::http("GET", format!("http://{addr}/metrics")).await;
-    assert_eq!(status, 200);
-    body.lines()
-        .find_map(|l| l.strip_prefix("bucketd_upstream_forwarded_entries_total "))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() {
     let broker = Broker::hermetic();
@@ -270,7 +261,7 @@ async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() 
     let (restarted, addr) = restart(&a.config);
     daemons[0] = Some(restarted);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while forwarded_entries(&addr).await == 0 {
+    while metric(&addr, "bucketd_upstream_forwarded_entries_total").await == 0.0 {
         assert!(
             Instant::now() < deadline,
             "the restarted gw-a never forwarded"
@@ -399,16 +390,7 @@ use crate::own_mosquitto::OwnMosquitto;
 async fn metric(addr: &str, name: &str) -> f64 {
     let (status, body) = crate::api::http("GET", format!("http://{addr}/metrics")).await;
     assert_eq!(status, 200);
-    body.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let value = match rest.strip_prefix('{') {
-                Some(labelled) => labelled.split_once("} ")?.1,
-                None => rest.strip_prefix(' ')?,
-            };
-            value.parse::<f64>().ok()
-        })
-        .sum()
+    crate::prom::metric(&body, name)
 }
 
 /// Waits until `cond` holds for the metric values it reads.
