@@ -130,12 +130,17 @@ pub(super) fn record(
     table.insert(key, doc.encode().as_slice())?;
     shared.entries.store(table.len()?, Ordering::Relaxed);
     shared.newest_seq.store(key, Ordering::Relaxed);
-    let oldest = match table.first()? {
-        Some((_, v)) => OutboxDoc::decode(v.value()).map_or(0, |d| d.created_ns),
-        None => 0,
-    };
+    let oldest = table.first()?.map_or(0, |(_, v)| created_ns(v.value()));
     shared.oldest_ns.store(oldest, Ordering::Relaxed);
     Ok(())
+}
+
+/// An entry's `created_ns`, read without decoding its buckets (0 if unreadable).
+fn created_ns(entry: &[u8]) -> i64 {
+    bson::RawDocument::from_bytes(entry)
+        .ok()
+        .and_then(|d| d.get_i64("created_ns").ok())
+        .unwrap_or(0)
 }
 
 /// Up to `max` entries with a sequence number above `after` (all with `None`), oldest first.
@@ -173,10 +178,7 @@ pub(super) fn load(db: &redb::Database, shared: &OutboxShared) -> Result<(), red
     if let Some((k, _)) = table.last()? {
         shared.newest_seq.store(k.value(), Ordering::Relaxed);
     }
-    let oldest = match table.first()? {
-        Some((_, v)) => OutboxDoc::decode(v.value()).map_or(0, |d| d.created_ns),
-        None => 0,
-    };
+    let oldest = table.first()?.map_or(0, |(_, v)| created_ns(v.value()));
     shared.oldest_ns.store(oldest, Ordering::Relaxed);
     Ok(())
 }

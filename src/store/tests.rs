@@ -653,6 +653,12 @@ fn the_outbox_holds_each_commits_deltas_until_acknowledged_and_survives_a_reopen
     let left = store.reader().outbox(None, 10).unwrap();
     assert_eq!(left.len(), 2);
     assert_eq!(left[0], entries[1]);
+    // The lag gauge's source: the oldest entry left.
+    assert!(entries[0].created_ns < entries[1].created_ns);
+    assert_eq!(
+        outbox.oldest_ns.load(std::sync::atomic::Ordering::Relaxed),
+        entries[1].created_ns
+    );
     assert_eq!(outbox.entries.load(std::sync::atomic::Ordering::Relaxed), 2);
     // Reading after a sequence number skips up to it.
     let after = store
