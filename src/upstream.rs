@@ -119,7 +119,7 @@ impl Forwarder {
                     // flood the log, and the operator sees it is still failing.
                     if failures.is_power_of_two() {
                         warn!(
-                            error = %e,
+                            error = format!("{e:#}"),
                             attempt = failures,
                             "Forwarding to {name} failed; the outbox keeps every delta and \
                              retries. Check upstream.{} and that it is reachable.",
