@@ -566,6 +566,37 @@ async fn two_gateways_forward_over_mqtt_through_an_upstream_restart() {
         metric(&central.addr, "bucketd_readings_ingested_total").await >= total as f64
     })
     .await;
+    // The central's query API answers for a gateway's series.
+    let series = format!("{}:{}", gateways[1].id, gateways[1].work.readings[0].series);
+    let want: i64 = gateways[1]
+        .work
+        .readings
+        .iter()
+        .filter(|r| format!("{}:{}", gateways[1].id, r.series) == series)
+        .count() as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let (status, body) = crate::api::http(
+        "GET",
+        format!(
+            "http://{}/api/v1/buckets?series={series}&from={}&to={}",
+            central.addr,
+            now - 6 * 3600,
+            now + 3600
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let counted: i64 = answer["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_i64().unwrap())
+        .sum();
+    assert_eq!(counted, want, "{series} through the central's API");
     for (d, _) in addrs {
         assert!(d.terminate().0.success());
     }
