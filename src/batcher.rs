@@ -197,8 +197,9 @@ impl Batcher {
     /// When a stall would be recognised if nothing else arrives, for batches that qualify.
     fn stall_at(&self) -> Option<Instant> {
         let (first, last, released) = (self.first_arrival?, self.last_arrival?, self.released_at?);
-        // Messages that arrived before the release were not sent because of it.
-        let echo = first >= released && first.duration_since(released) <= ECHO_MAX;
+        // A batch that began during the commit counts too: a broker whose window was not full
+        // at the flush fills it meanwhile, then waits for this release.
+        let echo = first.saturating_duration_since(released) <= ECHO_MAX;
         if self.acks.is_empty() || self.arrivals < 2 || !echo {
             return None;
         }
