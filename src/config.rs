@@ -108,9 +108,7 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
             ));
         }
     }
-    let id_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if raw.gateway_id.is_empty() || !raw.gateway_id.chars().all(id_ok) || raw.gateway_id.len() > 64
-    {
+    if !crate::reading::valid_gateway_id(&raw.gateway_id) {
         return Err(invalid(
             "upstream.gateway_id",
             "must be 1-64 letters, digits, \"-\", \"_\" or \".\" (it names this gateway upstream)",

@@ -329,8 +329,7 @@ pub struct DeltaMessage {
 fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
     let msg: DeltaMessage =
         bson::deserialize_from_slice(payload).map_err(|_| DecodeError::InvalidDelta)?;
-    let id_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if msg.gateway_id.is_empty() || !msg.gateway_id.chars().all(id_char) {
+    if !crate::reading::valid_gateway_id(&msg.gateway_id) {
         return Err(DecodeError::InvalidName);
     }
     for b in &msg.buckets {

@@ -115,6 +115,15 @@ pub fn validate_name(name: &str) -> Result<(), DecodeError> {
     }
 }
 
+/// A gateway id (`upstream.gateway_id`, and the `gateway_id` of a delta message): 1..=64 ASCII
+/// letters, digits, `-`, `_` or `.`, so that `<gateway_id>:<sensor>` is a valid sensor name.
+pub fn valid_gateway_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// Validates a full series name `sensor/metric`.
 pub fn validate_series(series: &str) -> Result<(), DecodeError> {
     let (sensor, metric) = series.split_once('/').ok_or(DecodeError::InvalidName)?;

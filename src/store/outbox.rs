@@ -92,10 +92,16 @@ pub(super) fn record(
         .buckets
         .iter()
         .map(|((series, start), delta)| BucketDoc::new(series, *start, width_secs, delta));
-    let newest = table.last()?.map(|(k, v)| (k.value(), v.value().to_vec()));
+    // Only at the bound is the newest entry read (and copied): it may be large.
     let at_bound = table.len()? as usize >= max_entries;
-    let merge_into =
-        newest.filter(|(k, _)| at_bound && *k >= shared.sending_below.load(Ordering::Relaxed));
+    let merge_into = if at_bound {
+        table
+            .last()?
+            .map(|(k, v)| (k.value(), v.value().to_vec()))
+            .filter(|(k, _)| *k >= shared.sending_below.load(Ordering::Relaxed))
+    } else {
+        None
+    };
     let doc = match merge_into {
         Some((key, bytes)) => {
             let mut doc = OutboxDoc::decode(&bytes)
