@@ -754,7 +754,7 @@ impl Store {
                 dedup.remove(old)?;
             }
         }
-        if self.settings.outbox_max_entries > 0 {
+        let gate = if self.settings.outbox_max_entries > 0 {
             outbox::record(
                 &tx,
                 &self.outbox,
@@ -762,9 +762,12 @@ impl Store {
                 seq,
                 batch,
                 self.settings.bucket_width_secs,
-            )?;
-        }
+            )?
+        } else {
+            None
+        };
         tx.commit()?;
+        drop(gate);
         stats.series_created = new_series.len();
         self.series.extend(new_series);
         self.dedup_log.retain(|(s, _)| !trimmed.contains(s));
@@ -1089,10 +1092,15 @@ impl StoreReader {
         })
     }
 
-    /// Up to `max` outbox entries with a sequence number above `after` (all with `None`),
-    /// oldest first.
-    pub fn outbox(&self, after: Option<u64>, max: usize) -> Result<Vec<OutboxDoc>, redb::Error> {
-        outbox::read(&self.db.begin_read()?, after, max)
+    /// Up to `max` outbox entries with a sequence number above `after` (all with `None`) and
+    /// at most `upto` ([`OutboxShared::begin_shipping`]), oldest first.
+    pub fn outbox(
+        &self,
+        after: Option<u64>,
+        upto: u64,
+        max: usize,
+    ) -> Result<Vec<OutboxDoc>, redb::Error> {
+        outbox::read(&self.db.begin_read()?, after, upto, max)
     }
 
     /// Every series name, sorted.

@@ -167,13 +167,15 @@ impl Forwarder {
     ) -> anyhow::Result<bool> {
         let reader = self.reader.clone();
         let (after, max) = (*applied, self.config.batch_entries);
-        let entries = tokio::task::spawn_blocking(move || reader.outbox(after, max)).await??;
+        // Before reading: an entry may not change once it may have been shipped.
+        let upto = self.outbox.begin_shipping();
+        let entries =
+            tokio::task::spawn_blocking(move || reader.outbox(after, upto, max)).await??;
         self.report_lag(*applied, entries.first());
         let Some(last) = entries.last() else {
             return Ok(false);
         };
         let upto = u64::try_from(last.seq)?;
-        self.outbox.sending(upto);
         if sink.is_none() {
             *sink = Some(self.connect().await?);
             self.stats.upstream_connected.store(true, Ordering::Relaxed);

@@ -6,14 +6,20 @@
 //! only grow; a late reading for an old hour is a delta for that hour like any other.
 //!
 //! Bounded by `upstream.outbox_max_entries`: at the bound, a commit's deltas are merged into
-//! the newest entry instead of a new one (summaries are mergeable), unless the forwarder is
-//! shipping that entry, which must not change under it; then the outbox exceeds the bound by at
-//! most the forwarder's batch. The entries shrink only when the upstream has acknowledged them:
+//! the newest entry instead of a new one (summaries are mergeable), unless that entry may have
+//! been shipped: its sequence number then names content the upstream may already hold, and
+//! merging into it would lose (PostgreSQL skips a sequence number it applied) or double (a
+//! copy with other bytes) what it held. So a commit at the bound takes [`OutboxShared`]'s gate
+//! until it has committed, and the forwarder marks what it ships under the same gate before it
+//! reads ([`OutboxShared::begin_shipping`]); entries found at open count as shipped (an earlier
+//! process may have sent them). The outbox then exceeds its bound by one entry per such
+//! change of hands. The entries shrink only when the upstream has acknowledged them:
 //! [`OutboxShared::acked_below`], trimmed by the next commit (no write transaction of its own,
 //! no extra SD-card writes).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -52,8 +58,11 @@ impl OutboxDoc {
 pub struct OutboxShared {
     /// Every entry below this sequence number is applied upstream: trim them.
     pub acked_below: AtomicU64,
-    /// The forwarder is shipping entries below this sequence number: do not merge into them.
-    pub sending_below: AtomicU64,
+    /// Entries below this sequence number may have been shipped: do not merge into them.
+    sending_below: AtomicU64,
+    /// Orders an at-bound commit's choice of entry (through its commit) against
+    /// [`OutboxShared::begin_shipping`].
+    gate: Mutex<()>,
     /// Entries in the table (as of the last commit), and the newest entry's sequence number.
     pub entries: AtomicU64,
     pub newest_seq: AtomicU64,
@@ -67,22 +76,27 @@ impl OutboxShared {
         self.acked_below.fetch_max(seq + 1, Ordering::Relaxed);
     }
 
-    /// Records that the forwarder is about to ship entries up to `seq`.
-    pub fn sending(&self, seq: u64) {
-        self.sending_below.fetch_max(seq + 1, Ordering::Relaxed);
+    /// Called by the forwarder before it reads entries to ship: returns the newest sequence
+    /// number it may read, and from then on no commit merges into an entry up to it.
+    pub fn begin_shipping(&self) -> u64 {
+        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let newest = self.newest_seq.load(Ordering::Relaxed);
+        self.sending_below.fetch_max(newest + 1, Ordering::Relaxed);
+        newest
     }
 }
 
 /// In the commit's transaction: trims acknowledged entries, then records `batch`'s deltas under
-/// `seq` (or merges them into the newest entry at the bound).
-pub(super) fn record(
+/// `seq` (or merges them into the newest entry at the bound). Hold the returned guard until the
+/// transaction has committed (or failed).
+pub(super) fn record<'a>(
     tx: &redb::WriteTransaction,
-    shared: &OutboxShared,
+    shared: &'a OutboxShared,
     max_entries: usize,
     seq: u64,
     batch: &Batch,
     width_secs: i64,
-) -> Result<(), CommitError> {
+) -> Result<Option<MutexGuard<'a, ()>>, CommitError> {
     let mut table = tx.open_table(OUTBOX)?;
     let acked_below = shared.acked_below.load(Ordering::Relaxed);
     if acked_below > 0 {
@@ -93,8 +107,9 @@ pub(super) fn record(
         .iter()
         .map(|((series, start), delta)| BucketDoc::new(series, *start, width_secs, delta));
     // Only at the bound is the newest entry read (and copied): it may be large.
-    let at_bound = table.len()? as usize >= max_entries;
-    let merge_into = if at_bound {
+    let gate = (table.len()? as usize >= max_entries)
+        .then(|| shared.gate.lock().unwrap_or_else(|e| e.into_inner()));
+    let merge_into = if gate.is_some() {
         table
             .last()?
             .map(|(k, v)| (k.value(), v.value().to_vec()))
@@ -138,7 +153,7 @@ pub(super) fn record(
     shared.newest_seq.store(key, Ordering::Relaxed);
     let oldest = table.first()?.map_or(0, |(_, v)| created_ns(v.value()));
     shared.oldest_ns.store(oldest, Ordering::Relaxed);
-    Ok(())
+    Ok(gate)
 }
 
 /// An entry's `created_ns`, read without decoding its buckets (0 if unreadable).
@@ -149,10 +164,12 @@ fn created_ns(entry: &[u8]) -> i64 {
         .unwrap_or(0)
 }
 
-/// Up to `max` entries with a sequence number above `after` (all with `None`), oldest first.
+/// Up to `max` entries with a sequence number above `after` (all with `None`) and at most
+/// `upto`, oldest first.
 pub(super) fn read(
     tx: &redb::ReadTransaction,
     after: Option<u64>,
+    upto: u64,
     max: usize,
 ) -> Result<Vec<OutboxDoc>, redb::Error> {
     let table = match tx.open_table(OUTBOX) {
@@ -162,7 +179,10 @@ pub(super) fn read(
     };
     let mut out = Vec::new();
     let from = after.map_or(0, |a| a.saturating_add(1));
-    for entry in table.range(from..)?.take(max) {
+    if from > upto {
+        return Ok(Vec::new());
+    }
+    for entry in table.range(from..=upto)?.take(max) {
         let (key, value) = entry?;
         let doc = OutboxDoc::decode(value.value()).map_err(|e| {
             redb::Error::Corrupted(format!("outbox entry {} is unreadable: {e}", key.value()))
@@ -183,6 +203,8 @@ pub(super) fn load(db: &redb::Database, shared: &OutboxShared) -> Result<(), red
     shared.entries.store(table.len()?, Ordering::Relaxed);
     if let Some((k, _)) = table.last()? {
         shared.newest_seq.store(k.value(), Ordering::Relaxed);
+        // An earlier process may have shipped any of them.
+        shared.sending_below.store(k.value() + 1, Ordering::Relaxed);
     }
     let oldest = table.first()?.map_or(0, |(_, v)| created_ns(v.value()));
     shared.oldest_ns.store(oldest, Ordering::Relaxed);
