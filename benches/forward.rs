@@ -191,6 +191,7 @@ async fn forward(
         reader: store.reader(),
         outbox: store.outbox(),
         stats: stats.clone(),
+        origin: store.reader().created_at().unwrap(),
     };
     let cancel = tokio_util::sync::CancellationToken::new();
     let started = Instant::now();

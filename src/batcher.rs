@@ -111,6 +111,8 @@ pub struct Batch {
     /// Fingerprints of the batch's messages that a redelivery could repeat
     /// ([`crate::dedup`]), stored with the batch.
     pub fingerprints: Vec<crate::dedup::Fingerprint>,
+    /// The last delta message applied per gateway ([`crate::applied`]), stored with the batch.
+    pub applied: BTreeMap<String, crate::applied::Position>,
 }
 
 impl Batch {
@@ -271,6 +273,11 @@ impl Batcher {
     /// Records the fingerprint of a message whose readings are in the batch.
     pub fn push_fingerprint(&mut self, fp: crate::dedup::Fingerprint) {
         self.batch.fingerprints.push(fp);
+    }
+
+    /// Records that a gateway's delta message up to `at` is in the batch.
+    pub fn push_applied(&mut self, gateway: &str, at: crate::applied::Position) {
+        self.batch.applied.insert(gateway.to_owned(), at);
     }
 
     /// Records the acknowledgement a message needs once everything before it is committed.

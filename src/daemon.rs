@@ -135,6 +135,13 @@ pub fn start_with_faults(
             source,
         })?;
     let dedup = crate::dedup::Window::new(config.limits.dedup_window, recent);
+    let applied = store
+        .applied_positions()
+        .map_err(|source| StoreOpenError::Corrupt {
+            path: store_path.clone(),
+            source,
+        })?;
+    let applied = crate::applied::Applied::new(applied);
     let stats = Arc::new(Stats::new(config.limits.dead_letters));
     let series = SeriesSet::new(config.limits.max_series, store.series_names().cloned());
     stats
@@ -144,6 +151,7 @@ pub fn start_with_faults(
         path = %store_path.display(),
         series = series.len(),
         recent_messages = dedup.len(),
+        gateways = applied.len(),
         "Opened the store."
     );
 
@@ -181,12 +189,20 @@ pub fn start_with_faults(
         stats
             .upstream_enabled
             .store(true, std::sync::atomic::Ordering::Relaxed);
+        let origin = store
+            .reader()
+            .created_at()
+            .map_err(|source| StoreOpenError::Corrupt {
+                path: store_path.clone(),
+                source,
+            })?;
         let forwarder = crate::upstream::Forwarder {
             config: upstream.clone(),
             password: upstream_password,
             reader: store.reader(),
             outbox: store.outbox(),
             stats: stats.clone(),
+            origin,
         };
         tokio::spawn(forwarder.run(cancel.clone()));
     }
@@ -212,6 +228,7 @@ pub fn start_with_faults(
         window: config.mqtt.receive_maximum,
         flush_requests: flush_rx,
         dedup,
+        applied,
     };
     info!(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),

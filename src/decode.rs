@@ -238,6 +238,8 @@ pub struct Decoded {
     pub rejected: Vec<DecodeError>,
     /// Some reading took the receive time (the payload had no timestamp for it).
     pub receive_time: bool,
+    /// A delta message's gateway and position in its stream ([`crate::applied`]).
+    pub delta_from: Option<(String, crate::applied::Position)>,
 }
 
 impl Decoded {
@@ -246,6 +248,7 @@ impl Decoded {
         self.deltas.clear();
         self.rejected.clear();
         self.receive_time = false;
+        self.delta_from = None;
     }
 
     fn push(&mut self, ctx: &DecodeContext, sensor: &str, metric: &str, ts: Timestamp, value: f64) {
@@ -320,6 +323,9 @@ pub struct Delta {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DeltaMessage {
     pub gateway_id: String,
+    /// When the gateway's database was created (RFC 3339): a new database numbers from 0.
+    #[serde(default)]
+    pub origin: String,
     pub seq: i64,
     /// Part of the entry, from 0 (large entries are split to fit a message).
     pub part: i32,
@@ -349,6 +355,14 @@ fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
             summary,
         });
     }
+    out.delta_from = Some((
+        msg.gateway_id,
+        crate::applied::Position {
+            origin: msg.origin,
+            seq: msg.seq,
+            part: msg.part,
+        },
+    ));
     Ok(())
 }
 

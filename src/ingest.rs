@@ -58,6 +58,8 @@ pub struct Ingest {
     pub flush_requests: mpsc::Receiver<FlushRequest>,
     /// Fingerprints of the most recent messages, for recognising redeliveries.
     pub dedup: Window,
+    /// The last delta message applied per gateway ([`crate::applied`]).
+    pub applied: crate::applied::Applied,
 }
 
 /// A flush request waiting for the commits that cover what was pending when it came.
@@ -433,8 +435,12 @@ impl Ingest {
                     (true, 0) => None, // never redelivered, and identical copies are distinct
                     (true, _) => Some(dedup::fingerprint(topic, payload, Some(pkid))),
                 };
-                let redelivered =
-                    fp.is_some_and(|fp| (dup || !receive_time) && self.dedup.contains(fp));
+                // Delta messages are told apart by their position instead (`crate::applied`).
+                let fp = fp.filter(|_| st.decoded.delta_from.is_none());
+                let redelivered = match &st.decoded.delta_from {
+                    Some((gateway, at)) => self.applied.contains(gateway, at),
+                    None => fp.is_some_and(|fp| (dup || !receive_time) && self.dedup.contains(fp)),
+                };
                 if redelivered {
                     self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                     debug!(topic = %String::from_utf8_lossy(topic), dup, "Skipped a message already counted.");
@@ -477,6 +483,10 @@ impl Ingest {
                     if let Some(fp) = fp.filter(|_| counted) {
                         self.dedup.insert(fp);
                         self.batcher.push_fingerprint(fp);
+                    }
+                    if let Some((gateway, at)) = st.decoded.delta_from.take().filter(|_| counted) {
+                        self.batcher.push_applied(&gateway, at.clone());
+                        self.applied.insert(&gateway, at);
                     }
                 }
             }

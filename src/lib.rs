@@ -25,6 +25,7 @@
 //! upsert-and-increment transaction) -> `ingest` (PUBACKs in arrival order).
 
 pub mod ack;
+pub mod applied;
 pub mod batcher;
 pub mod config;
 pub mod daemon;

@@ -14,6 +14,9 @@
 //!   trimmed to the last `limits.dedup_window` fingerprints. The last entry is always kept: its
 //!   key is the sequence number of the last commit, which tells a retry whether a commit whose
 //!   outcome was unknown (an I/O error) landed.
+//! - `applied`: `&str` gateway id -> BSON [`crate::applied::Position`], the last delta message
+//!   applied from that gateway (central instances only), written with the buckets it changed.
+//! - `outbox`: see [`outbox`] (gateways with an `[upstream]` only).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -36,6 +39,7 @@ const BUCKETS: TableDefinition<(u64, i64), &[u8]> = TableDefinition::new("bucket
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 const PAGES: TableDefinition<(u64, i64, u32), &[u8]> = TableDefinition::new("pages");
 const DEDUP: TableDefinition<u64, &[u8]> = TableDefinition::new("dedup");
+const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
 
 /// Version of the table layout, in `meta.format_version`.
 pub const FORMAT_VERSION: u32 = 1;
@@ -599,6 +603,26 @@ impl Store {
         Ok(out)
     }
 
+    /// The last delta message applied per gateway ([`crate::applied`]).
+    pub fn applied_positions(
+        &self,
+    ) -> Result<Vec<(String, crate::applied::Position)>, redb::Error> {
+        let tx = self.open_db().map_err(|_| closed_error())?.begin_read()?;
+        let table = tx.open_table(APPLIED)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            let (gateway, value) = entry?;
+            let at = crate::applied::Position::decode(value.value()).ok_or_else(|| {
+                redb::Error::Corrupted(format!(
+                    "applied position of gateway {} is unreadable",
+                    gateway.value()
+                ))
+            })?;
+            out.push((gateway.value().to_owned(), at));
+        }
+        Ok(out)
+    }
+
     /// Creates the tables and meta entries of a new file, or checks those of an existing one.
     fn init_meta(&mut self) -> Result<Result<(), StoreOpenError>, redb::Error> {
         let tx = self.db().begin_write()?;
@@ -609,6 +633,7 @@ impl Store {
             tx.open_table(BUCKETS)?;
             tx.open_table(PAGES)?;
             tx.open_table(DEDUP)?;
+            tx.open_table(APPLIED)?;
             tx.open_table(outbox::OUTBOX)?;
             let format = meta.get("format_version")?.map(|v| v.value().to_owned());
             match format {
@@ -752,6 +777,12 @@ impl Store {
             dedup.insert(seq, crate::dedup::encode(&batch.fingerprints).as_slice())?;
             for &old in &trimmed {
                 dedup.remove(old)?;
+            }
+            if !batch.applied.is_empty() {
+                let mut applied = tx.open_table(APPLIED)?;
+                for (gateway, at) in &batch.applied {
+                    applied.insert(gateway.as_str(), at.encode().as_slice())?;
+                }
             }
         }
         let gate = if self.settings.outbox_max_entries > 0 {
@@ -1119,6 +1150,17 @@ impl StoreReader {
         let tx = self.db.begin_read()?;
         let table = tx.open_table(SERIES_BY_NAME)?;
         Ok(table.get(series)?.is_some())
+    }
+
+    /// When the file was created (RFC 3339): names this database to an upstream, which
+    /// tells a replaced database's sequence numbers from the old one's.
+    pub fn created_at(&self) -> Result<String, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let meta = tx.open_table(META)?;
+        let created = meta.get("created_at")?;
+        created
+            .map(|v| v.value().to_owned())
+            .ok_or_else(|| redb::Error::Corrupted("meta.created_at is missing".into()))
     }
 
     /// The bucket width the file was created with, in seconds.

@@ -4,9 +4,10 @@
 //!
 //! MQTT: each entry is published at QoS 1 to `bucketd/<gateway_id>/deltas` as BSON
 //! [`DeltaMessage`]s (split into parts of at most [`MESSAGE_BYTES_MAX`]), and acknowledged to
-//! the store only once the broker has acknowledged every message of the batch. A batch sent again
-//! (after a crash or a lost connection) has the same bytes, which the central bucketd recognises
-//! in its dedup window ([`crate::dedup`]) and does not count twice.
+//! the store only once the broker has acknowledged every message of the batch. Each message
+//! names its position (database origin, seq, part); a batch sent again (after a crash or a lost
+//! connection) repeats positions the central bucketd has applied, and it does not apply them
+//! again ([`crate::applied`]).
 //!
 //! PostgreSQL: each batch of entries is applied in one SQL transaction that first locks the gateway's row in
 //! `bucketd_gateways` and reads its `last_seq`, applies only the entries above it (increments
@@ -75,6 +76,8 @@ pub struct Forwarder {
     pub reader: StoreReader,
     pub outbox: Arc<OutboxShared>,
     pub stats: Arc<Stats>,
+    /// The store's creation time ([`StoreReader::created_at`]): names this database upstream.
+    pub origin: String,
 }
 
 /// A connection to the upstream.
@@ -165,6 +168,7 @@ impl Forwarder {
         sink: &mut Option<Sink>,
         applied: &mut Option<u64>,
     ) -> anyhow::Result<bool> {
+        let origin = &self.origin;
         let reader = self.reader.clone();
         let (after, max) = (*applied, self.config.batch_entries);
         // Before reading: an entry may not change once it may have been shipped.
@@ -181,9 +185,9 @@ impl Forwarder {
             self.stats.upstream_connected.store(true, Ordering::Relaxed);
         }
         let shipped = match sink.as_mut().expect("connected above") {
-            Sink::Postgres(db) => apply(db, &self.config.gateway_id, &entries).await?,
+            Sink::Postgres(db) => apply(db, &self.config.gateway_id, origin, &entries).await?,
             Sink::Mqtt(client, events) => {
-                publish(client, events, &self.config.gateway_id, &entries).await?
+                publish(client, events, &self.config.gateway_id, origin, &entries).await?
             }
         };
         self.outbox.ack(upto);
@@ -266,10 +270,11 @@ impl Forwarder {
 }
 
 /// The messages of one outbox entry: its buckets in parts of at most [`MESSAGE_BYTES_MAX`].
-fn messages(gateway: &str, entry: &OutboxDoc) -> Vec<Vec<u8>> {
+fn messages(gateway: &str, origin: &str, entry: &OutboxDoc) -> Vec<Vec<u8>> {
     let encode = |part: i32, buckets: Vec<crate::store::BucketDoc>| {
         bson::serialize_to_vec(&DeltaMessage {
             gateway_id: gateway.to_owned(),
+            origin: origin.to_owned(),
             seq: entry.seq,
             part,
             buckets,
@@ -299,10 +304,14 @@ async fn publish(
     client: &rumqttc::AsyncClient,
     events: &mut rumqttc::EventLoop,
     gateway: &str,
+    origin: &str,
     entries: &[OutboxDoc],
 ) -> anyhow::Result<u64> {
     let topic = format!("bucketd/{gateway}/deltas");
-    let payloads: Vec<Vec<u8>> = entries.iter().flat_map(|e| messages(gateway, e)).collect();
+    let payloads: Vec<Vec<u8>> = entries
+        .iter()
+        .flat_map(|e| messages(gateway, origin, e))
+        .collect();
     let sent = payloads.len();
     // Published from a task of its own while this one polls: the client's request queue is
     // bounded, and only polling the event loop empties it.
@@ -342,6 +351,7 @@ async fn publish(
 async fn apply(
     db: &mut tokio_postgres::Client,
     gateway: &str,
+    origin: &str,
     entries: &[OutboxDoc],
 ) -> anyhow::Result<u64> {
     let tx = db.transaction().await?;
@@ -351,13 +361,24 @@ async fn apply(
         &[&gateway],
     )
     .await?;
-    let last: i64 = tx
+    let row = tx
         .query_one(
-            "SELECT last_seq FROM bucketd_gateways WHERE gateway_id = $1 FOR UPDATE",
+            "SELECT last_seq, origin FROM bucketd_gateways WHERE gateway_id = $1 FOR UPDATE",
             &[&gateway],
         )
-        .await?
-        .get(0);
+        .await?;
+    let (mut last, stored_origin): (i64, String) = (row.get(0), row.get(1));
+    // A replaced database numbers its entries from the start again (see `crate::applied`).
+    if !stored_origin.is_empty() && stored_origin != origin {
+        warn!(
+            gateway,
+            was = %stored_origin,
+            now = %origin,
+            "PostgreSQL holds this gateway's deltas from another database; applying this one's \
+             from its start. If two gateways share this id, give each its own upstream.gateway_id."
+        );
+        last = -1;
+    }
     let lock = tx
         .prepare("SELECT sketch FROM bucketd_buckets WHERE series = $1 AND start = $2 FOR UPDATE")
         .await?;
@@ -402,8 +423,9 @@ async fn apply(
     let upto = entries.last().map_or(last, |e| e.seq);
     if upto > last {
         tx.execute(
-            "UPDATE bucketd_gateways SET last_seq = $2, updated_at = now() WHERE gateway_id = $1",
-            &[&gateway, &upto],
+            "UPDATE bucketd_gateways SET last_seq = $2, origin = $3, updated_at = now()
+             WHERE gateway_id = $1",
+            &[&gateway, &upto, &origin],
         )
         .await?;
     }

@@ -42,5 +42,8 @@ CREATE TABLE IF NOT EXISTS bucketd_buckets (
 CREATE TABLE IF NOT EXISTS bucketd_gateways (
     gateway_id text        PRIMARY KEY,
     last_seq   bigint      NOT NULL,
+    -- The gateway database's creation time: a replaced database numbers from 0 again.
+    origin     text        NOT NULL DEFAULT '',
     updated_at timestamptz NOT NULL DEFAULT now()
 );
+ALTER TABLE bucketd_gateways ADD COLUMN IF NOT EXISTS origin text NOT NULL DEFAULT '';

@@ -486,6 +486,7 @@ fn delta_sub() -> Subscription {
 fn delta_payload(gateway: &str, series: &str, summary: &crate::summary::Summary) -> Vec<u8> {
     bson::serialize_to_vec(&DeltaMessage {
         gateway_id: gateway.into(),
+        origin: "2026-11-22T12:00:00.000Z".into(),
         seq: 7,
         part: 0,
         buckets: vec![crate::store::BucketDoc::new(series, NOW_S, 3600, summary)],
@@ -509,6 +510,12 @@ fn a_delta_message_becomes_bucket_summaries_under_the_gateway_prefix() {
     assert_eq!((d.deltas[0].start, d.deltas[0].width_secs), (NOW_S, 3600));
     assert_eq!(d.deltas[0].summary.count, 2);
     assert_eq!(d.deltas[0].summary.max, 4.0);
+    let position = crate::applied::Position {
+        origin: "2026-11-22T12:00:00.000Z".into(),
+        seq: 7,
+        part: 0,
+    };
+    assert_eq!(d.delta_from, Some(("gw-1".into(), position)));
 }
 
 #[test]
@@ -521,6 +528,7 @@ fn a_bad_delta_message_is_rejected_with_its_reason() {
         (
             &bson::serialize_to_vec(&DeltaMessage {
                 gateway_id: "gw-1".into(),
+                origin: String::new(),
                 seq: 1,
                 part: 0,
                 buckets: vec![crate::store::BucketDoc {
@@ -534,6 +542,7 @@ fn a_bad_delta_message_is_rejected_with_its_reason() {
         (
             &bson::serialize_to_vec(&DeltaMessage {
                 gateway_id: "gw-1".into(),
+                origin: String::new(),
                 seq: 1,
                 part: 0,
                 buckets: Vec::new(),

@@ -382,6 +382,42 @@ async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() 
     testdb.drop_it().await;
 }
 
+/// A gateway whose database was replaced (a new SD card, same `gateway_id`) numbers its outbox
+/// from the start again: PostgreSQL must apply those entries, not take them for ones it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_with_a_replaced_database_is_applied_from_its_start() {
+    let broker = Broker::hermetic();
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let pg = connect(&conninfo).await;
+    let first = gateway(&broker, "gw-new-card", 0xCA4D, 800, &conninfo);
+    let (daemon, _) = restart(&first.config);
+    publish_all(&broker, &first.work.messages, 1).await;
+    let n1 = first.work.readings.len() as i64;
+    until_forwarded(&pg, &first.id, n1).await;
+    assert!(daemon.terminate().0.success());
+    let second = gateway(&broker, "gw-new-card", 0xCA4E, 300, &conninfo);
+    let (daemon, _) = restart(&second.config);
+    publish_all(&broker, &second.work.messages, 1).await;
+    let n2 = second.work.readings.len() as i64;
+    until_forwarded(&pg, &second.id, n1 + n2).await;
+    let (status, lines) = daemon.terminate();
+    assert!(status.success());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("deltas from another database")),
+        "the gateway says PostgreSQL knew another database under its id"
+    );
+    let rows = rows_of(&pg, &first.id).await;
+    let mut readings = first.work.readings.clone();
+    readings.extend(second.work.readings.iter().cloned());
+    assert_eq!(rows.iter().map(|d| d.count).sum::<i64>(), n1 + n2);
+    assert_matches_truth(&rows, &truth(&readings, 3600));
+    drop(pg);
+    testdb.drop_it().await;
+}
+
 // ---- Over MQTT, to central bucketd instances. ---------------------------------------------
 
 use crate::own_mosquitto::OwnMosquitto;
@@ -406,6 +442,7 @@ struct Central {
     daemon: Daemon,
     addr: String,
     db: PathBuf,
+    config: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -439,6 +476,7 @@ fn central(upstream: &OwnMosquitto, filter: &str) -> Central {
         daemon,
         addr,
         db,
+        config,
         _dir: dir,
     }
 }
@@ -662,5 +700,110 @@ async fn two_central_instances_share_the_deltas_and_together_hold_the_totals() {
         (&gateways[0].id, &gateways[0].work),
         (&gateways[1].id, &gateways[1].work),
     ]);
+    assert_matches_truth(&docs, &want);
+}
+
+/// Every message published on the upstream's delta topics, as a resend would repeat it.
+async fn record_deltas(
+    upstream: &OwnMosquitto,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>,
+) {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let mut opts = MqttOptions::new(unique("spy"), "127.0.0.1", upstream.port);
+    opts.set_max_packet_size(1 << 20, 1 << 20);
+    let (client, mut events) = AsyncClient::new(opts, 100);
+    client
+        .subscribe("bucketd/+/deltas", QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), events.poll()).await;
+        if let Event::Incoming(Packet::SubAck(_)) = event.unwrap().unwrap() {
+            break;
+        }
+    }
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let into = seen.clone();
+    let task = tokio::spawn(async move {
+        let _client = client;
+        while let Ok(event) = events.poll().await {
+            if let Event::Incoming(Packet::Publish(p)) = event {
+                let topic = p.topic.clone();
+                into.lock().unwrap().push((topic, p.payload.to_vec()));
+            }
+        }
+    });
+    (task, seen)
+}
+
+/// The central keeps, per gateway, the last (sequence number, part) it applied, in its redb
+/// file with the buckets: a copy is recognised however late it comes, after the central's
+/// restart too; a gateway whose database was replaced numbers from the start again, and those
+/// entries are new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_central_applies_each_gateway_entry_once_however_late_the_copy() {
+    let broker = Broker::hermetic();
+    let upstream = OwnMosquitto::start(true, "");
+    let central = central(&upstream, "bucketd/+/deltas");
+    let (spy, seen) = record_deltas(&upstream).await;
+    let first = mqtt_gateway(&broker, &upstream, "gw-r", 0xC0FE);
+    let (daemon, _) = restart(&first.config);
+    publish_all(&broker, &first.work.messages, 1).await;
+    let n1 = first.work.readings.len() as f64;
+    until_metric("the central has the first workload", async || {
+        metric(&central.addr, "bucketd_readings_ingested_total").await >= n1
+    })
+    .await;
+    assert!(daemon.terminate().0.success());
+
+    // Every message again, after the central restarted (its memory is gone; the copies are
+    // far older than any window of recent messages).
+    assert!(central.daemon.terminate().0.success());
+    let (daemon, addr) = restart(&central.config);
+    let copies: Vec<(String, Vec<u8>)> = seen.lock().unwrap().clone();
+    assert!(copies.len() >= 2, "{}", copies.len());
+    let upstream_broker = Broker {
+        name: "upstream",
+        host: "127.0.0.1".into(),
+        v311_port: upstream.port,
+        v5_port: upstream.port,
+        sets_dup: true,
+    };
+    publish_all(&upstream_broker, &copies, 1).await;
+    until_metric("the central saw every copy", async || {
+        metric(&addr, "bucketd_duplicates_total").await >= copies.len() as f64
+    })
+    .await;
+    assert_eq!(
+        metric(&addr, "bucketd_readings_ingested_total").await,
+        0.0,
+        "copies were applied again"
+    );
+
+    // The gateway's database replaced: a new file numbers its entries from the start.
+    let second = mqtt_gateway(&broker, &upstream, "gw-r", 0xC0FF);
+    let (gw, _) = restart(&second.config);
+    publish_all(&broker, &second.work.messages, 1).await;
+    let n2 = second.work.readings.len() as f64;
+    until_metric(
+        "the central has the replaced gateway's workload",
+        async || metric(&addr, "bucketd_readings_ingested_total").await >= n2,
+    )
+    .await;
+    assert!(gw.terminate().0.success());
+    let (status, lines) = daemon.terminate();
+    assert!(status.success());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("now come from another database")),
+        "the central says the gateway's database changed"
+    );
+    spy.abort();
+    let docs = merged(std::slice::from_ref(&central.db));
+    let want = fleet_truth(&[("gw-r", &first.work), ("gw-r", &second.work)]);
+    assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), (n1 + n2) as i64);
     assert_matches_truth(&docs, &want);
 }
