@@ -50,8 +50,45 @@ pub struct RawConfig {
     pub limits: RawLimits,
     pub http: RawHttp,
     pub upstream: RawUpstream,
+    pub central: RawCentral,
     pub log: RawLog,
     pub subscriptions: Vec<RawSubscription>,
+}
+
+/// `[central]`: for central instances that split delta messages with a shared subscription.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCentral {
+    pub claims_postgres: String,
+    pub claims_password_file: String,
+    pub claims_keep_entries: u32,
+}
+
+/// Claiming each delta message in PostgreSQL before applying it ([`crate::claims`]).
+#[derive(Debug, Clone)]
+pub struct ClaimsConfig {
+    /// libpq key=value or URL, without the password.
+    pub conninfo: String,
+    pub password_file: Option<PathBuf>,
+    /// Claims kept per gateway (the newest sequence numbers).
+    pub keep_entries: u32,
+}
+
+fn validate_central(raw: &RawCentral) -> Result<Option<ClaimsConfig>, ConfigError> {
+    if raw.claims_postgres.is_empty() {
+        return Ok(None);
+    }
+    if raw.claims_keep_entries < 1000 {
+        return Err(invalid(
+            "central.claims_keep_entries",
+            "must be at least 1000 (a gateway resends up to one forwarding batch)",
+        ));
+    }
+    Ok(Some(ClaimsConfig {
+        conninfo: raw.claims_postgres.clone(),
+        password_file: non_empty_path(&raw.claims_password_file),
+        keep_entries: raw.claims_keep_entries,
+    }))
 }
 
 /// `[upstream]`: forwarding bucket deltas to the fleet tier.
@@ -333,6 +370,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Forwarding to the fleet tier; `None`: off, and no outbox is kept.
     pub upstream: Option<UpstreamConfig>,
+    /// Claiming delta messages between central instances; `None`: off.
+    pub claims: Option<ClaimsConfig>,
     pub log: RawLog,
     pub subscriptions: Vec<Subscription>,
 }
@@ -585,6 +624,7 @@ impl TryFrom<RawConfig> for Config {
             .collect::<Result<Vec<_>, _>>()?;
 
         let upstream = validate_upstream(&raw.upstream)?;
+        let claims = validate_central(&raw.central)?;
         Ok(Config {
             mqtt,
             store,
@@ -592,6 +632,7 @@ impl TryFrom<RawConfig> for Config {
             limits,
             http,
             upstream,
+            claims,
             log: raw.log,
             subscriptions,
         })

@@ -106,6 +106,17 @@ pub fn start_with_faults(
         Some(u) => secret("upstream.password_file", &u.password_file)?,
         None => None,
     };
+    let claims = match &config.claims {
+        Some(c) => {
+            let password = secret("central.claims_password_file", &c.password_file)?;
+            Some(crate::claims::Claims::new(
+                c.clone(),
+                password,
+                config.mqtt.client_id.clone(),
+            ))
+        }
+        None => None,
+    };
     if config.mqtt.credentials.is_some() && tls.is_none() && !is_loopback(&config.mqtt.host) {
         tracing::warn!(
             host = %config.mqtt.host,
@@ -185,6 +196,9 @@ pub fn start_with_faults(
         metrics_token: metrics_token.map(Arc::new),
     };
     let cancel = CancellationToken::new();
+    stats
+        .claims_enabled
+        .store(claims.is_some(), std::sync::atomic::Ordering::Relaxed);
     if let Some(upstream) = &config.upstream {
         stats
             .upstream_enabled
@@ -229,6 +243,7 @@ pub fn start_with_faults(
         flush_requests: flush_rx,
         dedup,
         applied,
+        claims,
     };
     info!(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),

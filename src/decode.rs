@@ -332,6 +332,18 @@ pub struct DeltaMessage {
     pub buckets: Vec<crate::store::BucketDoc>,
 }
 
+/// A delta message's gateway and position, read without decoding its buckets; `None` if the
+/// payload is not a delta message (decoding it then says why).
+pub fn delta_position(payload: &[u8]) -> Option<(String, crate::applied::Position)> {
+    let doc = bson::RawDocument::from_bytes(payload).ok()?;
+    let at = crate::applied::Position {
+        origin: doc.get_str("origin").unwrap_or_default().to_owned(),
+        seq: doc.get_i64("seq").ok()?,
+        part: doc.get_i32("part").ok()?,
+    };
+    Some((doc.get_str("gateway_id").ok()?.to_owned(), at))
+}
+
 fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
     let msg: DeltaMessage =
         bson::deserialize_from_slice(payload).map_err(|_| DecodeError::InvalidDelta)?;

@@ -60,6 +60,8 @@ pub struct Ingest {
     pub dedup: Window,
     /// The last delta message applied per gateway ([`crate::applied`]).
     pub applied: crate::applied::Applied,
+    /// With several central instances: who applies each delta message ([`crate::claims`]).
+    pub claims: Option<crate::claims::Claims>,
 }
 
 /// A flush request waiting for the commits that cover what was pending when it came.
@@ -101,6 +103,9 @@ struct State {
     /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
     ready_sent: bool,
     decoded: Decoded,
+    /// The message being handled is a delta message another central instance claimed
+    /// ([`crate::claims`]).
+    claimed_elsewhere: bool,
 }
 
 impl Ingest {
@@ -121,6 +126,7 @@ impl Ingest {
             reconnect_at: None,
             ready_sent: false,
             decoded: Decoded::default(),
+            claimed_elsewhere: false,
         };
         // Pinged from this loop, not from a task of its own: if the loop stops turning, systemd
         // stops hearing from it and restarts the service.
@@ -151,7 +157,17 @@ impl Ingest {
                 _ = tick_opt(&mut watchdog), if watchdog.is_some() && st.ready_sent => {
                     crate::notify::watchdog();
                 }
-                event = self.mqtt.poll(), if can_poll => self.on_event(&mut st, event, true),
+                event = self.mqtt.poll(), if can_poll => {
+                    match self.claimed_elsewhere(&event, &cancel).await {
+                        Some(elsewhere) => {
+                            st.claimed_elsewhere = elsewhere;
+                            self.on_event(&mut st, event, true);
+                        }
+                        // Shutdown while the claims database was unreachable: the message
+                        // stays unacknowledged, and the broker keeps it.
+                        None => break,
+                    }
+                }
             }
         }
         self.shut_down(&mut st).await
@@ -273,6 +289,71 @@ impl Ingest {
             }
             st.ack_backlog.pop_front();
             st.acks_unwritten += 1;
+        }
+    }
+
+    /// With claims ([`crate::claims`]): whether `event` is a delta message another central
+    /// instance claimed. Waits, retrying, while the claims database is unreachable; `None` if
+    /// shutdown comes first.
+    async fn claimed_elsewhere(
+        &mut self,
+        event: &Result<MqttEvent, PollError>,
+        cancel: &CancellationToken,
+    ) -> Option<bool> {
+        let Some(claims) = self.claims.as_mut() else {
+            return Some(false);
+        };
+        let Ok(MqttEvent::Publish { topic, payload, .. }) = event else {
+            return Some(false);
+        };
+        let delta = std::str::from_utf8(topic)
+            .ok()
+            .and_then(|t| {
+                self.subscriptions
+                    .iter()
+                    .find(|s| decode::topic_matches(&s.filter, t))
+            })
+            .is_some_and(|s| s.format == decode::Format::Delta);
+        // Not a delta message (decoding says why), or a copy of one applied here.
+        let Some((gateway, at)) = delta.then(|| decode::delta_position(payload)).flatten() else {
+            return Some(false);
+        };
+        if self.applied.contains(&gateway, &at) {
+            return Some(false);
+        }
+        let mut failures = 0u32;
+        loop {
+            match claims.claim(&gateway, &at).await {
+                Ok(mine) => {
+                    if failures > 0 {
+                        info!("Claiming delta messages again.");
+                    }
+                    if !mine {
+                        self.stats.claimed_elsewhere.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Some(!mine);
+                }
+                Err(e) => {
+                    failures += 1;
+                    self.stats.claim_errors.fetch_add(1, Ordering::Relaxed);
+                    if failures.is_power_of_two() {
+                        warn!(
+                            error = format!("{e:#}"),
+                            attempt = failures,
+                            "Cannot claim a delta message in PostgreSQL; delta messages wait \
+                             (the broker keeps them) until it answers. Check \
+                             central.claims_postgres and that the database is reachable."
+                        );
+                    }
+                    let delay = Duration::from_millis(100)
+                        .saturating_mul(2u32.saturating_pow(failures.min(9)))
+                        .min(Duration::from_secs(30));
+                    tokio::select! {
+                        () = cancel.cancelled() => return None,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
         }
     }
 
@@ -401,6 +482,7 @@ impl Ingest {
         qos: u8,
         dup: bool,
     ) {
+        let elsewhere = std::mem::take(&mut st.claimed_elsewhere);
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
         self.batcher.arrived(now);
@@ -437,10 +519,13 @@ impl Ingest {
                 };
                 // Delta messages are told apart by their position instead (`crate::applied`).
                 let fp = fp.filter(|_| st.decoded.delta_from.is_none());
-                let redelivered = match &st.decoded.delta_from {
-                    Some((gateway, at)) => self.applied.contains(gateway, at),
-                    None => fp.is_some_and(|fp| (dup || !receive_time) && self.dedup.contains(fp)),
-                };
+                let redelivered = elsewhere
+                    || match &st.decoded.delta_from {
+                        Some((gateway, at)) => self.applied.contains(gateway, at),
+                        None => {
+                            fp.is_some_and(|fp| (dup || !receive_time) && self.dedup.contains(fp))
+                        }
+                    };
                 if redelivered {
                     self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                     debug!(topic = %String::from_utf8_lossy(topic), dup, "Skipped a message already counted.");

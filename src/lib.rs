@@ -27,6 +27,7 @@
 pub mod ack;
 pub mod applied;
 pub mod batcher;
+pub mod claims;
 pub mod config;
 pub mod daemon;
 pub mod decode;

@@ -44,7 +44,7 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 /// First wait after a failure; doubles up to `upstream.retry_delay_max`.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 /// Key of the advisory lock that serialises schema creation between gateways.
-const SCHEMA_LOCK: i64 = 0x0062_7563_6b65_7464; // "bucketd" in ASCII
+pub(crate) const SCHEMA_LOCK: i64 = 0x0062_7563_6b65_7464; // "bucketd" in ASCII
 
 const UPSERT: &str = "
 INSERT INTO bucketd_buckets AS t (series, start, gateway_id, sensor, metric, width_secs, count,

@@ -114,6 +114,11 @@ fn bad_values_are_errors_that_name_the_key() {
         ("[log]\nlevel = \"loud!!\"\n", "log.level"),
         ("[upstream]\ntarget = \"kafka\"\n", "upstream.target"),
         (
+            "[central]\nclaims_postgres = \"host=db\"\nclaims_keep_entries = 10\n",
+            "central.claims_keep_entries",
+        ),
+        ("[central]\nclaims = \"host=db\"\n", "claims"),
+        (
             "[upstream]\ntarget = \"mqtt\"\ngateway_id = \"g\"\n",
             "upstream.mqtt_host",
         ),

@@ -515,7 +515,12 @@ fn a_delta_message_becomes_bucket_summaries_under_the_gateway_prefix() {
         seq: 7,
         part: 0,
     };
-    assert_eq!(d.delta_from, Some(("gw-1".into(), position)));
+    assert_eq!(d.delta_from, Some(("gw-1".into(), position.clone())));
+    assert_eq!(
+        crate::decode::delta_position(&delta_payload("gw-1", "d0/t", &s)),
+        Some(("gw-1".into(), position))
+    );
+    assert_eq!(crate::decode::delta_position(b"21.5"), None);
 }
 
 #[test]

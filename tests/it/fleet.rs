@@ -26,7 +26,8 @@ use bucketd::store::{BucketDoc, PointDoc, StoreReader};
 use crate::cli::{Daemon, write_config};
 use crate::ingest::{Workload, stamped_workload};
 use crate::support::{
-    Broker, Topics, assert_matches_truth, publish_all, raw_config, truth, unique,
+    Broker, Pace, Topics, assert_matches_truth, publish_all, publish_with, raw_config, truth,
+    unique,
 };
 
 fn admin_conninfo() -> String {
@@ -448,6 +449,14 @@ struct Central {
 
 /// A central bucketd on the upstream broker, merging deltas from `filter`.
 fn central(upstream: &OwnMosquitto, filter: &str) -> Central {
+    central_with(upstream, filter, |_| {})
+}
+
+fn central_with(
+    upstream: &OwnMosquitto,
+    filter: &str,
+    tweak: impl FnOnce(&mut bucketd::config::RawConfig),
+) -> Central {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("central.redb");
     let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
@@ -470,6 +479,7 @@ fn central(upstream: &OwnMosquitto, filter: &str) -> Central {
         sensor_field: None,
         store_raw: false,
     }];
+    tweak(&mut raw);
     let config = write_config(dir.path(), &raw);
     let (daemon, addr) = restart(&config);
     Central {
@@ -806,4 +816,178 @@ async fn a_central_applies_each_gateway_entry_once_however_late_the_copy() {
     let want = fleet_truth(&[("gw-r", &first.work), ("gw-r", &second.work)]);
     assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), (n1 + n2) as i64);
     assert_matches_truth(&docs, &want);
+}
+
+/// Two central instances on a round-robin shared subscription, claiming each delta message in
+/// PostgreSQL: every message the gateways published is published again, twice, so that a copy
+/// of each reaches the instance that did not apply the original. None is applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_central_instances_claim_each_delta_message_once() {
+    let broker = Broker::hermetic();
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let upstream = OwnMosquitto::start(false, "");
+    let claims = |raw: &mut bucketd::config::RawConfig| {
+        raw.central.claims_postgres = conninfo.clone();
+    };
+    let filter = "$share/central/bucketd/+/deltas";
+    let centrals = [
+        central_with(&upstream, filter, claims),
+        central_with(&upstream, filter, claims),
+    ];
+    let (spy, seen) = record_deltas(&upstream).await;
+    let gateways = [
+        mqtt_gateway(&broker, &upstream, "gw-c1", 0xC1A1),
+        mqtt_gateway(&broker, &upstream, "gw-c2", 0xC1A2),
+    ];
+    let daemons: Vec<(Daemon, String)> = gateways.iter().map(|g| restart(&g.config)).collect();
+    // Paced: many commits, so many delta messages.
+    tokio::join!(
+        publish_with(&broker, &gateways[0].work.messages, 1, Pace::Rate(500)),
+        publish_with(&broker, &gateways[1].work.messages, 1, Pace::Rate(500)),
+    );
+    let total: i64 = gateways.iter().map(|g| g.work.readings.len() as i64).sum();
+    let sum = async |name: &str| {
+        metric(&centrals[0].addr, name).await + metric(&centrals[1].addr, name).await
+    };
+    until_metric("the centrals together have every reading", async || {
+        sum("bucketd_readings_ingested_total").await >= total as f64
+    })
+    .await;
+    for (d, _) in daemons {
+        assert!(d.terminate().0.success());
+    }
+
+    let originals: Vec<(String, Vec<u8>)> = seen.lock().unwrap().clone();
+    assert!(originals.len() >= 4, "{} delta messages", originals.len());
+    // Twice, each time every copy to one instance, the other one the second time (a
+    // rejected message between copies moves the round-robin on): each message's copy reaches
+    // the instance that did not apply it.
+    let junk = || {
+        (
+            "bucketd/not-a-gateway/deltas".to_owned(),
+            b"moves the round-robin on".to_vec(),
+        )
+    };
+    let mut copies = Vec::new();
+    for round in 0..2 {
+        if round == 1 {
+            copies.push(junk());
+        }
+        for m in &originals {
+            copies.push(m.clone());
+            copies.push(junk());
+        }
+    }
+    let upstream_broker = Broker {
+        name: "upstream",
+        host: "127.0.0.1".into(),
+        v311_port: upstream.port,
+        v5_port: upstream.port,
+        sets_dup: true,
+    };
+    let received = sum("bucketd_messages_received_total").await;
+    publish_all(&upstream_broker, &copies, 1).await;
+    until_metric("every copy reached a central", async || {
+        sum("bucketd_messages_received_total").await >= received + copies.len() as f64
+    })
+    .await;
+    for c in &centrals {
+        let (status, body) =
+            crate::api::http("POST", format!("http://{}/api/v1/flush", c.addr)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(
+        sum("bucketd_duplicates_total").await,
+        2.0 * originals.len() as f64,
+        "every copy recognised"
+    );
+    let elsewhere = sum("bucketd_claimed_elsewhere_total").await;
+    assert!(
+        elsewhere >= 1.0,
+        "no copy reached the instance that did not apply its original"
+    );
+    assert_eq!(sum("bucketd_readings_ingested_total").await, total as f64);
+    assert_eq!(sum("bucketd_claim_errors_total").await, 0.0);
+    spy.abort();
+    let mut dbs = Vec::new();
+    let mut dirs = Vec::new();
+    for c in centrals {
+        assert!(c.daemon.terminate().0.success());
+        dbs.push(c.db);
+        dirs.push(c._dir);
+    }
+    let docs = merged(&dbs);
+    assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), total);
+    let want = fleet_truth(&[
+        (&gateways[0].id, &gateways[0].work),
+        (&gateways[1].id, &gateways[1].work),
+    ]);
+    assert_matches_truth(&docs, &want);
+    // One claim per message, by one of the two instances.
+    let pg = connect(&conninfo).await;
+    let claimed: i64 = pg
+        .query_one("SELECT count(*) FROM bucketd_claims", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(claimed, originals.len() as i64);
+    drop(pg);
+    testdb.drop_it().await;
+}
+
+/// While the claims database cannot be reached, a central applies no delta message (it cannot
+/// know whether another instance has), counts the failures, leaves the messages to the broker,
+/// and applies them once the database answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_central_waits_for_its_claims_database_and_then_applies_everything() {
+    let broker = Broker::hermetic();
+    let admin = connect(&admin_conninfo()).await;
+    let name = unique("bucketd_claims").replace('-', "_").to_lowercase();
+    let base: Vec<String> = admin_conninfo()
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with("dbname="))
+        .map(str::to_owned)
+        .collect();
+    let conninfo = format!("{} dbname={name}", base.join(" "));
+    let upstream = OwnMosquitto::start(false, "");
+    let central = central_with(&upstream, "$share/central/bucketd/+/deltas", |raw| {
+        raw.central.claims_postgres = conninfo.clone();
+    });
+    let gateway = mqtt_gateway(&broker, &upstream, "gw-w", 0xC1A3);
+    let (daemon, _) = restart(&gateway.config);
+    publish_all(&broker, &gateway.work.messages, 1).await;
+    until_metric("the central failed to claim", async || {
+        metric(&central.addr, "bucketd_claim_errors_total").await >= 2.0
+    })
+    .await;
+    assert_eq!(
+        metric(&central.addr, "bucketd_readings_ingested_total").await,
+        0.0,
+        "applied without a claim"
+    );
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let n = gateway.work.readings.len() as f64;
+    until_metric("the central applied everything", async || {
+        metric(&central.addr, "bucketd_readings_ingested_total").await >= n
+    })
+    .await;
+    assert!(daemon.terminate().0.success());
+    let (status, lines) = central.daemon.terminate();
+    assert!(status.success());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Cannot claim a delta message") && l.contains(&name)),
+        "the log names the problem"
+    );
+    let docs = merged(std::slice::from_ref(&central.db));
+    assert_matches_truth(&docs, &fleet_truth(&[("gw-w", &gateway.work)]));
+    admin
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
 }
