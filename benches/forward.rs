@@ -8,6 +8,10 @@
 //! may create databases), by default the local socket as the current user.
 //! `BENCH_TARGET=mqtt cargo bench --bench forward`: to a Mosquitto the benchmark starts, where a
 //! subscriber decodes every delta message and checks the readings they carry.
+//! `BENCH_TARGET=central cargo bench --bench forward`: through that Mosquitto into a central
+//! bucketd (in this process, `format = "delta"`), timed until the central has committed every
+//! reading; each run does it twice, without and with `[central] claims_postgres` (a fresh
+//! database), and prints the ratio.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -79,6 +83,20 @@ async fn count_deltas(port: u16, want: u64) -> tokio::task::JoinHandle<u64> {
     })
 }
 
+/// A fresh database: its name and libpq key=value.
+async fn create_db(admin: &tokio_postgres::Client, name: &str) -> String {
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let base: Vec<String> = admin_conninfo()
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with("dbname="))
+        .map(str::to_owned)
+        .collect();
+    format!("{} dbname={name}", base.join(" "))
+}
+
 /// One run: fills an outbox, forwards it, returns (seconds, deltas, readings).
 async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (f64, u64, u64) {
     if std::env::var("BENCH_TARGET").as_deref() == Ok("mqtt") {
@@ -86,18 +104,9 @@ async fn run(entries: usize, buckets: usize, per_bucket: usize, run: usize) -> (
     }
     let admin = connect(&admin_conninfo()).await;
     let db = format!("bucketd_bench_{}_{run}", std::process::id());
-    admin
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    let base: Vec<&str> = admin_conninfo()
-        .leak()
-        .split_whitespace()
-        .filter(|kv| !kv.starts_with("dbname="))
-        .collect();
-    let conninfo = format!("{} dbname={db}", base.join(" "));
+    let conninfo = create_db(&admin, &db).await;
 
-    let (took, deltas, readings, dir) = forward(
+    let (_, took, deltas, readings, dir) = forward(
         entries,
         buckets,
         per_bucket,
@@ -132,19 +141,72 @@ async fn run_mqtt(entries: usize, buckets: usize, per_bucket: usize) -> (f64, u6
         username: None,
         client_id: "bench-forwarder".into(),
     };
-    let (took, deltas, readings, _dir) = forward(entries, buckets, per_bucket, target).await;
+    let (_, took, deltas, readings, _dir) = forward(entries, buckets, per_bucket, target).await;
     assert_eq!(counter.await.unwrap(), readings, "readings received");
     (took, deltas, readings)
 }
 
-/// Fills an outbox and forwards it to `target`; returns (seconds until every entry was
-/// acknowledged, deltas, readings, the store's directory).
+/// Through a Mosquitto into a central bucketd (with claims in PostgreSQL when `claims`);
+/// returns (seconds until the central committed every reading, deltas, readings).
+async fn run_central(
+    entries: usize,
+    buckets: usize,
+    per_bucket: usize,
+    claims: Option<String>,
+) -> (f64, u64, u64) {
+    let broker = own_mosquitto::OwnMosquitto::start(false, "");
+    let dir = tempfile::tempdir().unwrap();
+    let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
+    raw.mqtt.host = "127.0.0.1".into();
+    raw.mqtt.port = broker.port;
+    raw.mqtt.client_id = format!("bench-central-{}", std::process::id());
+    raw.store.path = dir.path().join("central.redb");
+    raw.http.bind = "127.0.0.1:0".into();
+    raw.batch.flush_interval = Duration::from_millis(50);
+    raw.central.claims_postgres = claims.unwrap_or_default();
+    raw.subscriptions = vec![bucketd::config::RawSubscription {
+        filter: "$share/central/bucketd/+/deltas".into(),
+        template: "bucketd/+/deltas".into(),
+        format: bucketd::decode::Format::Delta,
+        qos: 1,
+        timestamp_field: None,
+        timestamp_unit: Default::default(),
+        sensor_field: None,
+        store_raw: false,
+    }];
+    let config = bucketd::config::Config::try_from(raw).unwrap();
+    let central = bucketd::daemon::start(&config).unwrap();
+    while !central.stats.subscribed.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let want = (entries * buckets * per_bucket) as u64;
+    let target = UpstreamTarget::Mqtt {
+        host: "127.0.0.1".into(),
+        port: broker.port,
+        username: None,
+        client_id: "bench-forwarder".into(),
+    };
+    let (started, _, deltas, readings, _gateway) =
+        forward(entries, buckets, per_bucket, target).await;
+    assert_eq!(readings, want);
+    while Stats::get(&central.stats.readings_ingested) < want {
+        assert_eq!(central.stats.rejected_total(), 0, "rejected deltas");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(Stats::get(&central.stats.readings_ingested), want);
+    central.stop().await.unwrap();
+    (took, deltas, readings)
+}
+
+/// Fills an outbox and forwards it to `target`; returns (when forwarding started, seconds until
+/// every entry was acknowledged, deltas, readings, the store's directory).
 async fn forward(
     entries: usize,
     buckets: usize,
     per_bucket: usize,
     target: UpstreamTarget,
-) -> (f64, u64, u64, tempfile::TempDir) {
+) -> (Instant, f64, u64, u64, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(&StoreSettings {
         path: dir.path().join("bench.redb"),
@@ -208,7 +270,7 @@ async fn forward(
     cancel.cancel();
     task.await.unwrap();
     let readings = (entries * buckets * per_bucket) as u64;
-    (took, (entries * buckets) as u64, readings, dir)
+    (started, took, (entries * buckets) as u64, readings, dir)
 }
 
 fn mmm(mut v: Vec<f64>) -> String {
@@ -227,6 +289,9 @@ async fn main() {
     let buckets = env_or("BENCH_BUCKETS", 1000usize);
     let per_bucket = env_or("BENCH_READINGS_PER_BUCKET", 10usize);
     let runs = env_or("BENCH_RUNS", 3usize);
+    if std::env::var("BENCH_TARGET").as_deref() == Ok("central") {
+        return central_runs(entries, buckets, per_bucket, runs).await;
+    }
     println!(
         "forwarding {entries} outbox entries x {buckets} bucket deltas ({per_bucket} readings \
          each) to {}, batch_entries 16, {runs} run(s)",
@@ -247,5 +312,43 @@ async fn main() {
         "deltas/s min/median/max: {}; readings/s: {}",
         mmm(deltas),
         mmm(readings)
+    );
+}
+
+/// `BENCH_TARGET=central`: each run without and then with claims, and their ratio.
+async fn central_runs(entries: usize, buckets: usize, per_bucket: usize, runs: usize) {
+    println!(
+        "forwarding {entries} outbox entries x {buckets} bucket deltas ({per_bucket} readings \
+         each) through Mosquitto into a central bucketd, without and with claims, {runs} run(s)"
+    );
+    let admin = connect(&admin_conninfo()).await;
+    let (mut plain, mut claimed, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 1..=runs {
+        let (took, d, n) = run_central(entries, buckets, per_bucket, None).await;
+        let db = format!("bucketd_bench_claims_{}_{r}", std::process::id());
+        let conninfo = create_db(&admin, &db).await;
+        let (took_c, _, _) = run_central(entries, buckets, per_bucket, Some(conninfo)).await;
+        admin
+            .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .await
+            .unwrap();
+        println!(
+            "run {r}: {:.0} deltas/s ({:.0} readings/s) without claims, {:.0} deltas/s with; \
+             time with/without {:.2}",
+            d as f64 / took,
+            n as f64 / took,
+            d as f64 / took_c,
+            took_c / took
+        );
+        plain.push(d as f64 / took);
+        claimed.push(d as f64 / took_c);
+        ratio.push(took_c / took * 100.0);
+    }
+    println!(
+        "central deltas/s min/median/max: without claims {}; with claims {}; time with/without \
+         (percent) {}",
+        mmm(plain),
+        mmm(claimed),
+        mmm(ratio)
     );
 }

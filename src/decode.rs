@@ -71,7 +71,11 @@ pub enum DecodeError {
     SeriesLimit,
     #[error("payload is not a bucketd delta message (BSON with gateway_id, seq and buckets)")]
     InvalidDelta,
-    #[error("delta bucket width differs from store.bucket_width")]
+    #[error(
+        "delta bucket width does not divide store.bucket_width (a gateway's buckets fold into a \
+         central's wider ones, never into narrower ones): make the central's width a multiple \
+         of the gateways'"
+    )]
     BucketWidthMismatch,
 }
 

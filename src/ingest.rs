@@ -548,16 +548,22 @@ impl Ingest {
                         }
                     }
                     for delta in st.decoded.deltas.drain(..) {
-                        if delta.width_secs != self.batcher.bucket_width_secs() {
+                        // A gateway's narrower bucket folds into the central's (15 min into
+                        // an hour: summaries merge); a wider one cannot be split.
+                        let width = self.batcher.bucket_width_secs();
+                        if width % delta.width_secs != 0
+                            || delta.start.rem_euclid(delta.width_secs) != 0
+                        {
                             self.stats
                                 .reject(DecodeError::BucketWidthMismatch, topic, payload);
                             continue;
                         }
+                        let start = delta.start.div_euclid(width) * width;
                         match self.series.intern(&delta.series) {
                             Ok(series) => {
                                 counted = true;
                                 self.batcher
-                                    .push_summary(series, delta.start, &delta.summary, now);
+                                    .push_summary(series, start, &delta.summary, now);
                             }
                             Err(e) => self.stats.reject(e, topic, payload),
                         }

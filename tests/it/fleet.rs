@@ -102,9 +102,9 @@ struct Gateway {
 }
 
 fn gateway(broker: &Broker, id: &str, seed: u64, readings: usize, pg: &str) -> Gateway {
-    gateway_to(broker, id, seed, readings, |u| {
-        u.target = "postgres".into();
-        u.postgres = pg.to_owned();
+    gateway_to(broker, id, seed, readings, |raw| {
+        raw.upstream.target = "postgres".into();
+        raw.upstream.postgres = pg.to_owned();
     })
 }
 
@@ -113,7 +113,7 @@ fn gateway_to(
     id: &str,
     seed: u64,
     readings: usize,
-    target: impl FnOnce(&mut bucketd::config::RawUpstream),
+    tweak: impl FnOnce(&mut bucketd::config::RawConfig),
 ) -> Gateway {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
@@ -122,9 +122,9 @@ fn gateway_to(
     // Many commits, and few entries per upstream transaction: many transactions to interrupt.
     raw.batch.flush_interval = Duration::from_millis(20);
     raw.upstream.gateway_id = id.to_owned();
-    target(&mut raw.upstream);
     raw.upstream.batch_entries = 4;
     raw.upstream.retry_delay_max = Duration::from_millis(500);
+    tweak(&mut raw);
     let config = write_config(dir.path(), &raw);
     Gateway {
         id: id.to_owned(),
@@ -492,10 +492,21 @@ fn central_with(
 }
 
 fn mqtt_gateway(broker: &Broker, upstream: &OwnMosquitto, id: &str, seed: u64) -> Gateway {
-    gateway_to(broker, id, seed, 1000, |u| {
-        u.target = "mqtt".into();
-        u.mqtt_host = "127.0.0.1".into();
-        u.mqtt_port = upstream.port;
+    mqtt_gateway_with(broker, upstream, id, seed, |_| {})
+}
+
+fn mqtt_gateway_with(
+    broker: &Broker,
+    upstream: &OwnMosquitto,
+    id: &str,
+    seed: u64,
+    tweak: impl FnOnce(&mut bucketd::config::RawConfig),
+) -> Gateway {
+    gateway_to(broker, id, seed, 1000, |raw| {
+        raw.upstream.target = "mqtt".into();
+        raw.upstream.mqtt_host = "127.0.0.1".into();
+        raw.upstream.mqtt_port = upstream.port;
+        tweak(raw);
     })
 }
 
@@ -990,4 +1001,50 @@ async fn a_central_waits_for_its_claims_database_and_then_applies_everything() {
         .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
         .await
         .unwrap();
+}
+
+/// A gateway with narrower buckets than the central (15 minutes into an hour): its deltas fold
+/// into the central's buckets exactly. One with wider buckets (2 hours) cannot be split: its
+/// deltas are rejected with `bucket_width_mismatch`, counted, and nothing of it is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_central_folds_narrower_gateway_buckets_and_rejects_wider_ones() {
+    let broker = Broker::hermetic();
+    let upstream = OwnMosquitto::start(false, "");
+    let central = central(&upstream, "bucketd/+/deltas");
+    let narrow = mqtt_gateway_with(&broker, &upstream, "gw-15m", 0x15, |raw| {
+        raw.store.bucket_width = Duration::from_secs(15 * 60);
+    });
+    let wide = mqtt_gateway_with(&broker, &upstream, "gw-2h", 0x7200, |raw| {
+        raw.store.bucket_width = Duration::from_secs(2 * 3600);
+    });
+    let daemons: Vec<(Daemon, String)> = [&narrow, &wide]
+        .iter()
+        .map(|g| restart(&g.config))
+        .collect();
+    for g in [&narrow, &wide] {
+        publish_all(&broker, &g.work.messages, 1).await;
+    }
+    let n = narrow.work.readings.len() as f64;
+    until_metric(
+        "the central has the narrow gateway's readings",
+        async || metric(&central.addr, "bucketd_readings_ingested_total").await >= n,
+    )
+    .await;
+    until_metric("the wide gateway's deltas were rejected", async || {
+        metric(
+            &central.addr,
+            "bucketd_readings_rejected_total{reason=\"bucket_width_mismatch\"}",
+        )
+        .await
+            >= 1.0
+    })
+    .await;
+    for (d, _) in daemons {
+        assert!(d.terminate().0.success());
+    }
+    assert!(central.daemon.terminate().0.success());
+    let docs = merged(std::slice::from_ref(&central.db));
+    assert!(docs.iter().all(|d| d.series.starts_with("gw-15m:")));
+    assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), n as i64);
+    assert_matches_truth(&docs, &fleet_truth(&[("gw-15m", &narrow.work)]));
 }
