@@ -37,6 +37,9 @@ UNION ALL
 SELECT instance FROM bucketd_claims
 WHERE gateway_id = $1 AND origin = $2 AND seq = $3 AND part = $4";
 
+/// Longest wait for one claim (connecting included).
+const CLAIM_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// Every this many sequence numbers of a gateway, its old claims are deleted.
 const TRIM_EVERY: i64 = 256;
 
@@ -60,7 +63,14 @@ impl Claims {
 
     /// Whether this instance is the one to apply the message at `at` from `gateway`.
     pub async fn claim(&mut self, gateway: &str, at: &Position) -> anyhow::Result<bool> {
-        let result = self.try_claim(gateway, at).await;
+        // A connection that went silent (no reset) must not hold the ingest loop for ever.
+        let result = tokio::time::timeout(CLAIM_TIMEOUT, self.try_claim(gateway, at))
+            .await
+            .unwrap_or_else(|_| {
+                Err(anyhow::anyhow!(
+                    "no answer from the claims database within {CLAIM_TIMEOUT:?}"
+                ))
+            });
         if result.is_err() {
             self.connection = None;
         }

@@ -31,6 +31,9 @@ use crate::stats::Stats;
 use crate::store::CommitError;
 use crate::writer::{Committed, Writer};
 
+/// Longest wait between attempts to claim a delta message: below any watchdog interval.
+const CLAIM_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// How long shutdown waits for the last commit's acknowledgements to reach the broker.
 pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
 
@@ -347,7 +350,9 @@ impl Ingest {
                     }
                     let delay = Duration::from_millis(100)
                         .saturating_mul(2u32.saturating_pow(failures.min(9)))
-                        .min(Duration::from_secs(30));
+                        .min(CLAIM_RETRY_MAX);
+                    // The loop is alive, only waiting: systemd must not restart it for that.
+                    crate::notify::watchdog();
                     tokio::select! {
                         () = cancel.cancelled() => return None,
                         () = tokio::time::sleep(delay) => {}
