@@ -1123,15 +1123,10 @@ impl StoreReader {
         })
     }
 
-    /// Up to `max` outbox entries with a sequence number above `after` (all with `None`) and
-    /// at most `upto` ([`OutboxShared::begin_shipping`]), oldest first.
-    pub fn outbox(
-        &self,
-        after: Option<u64>,
-        upto: u64,
-        max: usize,
-    ) -> Result<Vec<OutboxDoc>, redb::Error> {
-        outbox::read(&self.db.begin_read()?, after, upto, max)
+    /// Up to `max` outbox entries with a sequence number above `after` (all with `None`),
+    /// oldest first. The forwarder reads through [`OutboxShared::read_for_shipping`].
+    pub fn outbox(&self, after: Option<u64>, max: usize) -> Result<Vec<OutboxDoc>, redb::Error> {
+        outbox::read(&self.db.begin_read()?, after, max)
     }
 
     /// Every series name, sorted.

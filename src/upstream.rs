@@ -169,12 +169,13 @@ impl Forwarder {
         applied: &mut Option<u64>,
     ) -> anyhow::Result<bool> {
         let origin = &self.origin;
-        let reader = self.reader.clone();
+        let (reader, outbox) = (self.reader.clone(), self.outbox.clone());
         let (after, max) = (*applied, self.config.batch_entries);
-        // Before reading: an entry may not change once it may have been shipped.
-        let upto = self.outbox.begin_shipping();
-        let entries =
-            tokio::task::spawn_blocking(move || reader.outbox(after, upto, max)).await??;
+        // Marked as read: an entry may not change once it may have been shipped.
+        let entries = tokio::task::spawn_blocking(move || {
+            outbox.read_for_shipping(|| reader.outbox(after, max))
+        })
+        .await??;
         self.report_lag(*applied, entries.first());
         let Some(last) = entries.last() else {
             return Ok(false);

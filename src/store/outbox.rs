@@ -10,8 +10,8 @@
 //! been shipped: its sequence number then names content the upstream may already hold, and
 //! merging into it would lose (PostgreSQL skips a sequence number it applied) or double (a
 //! copy with other bytes) what it held. So a commit at the bound takes [`OutboxShared`]'s gate
-//! until it has committed, and the forwarder marks what it ships under the same gate before it
-//! reads ([`OutboxShared::begin_shipping`]); entries found at open count as shipped (an earlier
+//! until it has committed, and the forwarder reads and marks what it ships under the same gate
+//! ([`OutboxShared::read_for_shipping`]); entries found at open count as shipped (an earlier
 //! process may have sent them). The outbox then exceeds its bound by one entry per such
 //! change of hands. The entries shrink only when the upstream has acknowledged them:
 //! [`OutboxShared::acked_below`], trimmed by the next commit (no write transaction of its own,
@@ -61,7 +61,7 @@ pub struct OutboxShared {
     /// Entries below this sequence number may have been shipped: do not merge into them.
     sending_below: AtomicU64,
     /// Orders an at-bound commit's choice of entry (through its commit) against
-    /// [`OutboxShared::begin_shipping`].
+    /// [`OutboxShared::read_for_shipping`].
     gate: Mutex<()>,
     /// Entries in the table (as of the last commit), and the newest entry's sequence number.
     pub entries: AtomicU64,
@@ -76,13 +76,21 @@ impl OutboxShared {
         self.acked_below.fetch_max(seq + 1, Ordering::Relaxed);
     }
 
-    /// Called by the forwarder before it reads entries to ship: returns the newest sequence
-    /// number it may read, and from then on no commit merges into an entry up to it.
-    pub fn begin_shipping(&self) -> u64 {
+    /// For the forwarder: reads entries to ship with `read` and marks them shipped, both under
+    /// the gate, so that no commit merges into an entry once it may have been read. Only what
+    /// was read is marked: a forwarder retrying through an outage keeps marking its first batch,
+    /// and the commits at the bound go on merging into the newest entry.
+    pub fn read_for_shipping<E>(
+        &self,
+        read: impl FnOnce() -> Result<Vec<OutboxDoc>, E>,
+    ) -> Result<Vec<OutboxDoc>, E> {
         let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
-        let newest = self.newest_seq.load(Ordering::Relaxed);
-        self.sending_below.fetch_max(newest + 1, Ordering::Relaxed);
-        newest
+        let entries = read()?;
+        if let Some(last) = entries.last() {
+            let seq = u64::try_from(last.seq).expect("sequence numbers are not negative");
+            self.sending_below.fetch_max(seq + 1, Ordering::Relaxed);
+        }
+        Ok(entries)
     }
 }
 
@@ -164,12 +172,10 @@ fn created_ns(entry: &[u8]) -> i64 {
         .unwrap_or(0)
 }
 
-/// Up to `max` entries with a sequence number above `after` (all with `None`) and at most
-/// `upto`, oldest first.
+/// Up to `max` entries with a sequence number above `after` (all with `None`), oldest first.
 pub(super) fn read(
     tx: &redb::ReadTransaction,
     after: Option<u64>,
-    upto: u64,
     max: usize,
 ) -> Result<Vec<OutboxDoc>, redb::Error> {
     let table = match tx.open_table(OUTBOX) {
@@ -179,10 +185,7 @@ pub(super) fn read(
     };
     let mut out = Vec::new();
     let from = after.map_or(0, |a| a.saturating_add(1));
-    if from > upto {
-        return Ok(Vec::new());
-    }
-    for entry in table.range(from..=upto)?.take(max) {
+    for entry in table.range(from..)?.take(max) {
         let (key, value) = entry?;
         let doc = OutboxDoc::decode(value.value()).map_err(|e| {
             redb::Error::Corrupted(format!("outbox entry {} is unreadable: {e}", key.value()))

@@ -579,7 +579,7 @@ fn batch_of(readings: &[(&str, i64, f64)]) -> Batch {
 /// The outbox's entries folded per (series, start): what the upstream would hold.
 fn outbox_totals(reader: &StoreReader) -> BTreeMap<(String, i64), (i64, f64)> {
     let mut out = BTreeMap::new();
-    for entry in reader.outbox(None, u64::MAX, usize::MAX).unwrap() {
+    for entry in reader.outbox(None, usize::MAX).unwrap() {
         for b in entry.buckets {
             let t = out.entry((b.series.clone(), b.start)).or_insert((0, 0.0));
             t.0 += b.count;
@@ -615,7 +615,7 @@ fn the_outbox_holds_each_commits_deltas_until_acknowledged_and_survives_a_reopen
             ("a/t", t0 - HOUR_NS, 7.0),
         ]))
         .unwrap();
-    let entries = store.reader().outbox(None, u64::MAX, 10).unwrap();
+    let entries = store.reader().outbox(None, 10).unwrap();
     assert_eq!(entries.len(), 2);
     assert!(entries[0].seq < entries[1].seq);
     let first: Vec<(String, i64, i64, f64)> = entries[0]
@@ -644,13 +644,13 @@ fn the_outbox_holds_each_commits_deltas_until_acknowledged_and_survives_a_reopen
         ..settings(&path)
     })
     .unwrap();
-    assert_eq!(store.reader().outbox(None, u64::MAX, 10).unwrap(), entries);
+    assert_eq!(store.reader().outbox(None, 10).unwrap(), entries);
     // Acknowledged entries go at the next commit, not before.
     let outbox = store.outbox();
     outbox.ack(u64::try_from(entries[0].seq).unwrap());
-    assert_eq!(store.reader().outbox(None, u64::MAX, 10).unwrap().len(), 2);
+    assert_eq!(store.reader().outbox(None, 10).unwrap().len(), 2);
     store.commit(&batch_of(&[("b/t", t0 + 9, 1.0)])).unwrap();
-    let left = store.reader().outbox(None, u64::MAX, 10).unwrap();
+    let left = store.reader().outbox(None, 10).unwrap();
     assert_eq!(left.len(), 2);
     assert_eq!(left[0], entries[1]);
     // The lag gauge's source: the oldest entry left.
@@ -663,7 +663,7 @@ fn the_outbox_holds_each_commits_deltas_until_acknowledged_and_survives_a_reopen
     // Reading after a sequence number skips up to it.
     let after = store
         .reader()
-        .outbox(Some(u64::try_from(entries[1].seq).unwrap()), u64::MAX, 10)
+        .outbox(Some(u64::try_from(entries[1].seq).unwrap()), 10)
         .unwrap();
     assert_eq!(after, left[1..].to_vec());
 }
@@ -690,25 +690,37 @@ fn at_its_bound_the_outbox_merges_into_the_newest_entry_and_loses_nothing() {
         w.0 += 1;
         w.1 += v;
     }
-    assert_eq!(store.reader().outbox(None, u64::MAX, 100).unwrap().len(), 3);
+    assert_eq!(store.reader().outbox(None, 100).unwrap().len(), 3);
     assert_eq!(outbox_totals(&store.reader()), want);
-    // An entry being shipped is not changed: the outbox grows past its bound by one entry,
-    // which the next commits merge into; the forwarder reads only what it marked.
+    // Entries read for shipping are not changed. The oldest two read: the newest still takes
+    // the commits at the bound.
     let outbox = store.outbox();
-    let newest = outbox.begin_shipping();
-    let shipped = store.reader().outbox(None, newest, 100).unwrap();
+    let first = outbox
+        .read_for_shipping(|| store.reader().outbox(None, 2))
+        .unwrap();
+    let before = store.reader().outbox(None, 100).unwrap();
+    store.commit(&batch_of(&[("a/t", t0 + 97, 4.0)])).unwrap();
+    let now = store.reader().outbox(None, 100).unwrap();
+    assert_eq!(now.len(), 3);
+    assert_eq!(now[..2], first[..]);
+    assert_eq!(now[2].readings(), before[2].readings() + 1);
+    // All three read: the outbox grows past its bound by one entry, which the next commits
+    // merge into.
+    let shipped = outbox
+        .read_for_shipping(|| store.reader().outbox(None, 100))
+        .unwrap();
     assert_eq!(shipped.len(), 3);
     store.commit(&batch_of(&[("a/t", t0 + 99, 4.0)])).unwrap();
     store.commit(&batch_of(&[("a/t", t0 + 98, 4.0)])).unwrap();
-    let now = store.reader().outbox(None, u64::MAX, 100).unwrap();
+    let now = store.reader().outbox(None, 100).unwrap();
     assert_eq!(now.len(), 4);
     assert_eq!(now[..3], shipped[..]);
     assert_eq!(now[3].readings(), 2);
-    assert_eq!(store.reader().outbox(None, newest, 100).unwrap(), shipped);
     // Once acknowledged, they are trimmed and the bound holds again.
+    let newest = u64::try_from(shipped[2].seq).unwrap();
     outbox.ack(newest);
     store.commit(&batch_of(&[("a/t", t0 + 100, 4.0)])).unwrap();
-    assert_eq!(store.reader().outbox(None, u64::MAX, 100).unwrap().len(), 2);
+    assert_eq!(store.reader().outbox(None, 100).unwrap().len(), 2);
 }
 
 /// A sequence number the upstream may hold names fixed content: after a restart the entries
@@ -732,12 +744,12 @@ fn at_its_bound_a_reopened_outbox_does_not_merge_into_entries_an_earlier_process
     for i in 0..2 {
         store.commit(&batch_of(&[("a/t", t0 + i, 1.0)])).unwrap();
     }
-    let before = store.reader().outbox(None, u64::MAX, 10).unwrap();
+    let before = store.reader().outbox(None, 10).unwrap();
     drop(store);
     let mut store = open();
     store.commit(&batch_of(&[("a/t", t0 + 5, 1.0)])).unwrap();
     store.commit(&batch_of(&[("a/t", t0 + 6, 1.0)])).unwrap();
-    let after = store.reader().outbox(None, u64::MAX, 10).unwrap();
+    let after = store.reader().outbox(None, 10).unwrap();
     assert_eq!(after[..2], before[..]);
     assert_eq!(after.len(), 3);
     assert_eq!(after[2].readings(), 2);
@@ -764,8 +776,11 @@ fn an_entry_read_for_shipping_never_changes_while_commits_merge_at_the_bound() {
     let mut seen: BTreeMap<i64, OutboxDoc> = BTreeMap::new();
     let mut reads = 0;
     while !writer.is_finished() || reads == 0 {
-        let upto = outbox.begin_shipping();
-        for entry in reader.outbox(None, upto, usize::MAX).unwrap() {
+        // Mostly every entry (the newest is the one commits merge into), sometimes only the
+        // oldest two.
+        let max = if reads % 3 == 2 { 2 } else { usize::MAX };
+        let read = outbox.read_for_shipping(|| reader.outbox(None, max));
+        for entry in read.unwrap() {
             if let Some(earlier) = seen.insert(entry.seq, entry.clone()) {
                 assert_eq!(
                     earlier, entry,
@@ -780,7 +795,7 @@ fn an_entry_read_for_shipping_never_changes_while_commits_merge_at_the_bound() {
     // Nothing was lost either: the entries hold every reading.
     let total: u64 = store
         .reader()
-        .outbox(None, u64::MAX, usize::MAX)
+        .outbox(None, usize::MAX)
         .unwrap()
         .iter()
         .map(OutboxDoc::readings)
@@ -794,11 +809,5 @@ fn without_an_upstream_no_outbox_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(&settings(&dir.path().join("o.redb"))).unwrap();
     store.commit(&batch_of(&[("a/t", 1, 1.0)])).unwrap();
-    assert!(
-        store
-            .reader()
-            .outbox(None, u64::MAX, 10)
-            .unwrap()
-            .is_empty()
-    );
+    assert!(store.reader().outbox(None, 10).unwrap().is_empty());
 }

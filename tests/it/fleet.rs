@@ -341,7 +341,7 @@ async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() 
             .get(0);
         let left = StoreReader::open(&g.db)
             .unwrap()
-            .outbox(Some(u64::try_from(last_seq).unwrap()), u64::MAX, usize::MAX)
+            .outbox(Some(u64::try_from(last_seq).unwrap()), usize::MAX)
             .unwrap();
         assert!(
             left.is_empty(),
