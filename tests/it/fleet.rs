@@ -1048,3 +1048,98 @@ async fn a_central_folds_narrower_gateway_buckets_and_rejects_wider_ones() {
     assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), n as i64);
     assert_matches_truth(&docs, &fleet_truth(&[("gw-15m", &narrow.work)]));
 }
+
+/// A central in a shared group, with claims, killed with `kill -9` while the gateways stream
+/// and restarted: what it had claimed but not committed comes back to it from its broker
+/// session, and the two instances together hold every reading once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_central_killed_mid_stream_loses_nothing_and_applies_nothing_twice() {
+    let broker = Broker::hermetic();
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let upstream = OwnMosquitto::start(false, "");
+    let claims = |raw: &mut bucketd::config::RawConfig| {
+        raw.central.claims_postgres = conninfo.clone();
+    };
+    let filter = "$share/central/bucketd/+/deltas";
+    let [first, second] = [
+        central_with(&upstream, filter, claims),
+        central_with(&upstream, filter, claims),
+    ];
+    let gateways = [
+        mqtt_gateway(&broker, &upstream, "gw-k1", 0xC1A5),
+        mqtt_gateway(&broker, &upstream, "gw-k2", 0xC1A6),
+    ];
+    let daemons: Vec<(Daemon, String)> = gateways.iter().map(|g| restart(&g.config)).collect();
+    let publishers: Vec<_> = gateways
+        .iter()
+        .map(|g| {
+            let (broker, messages) = (broker.clone(), g.work.messages.clone());
+            tokio::spawn(async move { publish_with(&broker, &messages, 1, Pace::Rate(300)).await })
+        })
+        .collect();
+    until_metric("the first central is applying deltas", async || {
+        metric(&first.addr, "bucketd_readings_ingested_total").await > 0.0
+    })
+    .await;
+    let (status, _) = first.daemon.kill();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    // What the killed instance had committed, from its file (opened for writing: after a
+    // kill redb repairs it first, as the restarted daemon would).
+    let store = bucketd::store::Store::open(&bucketd::store::StoreSettings {
+        path: first.db.clone(),
+        bucket_width_secs: 3600,
+        durability: bucketd::config::Durability::Immediate,
+        quick_repair: true,
+        cache_bytes: 4 << 20,
+        page_capacity: 1000,
+        dedup_window: 8192,
+        outbox_max_entries: 0,
+    })
+    .unwrap();
+    let before_kill: i64 = store
+        .reader()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap()
+        .iter()
+        .map(|d| d.count)
+        .sum();
+    drop(store);
+    let (restarted, addr) = restart(&first.config);
+    for p in publishers {
+        p.await.unwrap();
+    }
+    let total: i64 = gateways.iter().map(|g| g.work.readings.len() as i64).sum();
+    until_metric("the centrals together have every reading", async || {
+        before_kill as f64
+            + metric(&addr, "bucketd_readings_ingested_total").await
+            + metric(&second.addr, "bucketd_readings_ingested_total").await
+            >= total as f64
+    })
+    .await;
+    for a in [&addr, &second.addr] {
+        let (status, body) = crate::api::http("POST", format!("http://{a}/api/v1/flush")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for (d, _) in daemons {
+        assert!(d.terminate().0.success());
+    }
+    assert!(restarted.terminate().0.success());
+    assert!(second.daemon.terminate().0.success());
+    let docs = merged(&[first.db.clone(), second.db.clone()]);
+    assert_eq!(
+        docs.iter().map(|d| d.count).sum::<i64>(),
+        total,
+        "once each"
+    );
+    let want = fleet_truth(&[
+        (&gateways[0].id, &gateways[0].work),
+        (&gateways[1].id, &gateways[1].work),
+    ]);
+    assert_matches_truth(&docs, &want);
+    drop((first._dir, second._dir));
+    testdb.drop_it().await;
+}
