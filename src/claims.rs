@@ -106,26 +106,14 @@ impl Claims {
     }
 
     async fn connect(&self) -> anyhow::Result<(tokio_postgres::Client, tokio_postgres::Statement)> {
-        let mut config: tokio_postgres::Config = self.config.conninfo.parse()?;
-        if let Some(password) = &self.password {
-            config.password(password.expose());
-        }
-        config.application_name(format!("bucketd central {}", self.instance));
-        config.connect_timeout(Duration::from_secs(10));
-        let (mut client, connection) = config.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "The claims database connection ended.");
-            }
-        });
-        let tx = client.transaction().await?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock($1)",
-            &[&crate::upstream::SCHEMA_LOCK],
+        let name = format!("bucketd central {}", self.instance);
+        let client = crate::upstream::connect_postgres(
+            &self.config.conninfo,
+            self.password.as_ref(),
+            name,
+            SCHEMA,
         )
         .await?;
-        tx.batch_execute(SCHEMA).await?;
-        tx.commit().await?;
         let claim = client.prepare(CLAIM).await?;
         info!("Connected to the claims database (central.claims_postgres).");
         Ok((client, claim))

@@ -44,7 +44,7 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 /// First wait after a failure; doubles up to `upstream.retry_delay_max`.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 /// Key of the advisory lock that serialises schema creation between gateways.
-pub(crate) const SCHEMA_LOCK: i64 = 0x0062_7563_6b65_7464; // "bucketd" in ASCII
+const SCHEMA_LOCK: i64 = 0x0062_7563_6b65_7464; // "bucketd" in ASCII
 
 const UPSERT: &str = "
 INSERT INTO bucketd_buckets AS t (series, start, gateway_id, sensor, metric, width_secs, count,
@@ -248,26 +248,39 @@ impl Forwarder {
                 return Ok(Sink::Mqtt(client, Box::new(events)));
             }
         };
-        let mut config: tokio_postgres::Config = conninfo.parse()?;
-        if let Some(password) = &self.password {
-            config.password(password.expose());
-        }
-        config.application_name(format!("bucketd {}", self.config.gateway_id));
-        config.connect_timeout(Duration::from_secs(10));
-        let (mut client, connection) = config.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "The PostgreSQL connection ended.");
-            }
-        });
-        let tx = client.transaction().await?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
-            .await?;
-        tx.batch_execute(SCHEMA).await?;
-        tx.commit().await?;
+        let name = format!("bucketd {}", self.config.gateway_id);
+        let client = connect_postgres(conninfo, self.password.as_ref(), name, SCHEMA).await?;
         info!("Connected to PostgreSQL.");
         Ok(Sink::Postgres(client))
     }
+}
+
+/// Connects to PostgreSQL (`conninfo` without the password) and runs `schema`, idempotently,
+/// under an advisory lock that serialises it with every other bucketd doing the same.
+pub(crate) async fn connect_postgres(
+    conninfo: &str,
+    password: Option<&Secret>,
+    application_name: String,
+    schema: &str,
+) -> anyhow::Result<tokio_postgres::Client> {
+    let mut config: tokio_postgres::Config = conninfo.parse()?;
+    if let Some(password) = password {
+        config.password(password.expose());
+    }
+    config.application_name(application_name);
+    config.connect_timeout(Duration::from_secs(10));
+    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "The PostgreSQL connection ended.");
+        }
+    });
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .await?;
+    tx.batch_execute(schema).await?;
+    tx.commit().await?;
+    Ok(client)
 }
 
 /// The messages of one outbox entry: its buckets in parts of at most [`MESSAGE_BYTES_MAX`].

@@ -44,6 +44,16 @@ fn admin_conninfo() -> String {
     format!("host=/var/run/postgresql user={user} dbname=postgres")
 }
 
+/// libpq key=value for database `name`, as the admin role.
+fn conninfo_of(name: &str) -> String {
+    let base: Vec<String> = admin_conninfo()
+        .split_whitespace()
+        .filter(|kv| !kv.starts_with("dbname="))
+        .map(str::to_owned)
+        .collect();
+    format!("{} dbname={name}", base.join(" "))
+}
+
 /// A database of the test's own, dropped when this is.
 struct TestDb {
     name: String,
@@ -76,12 +86,7 @@ impl TestDb {
 
     /// libpq key=value for the test database.
     fn conninfo(&self) -> String {
-        let base: Vec<String> = admin_conninfo()
-            .split_whitespace()
-            .filter(|kv| !kv.starts_with("dbname="))
-            .map(str::to_owned)
-            .collect();
-        format!("{} dbname={}", base.join(" "), self.name)
+        conninfo_of(&self.name)
     }
 
     async fn drop_it(self) {
@@ -724,6 +729,17 @@ async fn two_central_instances_share_the_deltas_and_together_hold_the_totals() {
     assert_matches_truth(&docs, &want);
 }
 
+/// The upstream Mosquitto, for the test's own publishers.
+fn as_broker(upstream: &OwnMosquitto) -> Broker {
+    Broker {
+        name: "upstream",
+        host: "127.0.0.1".into(),
+        v311_port: upstream.port,
+        v5_port: upstream.port,
+        sets_dup: true,
+    }
+}
+
 /// Every message published on the upstream's delta topics, as a resend would repeat it.
 async fn record_deltas(
     upstream: &OwnMosquitto,
@@ -785,13 +801,7 @@ async fn a_central_applies_each_gateway_entry_once_however_late_the_copy() {
     let (daemon, addr) = restart(&central.config);
     let copies: Vec<(String, Vec<u8>)> = seen.lock().unwrap().clone();
     assert!(copies.len() >= 2, "{}", copies.len());
-    let upstream_broker = Broker {
-        name: "upstream",
-        host: "127.0.0.1".into(),
-        v311_port: upstream.port,
-        v5_port: upstream.port,
-        sets_dup: true,
-    };
+    let upstream_broker = as_broker(&upstream);
     publish_all(&upstream_broker, &copies, 1).await;
     until_metric("the central saw every copy", async || {
         metric(&addr, "bucketd_duplicates_total").await >= copies.len() as f64
@@ -890,13 +900,7 @@ async fn shared_central_instances_claim_each_delta_message_once() {
             copies.push(junk());
         }
     }
-    let upstream_broker = Broker {
-        name: "upstream",
-        host: "127.0.0.1".into(),
-        v311_port: upstream.port,
-        v5_port: upstream.port,
-        sets_dup: true,
-    };
+    let upstream_broker = as_broker(&upstream);
     let received = sum("bucketd_messages_received_total").await;
     publish_all(&upstream_broker, &copies, 1).await;
     until_metric("every copy reached a central", async || {
@@ -955,12 +959,7 @@ async fn a_central_waits_for_its_claims_database_and_then_applies_everything() {
     let broker = Broker::hermetic();
     let admin = connect(&admin_conninfo()).await;
     let name = unique("bucketd_claims").replace('-', "_").to_lowercase();
-    let base: Vec<String> = admin_conninfo()
-        .split_whitespace()
-        .filter(|kv| !kv.starts_with("dbname="))
-        .map(str::to_owned)
-        .collect();
-    let conninfo = format!("{} dbname={name}", base.join(" "));
+    let conninfo = conninfo_of(&name);
     let upstream = OwnMosquitto::start(false, "");
     let central = central_with(&upstream, "$share/central/bucketd/+/deltas", |raw| {
         raw.central.claims_postgres = conninfo.clone();
