@@ -17,8 +17,8 @@ use crate::cli::{Daemon, write_config};
 use crate::ingest::{stamped_workload, workload};
 use crate::on_every_broker;
 use crate::support::{
-    Broker, Pace, Rng, Topics, Truth, TruthKey, assert_matches_truth, publish_all, publish_with,
-    raw_config, truth,
+    Broker, Pace, Rng, Topics, Truth, TruthKey, assert_matches_truth, markers, publish_all,
+    publish_with, raw_config, truth,
 };
 
 /// Messages per second the publisher sends: a fleet's steady stream, and slow enough that what
@@ -74,16 +74,19 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
             Some(9)
         );
         logs.extend(lines);
+        logs.push(format!("==== killed (cycle {}) ====", kills + 1));
         kills += 1;
         daemon = Daemon::start(&config);
     }
     publisher.await.unwrap();
-    // A last, undecodable marker: once the daemon has rejected it, every earlier message has
-    // reached it (one session's queue is delivered in order).
-    let marker = vec![(topics.value("marker", "done"), b"done".to_vec())];
-    publish_all(&broker, &marker, 1).await;
-    logs.extend(daemon.wait_for_line("rejecting the marker", |l| {
-        l.contains("Rejected message.") && l.contains("marker")
+    // Markers on every topic: once the daemon has rejected all of them, every earlier message
+    // has reached it (see `markers` for why one marker is not enough).
+    let markers = markers(&work.messages);
+    publish_all(&broker, &markers, 1).await;
+    let mut marked = 0;
+    logs.extend(daemon.wait_for_line("rejecting every marker", |l| {
+        marked += usize::from(l.contains("Rejected message.") && l.contains("empty_payload"));
+        marked == markers.len()
     }));
     let (status, lines) = daemon.terminate();
     assert!(status.success(), "clean exit after the crashes: {status}");
@@ -108,6 +111,9 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
         work.readings.len(),
         docs.iter().map(|d| d.count).sum::<i64>(),
     );
+    if (lost, twice) != (0, 0) {
+        report_loss(&db, &work.readings, &logs);
+    }
     assert_eq!((lost, twice), (0, 0), "readings lost and counted twice");
     assert_matches_truth(&docs, &truth);
 }
@@ -135,4 +141,36 @@ fn lost_and_twice(
     let lost = diff.values().filter(|d| **d < 0).map(|d| -d).sum();
     let twice = diff.values().filter(|d| **d > 0).sum();
     (lost, twice)
+}
+
+/// On a loss: which readings (by publish order) are missing from the raw pages, and the daemon's
+/// logs, so that the failure can be read after the fact (a file in the temp directory).
+fn report_loss(db: &std::path::Path, readings: &[crate::support::Expected], logs: &[String]) {
+    let mut stored: BTreeMap<(String, i64, u64), usize> = BTreeMap::new();
+    StoreReader::open(db)
+        .unwrap()
+        .raw(None, i64::MIN, i64::MAX, |series, rs| {
+            for (ts, v) in rs {
+                *stored
+                    .entry((series.to_owned(), *ts, v.to_bits()))
+                    .or_default() += 1;
+            }
+            true
+        })
+        .unwrap();
+    let mut missing = Vec::new();
+    for (i, r) in readings.iter().enumerate() {
+        let Some(ts) = r.ts else { continue };
+        match stored.get_mut(&(r.series.clone(), ts, r.value.to_bits())) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => missing.push(i),
+        }
+    }
+    let path = std::env::temp_dir().join(format!("bucketd-crash-{}.log", std::process::id()));
+    std::fs::write(&path, logs.join("\n")).unwrap();
+    eprintln!(
+        "missing readings (publish order, of {}): {missing:?}; daemon logs in {}",
+        readings.len(),
+        path.display()
+    );
 }

@@ -17,8 +17,8 @@ use bucketd::store::StoreReader;
 
 use crate::on_every_broker;
 use crate::support::{
-    Broker, Expected, Proxy, Rng, Topics, assert_matches_truth, config, eventually, publish_all,
-    publish_paced, raw_config, truth,
+    Broker, Expected, Proxy, Rng, Topics, assert_matches_truth, config, eventually, markers,
+    publish_all, publish_paced, raw_config, truth,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -370,12 +370,15 @@ async fn reconnects_and_resumes_its_session_after_an_outage(broker: Broker, prot
     })
     .await;
     publish_paced(&broker, &after.messages, 1, Some(d.stats.clone())).await;
-    // A last, undecodable marker message says when everything has arrived: the broker delivers
-    // one publisher's messages in order.
-    let marker = vec![(topics.value("marker", "done"), b"done".to_vec())];
-    publish_all(&broker, &marker, 1).await;
-    eventually(WAIT, "the marker after every other message", || {
-        stats.rejected(DecodeError::InvalidNumber) == 1
+    // Markers on every topic say when everything has arrived (see `markers`).
+    let all_messages: Vec<_> = [&before, &during, &after]
+        .iter()
+        .flat_map(|w| w.messages.iter().cloned())
+        .collect();
+    let markers = markers(&all_messages);
+    publish_all(&broker, &markers, 1).await;
+    eventually(WAIT, "the markers after every other message", || {
+        stats.rejected(DecodeError::EmptyPayload) == markers.len() as u64
     })
     .await;
     let expected = (before.readings.len() + during.readings.len() + after.readings.len()) as u64;

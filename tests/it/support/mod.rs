@@ -67,6 +67,14 @@ fn free_port() -> u16 {
 
 fn start_rumqttd() -> Broker {
     use rumqttd::{ConnectionSettings, RouterConfig, ServerSettings};
+    if let Ok(path) = std::env::var("BUCKETD_TEST_BROKER_LOG") {
+        let file = std::fs::File::create(&path).expect("creating the broker log");
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .with_env_filter("rumqttd=debug")
+            .try_init();
+    }
     let v4 = free_port();
     let v5 = free_port();
     let server = |name: &str, port: u16| ServerSettings {
@@ -199,6 +207,20 @@ pub fn config(raw: &RawConfig) -> Config {
 /// (`max_queued_messages`), so a flat-out publisher can lose messages on a shared test broker
 /// through no fault of the daemon.
 pub const AHEAD_MAX: u64 = 500;
+
+/// End-of-stream markers for `messages`: one empty payload (rejected as `empty_payload`) on
+/// every topic they use. MQTT orders messages per topic only (3.1.1 §4.6 "ordered topic"), and
+/// brokers do deliver different topics out of order: rumqttd keeps a log per subscription filter
+/// and, after a reconnect, resumes each on its own, so a single marker on a topic of its own can
+/// arrive before the rest. Once every marker is rejected, every message before it on its topic
+/// has arrived. The caller's workload must contain no empty payloads of its own.
+pub fn markers(messages: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
+    let topics: std::collections::BTreeSet<&String> = messages.iter().map(|m| &m.0).collect();
+    topics
+        .into_iter()
+        .map(|t| (t.clone(), Vec::new()))
+        .collect()
+}
 
 /// Publishes every message with `qos` and returns once the broker has acknowledged all of them
 /// (QoS 1), so they are the broker's responsibility from then on.
