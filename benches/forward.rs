@@ -1,10 +1,10 @@
-//! Forwarding throughput to PostgreSQL (docs/FLEET.md): an outbox of `BENCH_ENTRIES` commits
+//! Forwarding throughput to `PostgreSQL` (docs/FLEET.md): an outbox of `BENCH_ENTRIES` commits
 //! (default 100), each touching `BENCH_BUCKETS` buckets (default 1,000 series, one hour) with
 //! `BENCH_READINGS_PER_BUCKET` readings each (default 10), is shipped by the real forwarder into
 //! a fresh database; prints deltas/s and readings represented per second, min/median/max over
 //! `BENCH_RUNS` (default 3), and checks the table's total count.
 //!
-//! `cargo bench --bench forward`. PostgreSQL: `BENCH_POSTGRES` (libpq key=value of a role that
+//! `cargo bench --bench forward`. `PostgreSQL`: `BENCH_POSTGRES` (libpq key=value of a role that
 //! may create databases), by default the local socket as the current user.
 //! `BENCH_TARGET=mqtt cargo bench --bench forward`: to a Mosquitto the benchmark starts, where a
 //! subscriber decodes every delta message and checks the readings they carry.
@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use bucketd::batcher::{Batcher, FlushPolicy};
 use bucketd::config::{Durability, UpstreamConfig, UpstreamTarget};
+use bucketd::fleet::forwarder::Forwarder;
 use bucketd::reading::Timestamp;
 use bucketd::stats::Stats;
 use bucketd::store::{Store, StoreSettings};
-use bucketd::upstream::Forwarder;
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -74,7 +74,7 @@ async fn count_deltas(port: u16, want: u64) -> tokio::task::JoinHandle<u64> {
             if let rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) =
                 events.poll().await.unwrap()
             {
-                let msg: bucketd::decode::DeltaMessage =
+                let msg: bucketd::delta::DeltaMessage =
                     bson::deserialize_from_slice(&p.payload).unwrap();
                 readings += msg.buckets.iter().map(|b| b.count as u64).sum::<u64>();
             }
@@ -146,7 +146,7 @@ async fn run_mqtt(entries: usize, buckets: usize, per_bucket: usize) -> (f64, u6
     (took, deltas, readings)
 }
 
-/// Through a Mosquitto into a central bucketd (with claims in PostgreSQL when `claims`);
+/// Through a Mosquitto into a central bucketd (with claims in `PostgreSQL` when `claims`);
 /// returns (seconds until the central committed every reading, deltas, readings).
 async fn run_central(
     entries: usize,
@@ -224,7 +224,7 @@ async fn forward(
         .collect();
     let hour = Timestamp::now().as_nanos() / 3_600_000_000_000 * 3600;
     let policy = FlushPolicy {
-        flush_interval: Duration::from_secs(3600),
+        flush_interval: Duration::from_hours(1),
         max_pending_readings: usize::MAX,
         window: 1,
     };

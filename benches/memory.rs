@@ -5,7 +5,7 @@
 //!
 //! `cargo bench --bench memory`. The daemon runs in this process (with nothing else of
 //! size: the publisher is a child process, the broker a Mosquitto the benchmark starts with
-//! unlimited queues), so this process's peak RSS (VmHWM) is the daemon's.
+//! unlimited queues), so this process's peak RSS (`VmHWM`) is the daemon's.
 //! Knobs: `MEM_SERIES` (10000), `MEM_MESSAGES` (100000), `MEM_SYNC_DELAY_MS` (0 and 50: each
 //! value in a comma-separated list is one run, in a new process each).
 

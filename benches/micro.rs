@@ -49,7 +49,7 @@ fn bench_decode(c: &mut Criterion) {
                 &ctx(),
                 &mut out,
             )
-        })
+        });
     });
     let object = format!(
         "{{\"ts\": {}, \"temperature\": 21.5, \"humidity\": 40.25, \"status\": \"ok\"}}",
@@ -65,7 +65,7 @@ fn bench_decode(c: &mut Criterion) {
                 &ctx(),
                 &mut out,
             )
-        })
+        });
     });
     let array = format!(
         "[{}]",
@@ -84,7 +84,7 @@ fn bench_decode(c: &mut Criterion) {
                 &ctx(),
                 &mut out,
             )
-        })
+        });
     });
     g.finish();
 }
@@ -113,7 +113,7 @@ fn bench_merge(c: &mut Criterion) {
                 m
             },
             BatchSize::SmallInput,
-        )
+        );
     });
     g.bench_function("push_one_reading", |bench| {
         let mut s = a.clone();
@@ -121,14 +121,14 @@ fn bench_merge(c: &mut Criterion) {
         bench.iter(|| {
             i += 1;
             s.push(i, black_box(21.5));
-        })
+        });
     });
     g.finish();
 }
 
 fn policy() -> FlushPolicy {
     FlushPolicy {
-        flush_interval: Duration::from_secs(3600),
+        flush_interval: Duration::from_hours(1),
         max_pending_readings: usize::MAX,
         window: 1,
     }
@@ -154,7 +154,7 @@ fn bench_batcher(c: &mut Criterion) {
                     batcher.push_reading(names[i % 1000].clone(), ts, 21.5, raw, now);
                 }
                 batcher.take()
-            })
+            });
         });
     }
     g.finish();
@@ -204,7 +204,7 @@ fn bench_commit(c: &mut Criterion) {
                     },
                     |batch| store.commit(&batch).unwrap(),
                     BatchSize::PerIteration,
-                )
+                );
             });
         }
     }
@@ -248,7 +248,7 @@ fn bench_store_path(c: &mut Criterion) {
                     batcher.push_reading(names[i % 1000].clone(), ts, 21.5, raw, now);
                 }
                 store.commit(&batcher.take().0).unwrap()
-            })
+            });
         });
     }
     g.finish();

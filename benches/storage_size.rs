@@ -14,8 +14,9 @@ use std::time::Instant;
 
 use bucketd::batcher::{Batch, Batcher, FlushPolicy};
 use bucketd::config::Durability;
+use bucketd::doc::PageDoc;
 use bucketd::reading::Timestamp;
-use bucketd::store::{PageDoc, Store, StoreSettings};
+use bucketd::store::{Store, StoreSettings};
 use redb::{ReadableDatabase, TableDefinition};
 
 const SECONDS: i64 = 86_400;
@@ -43,7 +44,7 @@ fn readings() -> Vec<(i64, f64)> {
 fn batch(chunk: &[(i64, f64)], raw: bool) -> Batch {
     let mut b = Batcher::new(
         FlushPolicy {
-            flush_interval: std::time::Duration::from_secs(3600),
+            flush_interval: std::time::Duration::from_hours(1),
             max_pending_readings: usize::MAX,
             window: 1,
         },

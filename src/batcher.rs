@@ -46,7 +46,7 @@ pub type BucketKey = (Arc<str>, i64);
 pub struct FlushPolicy {
     pub flush_interval: Duration,
     pub max_pending_readings: usize,
-    /// The broker's in-flight window for QoS 1/2 messages.
+    /// The broker's in-flight window for `QoS` 1/2 messages.
     pub window: u16,
 }
 
@@ -111,8 +111,8 @@ pub struct Batch {
     /// Fingerprints of the batch's messages that a redelivery could repeat
     /// ([`crate::dedup`]), stored with the batch.
     pub fingerprints: Vec<crate::dedup::Fingerprint>,
-    /// The last delta message applied per gateway ([`crate::applied`]), stored with the batch.
-    pub applied: BTreeMap<String, crate::applied::Position>,
+    /// The last delta message applied per gateway (`fleet::applied`), stored with the batch.
+    pub applied: BTreeMap<String, crate::delta::Position>,
 }
 
 impl Batch {
@@ -276,7 +276,7 @@ impl Batcher {
     }
 
     /// Records that a gateway's delta message up to `at` is in the batch.
-    pub fn push_applied(&mut self, gateway: &str, at: crate::applied::Position) {
+    pub fn push_applied(&mut self, gateway: &str, at: crate::delta::Position) {
         self.batch.applied.insert(gateway.to_owned(), at);
     }
 

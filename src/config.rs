@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
+pub use crate::decode::Subscription;
 use crate::decode::{Format, Template, TimestampUnit};
 
 /// The defaults layer: `config/default.toml`, verbatim.
@@ -64,7 +65,7 @@ pub struct RawCentral {
     pub claims_keep_entries: u32,
 }
 
-/// Claiming each delta message in PostgreSQL before applying it ([`crate::claims`]).
+/// Claiming each delta message in `PostgreSQL` before applying it (`fleet::claims`).
 #[derive(Debug, Clone)]
 pub struct ClaimsConfig {
     /// libpq key=value or URL, without the password.
@@ -78,10 +79,19 @@ fn validate_central(raw: &RawCentral) -> Result<Option<ClaimsConfig>, ConfigErro
     if raw.claims_postgres.is_empty() {
         return Ok(None);
     }
-    if raw.claims_keep_entries < 1000 {
+    if raw.claims_keep_entries < crate::limits::CLAIMS_KEEP_MIN {
         return Err(invalid(
             "central.claims_keep_entries",
-            "must be at least 1000 (a gateway resends up to one forwarding batch)",
+            format!(
+                "must be at least {} (a gateway resends up to one forwarding batch)",
+                crate::limits::CLAIMS_KEEP_MIN
+            ),
+        ));
+    }
+    if !cfg!(all(feature = "central", feature = "postgres")) {
+        return Err(not_built(
+            "central.claims_postgres",
+            &["central", "postgres"],
         ));
     }
     Ok(Some(ClaimsConfig {
@@ -113,6 +123,7 @@ pub struct RawUpstream {
 #[derive(Debug, Clone)]
 pub enum UpstreamTarget {
     /// libpq key=value or URL, without the password.
+    #[cfg(feature = "postgres")]
     Postgres { conninfo: String },
     /// A broker (or cluster) where a central bucketd subscribes to `bucketd/+/deltas`.
     Mqtt {
@@ -158,6 +169,9 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
                 "must be set when upstream.target = \"postgres\"",
             ));
         }
+        #[cfg(not(feature = "postgres"))]
+        return Err(not_built("upstream.target", &["postgres"]));
+        #[cfg(feature = "postgres")]
         UpstreamTarget::Postgres {
             conninfo: raw.postgres.clone(),
         }
@@ -182,10 +196,17 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
     if raw.outbox_max_entries == 0 {
         return Err(invalid("upstream.outbox_max_entries", "must be at least 1"));
     }
-    if raw.batch_entries == 0 || raw.batch_entries > raw.outbox_max_entries {
+    let batch_max = raw
+        .outbox_max_entries
+        .min(crate::limits::UPSTREAM_BATCH_ENTRIES_MAX);
+    if raw.batch_entries == 0 || raw.batch_entries > batch_max {
         return Err(invalid(
             "upstream.batch_entries",
-            "must be between 1 and upstream.outbox_max_entries",
+            format!(
+                "must be between 1 and upstream.outbox_max_entries, at most {} (a central's \
+                 claims cover one resent batch)",
+                crate::limits::UPSTREAM_BATCH_ENTRIES_MAX
+            ),
         ));
     }
     if raw.retry_delay_max.is_zero() {
@@ -425,7 +446,18 @@ pub struct StoreConfig {
     pub cache_bytes: usize,
     pub sketch: crate::sketch::SketchParams,
     pub page_capacity: u32,
-    pub retention: crate::writer::Retention,
+    pub retention: Retention,
+}
+
+/// Retention settings, from `[store]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub raw: Duration,
+    pub buckets: Duration,
+    /// Time between passes while nothing is expired.
+    pub interval: Duration,
+    /// Most pages and buckets deleted by one pass (one write transaction).
+    pub batch: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -443,19 +475,6 @@ pub struct Limits {
     pub dead_letters: usize,
     /// Fingerprints of recent messages kept for recognising redeliveries ([`crate::dedup`]).
     pub dedup_window: usize,
-}
-
-/// One validated subscription: the MQTT filter plus how to turn its messages into readings.
-#[derive(Debug, Clone)]
-pub struct Subscription {
-    pub filter: String,
-    pub qos: u8,
-    pub template: Template,
-    pub format: Format,
-    pub timestamp_field: Option<String>,
-    pub timestamp_unit: TimestampUnit,
-    pub sensor_field: Option<String>,
-    pub store_raw: bool,
 }
 
 impl RawConfig {
@@ -704,6 +723,19 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
     })
 }
 
+/// A setting that needs parts this build left out (Cargo features).
+fn not_built(key: &str, features: &[&str]) -> ConfigError {
+    invalid(
+        key,
+        format!(
+            "this bucketd was built without it (Cargo features: {}); use the full build, or \
+             build with --features {}",
+            features.join(", "),
+            features.join(",")
+        ),
+    )
+}
+
 fn non_empty_path(s: &str) -> Option<PathBuf> {
     (!s.is_empty()).then(|| PathBuf::from(s))
 }
@@ -739,6 +771,9 @@ fn validate_tls(raw: &RawTls) -> Result<Option<TlsFiles>, ConfigError> {
             ));
         }
     };
+    if !cfg!(feature = "tls") {
+        return Err(not_built("mqtt.tls.enabled", &["tls"]));
+    }
     Ok(Some(TlsFiles {
         ca_file: non_empty_path(&raw.ca_file),
         client,
@@ -799,7 +834,7 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
         return Err(invalid("store.retention_batch", "must be at least 1"));
     }
     Ok(StoreConfig {
-        retention: crate::writer::Retention {
+        retention: Retention {
             raw: raw.raw_retention,
             buckets: raw.bucket_retention,
             interval: raw.retention_interval,
@@ -884,6 +919,9 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
                     key("format"),
                     "sensor_field and timestamp_field need format = \"json\"",
                 ));
+            }
+            if !cfg!(feature = "central") {
+                return Err(not_built(&key("format"), &["central"]));
             }
         }
     }

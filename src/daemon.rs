@@ -9,11 +9,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::info;
 
+use crate::admit::Admitter;
 use crate::batcher::{Batcher, FlushPolicy};
 use crate::config::Config;
 use crate::ingest::Ingest;
+use crate::limits::TASKS_STOP_MAX;
 use crate::metrics::Metrics;
 use crate::mqtt::{Backoff, Mqtt};
 use crate::series::SeriesSet;
@@ -71,14 +74,22 @@ impl RunningDaemon {
 
 /// Starts the daemon on the current Tokio runtime.
 pub fn start(config: &Config) -> Result<RunningDaemon, StartError> {
-    start_with_faults(config, None)
+    start_over(config, Store::open)
 }
 
 /// [`start`], with write faults injected under the database (tests of disk failures).
-#[doc(hidden)]
+#[cfg(feature = "fault-injection")]
 pub fn start_with_faults(
     config: &Config,
     faults: Option<Arc<crate::store::Faults>>,
+) -> Result<RunningDaemon, StartError> {
+    start_over(config, |settings| Store::open_with_faults(settings, faults))
+}
+
+/// [`start`] over the store that `open` opens.
+fn start_over(
+    config: &Config,
+    open: impl FnOnce(&StoreSettings) -> Result<Store, StoreOpenError>,
 ) -> Result<RunningDaemon, StartError> {
     let state_dir = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
     let store_path = config.resolved_store_path(state_dir.as_deref());
@@ -93,6 +104,7 @@ pub fn start_with_faults(
         Some((_, file)) => secret("mqtt.password_file", file)?,
         None => None,
     };
+    #[cfg(feature = "tls")]
     let tls = config
         .mqtt
         .tls
@@ -100,16 +112,20 @@ pub fn start_with_faults(
         .map(|files| crate::tls::client_config(files, credentials.as_deref()))
         .transpose()
         .map_err(StartError::Config)?;
+    // Config validation refuses `mqtt.tls` in a build without TLS.
+    #[cfg(not(feature = "tls"))]
+    let tls = None;
     let api_token = secret("http.token_file", &config.http.token_file)?;
     let metrics_token = secret("http.metrics_token_file", &config.http.metrics_token_file)?;
     let upstream_password = match &config.upstream {
         Some(u) => secret("upstream.password_file", &u.password_file)?,
         None => None,
     };
+    #[cfg(all(feature = "central", feature = "postgres"))]
     let claims = match &config.claims {
         Some(c) => {
             let password = secret("central.claims_password_file", &c.password_file)?;
-            Some(crate::claims::Claims::new(
+            Some(crate::fleet::claims::Claims::new(
                 c.clone(),
                 password,
                 config.mqtt.client_id.clone(),
@@ -126,19 +142,16 @@ pub fn start_with_faults(
     let width_secs =
         i64::try_from(config.store.bucket_width.as_secs()).expect("validated to divide a day");
 
-    let store = Store::open_with_faults(
-        &StoreSettings {
-            path: store_path.clone(),
-            bucket_width_secs: width_secs,
-            durability: config.store.durability,
-            quick_repair: config.store.quick_repair,
-            cache_bytes: config.store.cache_bytes,
-            page_capacity: config.store.page_capacity,
-            dedup_window: config.limits.dedup_window,
-            outbox_max_entries: config.upstream.as_ref().map_or(0, |u| u.outbox_max_entries),
-        },
-        faults,
-    )?;
+    let store = open(&StoreSettings {
+        path: store_path.clone(),
+        bucket_width_secs: width_secs,
+        durability: config.store.durability,
+        quick_repair: config.store.quick_repair,
+        cache_bytes: config.store.cache_bytes,
+        page_capacity: config.store.page_capacity,
+        dedup_window: config.limits.dedup_window,
+        outbox_max_entries: config.upstream.as_ref().map_or(0, |u| u.outbox_max_entries),
+    })?;
     let recent = store
         .recent_fingerprints()
         .map_err(|source| StoreOpenError::Corrupt {
@@ -152,7 +165,13 @@ pub fn start_with_faults(
             path: store_path.clone(),
             source,
         })?;
-    let applied = crate::applied::Applied::new(applied);
+    let gateways = applied.len();
+    #[cfg(feature = "central")]
+    let ledger: Option<Box<dyn crate::admit::DeltaLedger>> =
+        Some(Box::new(crate::fleet::applied::Applied::new(applied)));
+    // Config validation refuses `format = "delta"` in a build without the central.
+    #[cfg(not(feature = "central"))]
+    let ledger = None;
     let stats = Arc::new(Stats::new(config.limits.dead_letters));
     let series = SeriesSet::new(config.limits.max_series, store.series_names().cloned());
     stats
@@ -162,7 +181,7 @@ pub fn start_with_faults(
         path = %store_path.display(),
         series = series.len(),
         recent_messages = dedup.len(),
-        gateways = applied.len(),
+        gateways,
         "Opened the store."
     );
 
@@ -196,9 +215,25 @@ pub fn start_with_faults(
         metrics_token: metrics_token.map(Arc::new),
     };
     let cancel = CancellationToken::new();
-    stats
-        .claims_enabled
-        .store(claims.is_some(), std::sync::atomic::Ordering::Relaxed);
+    // The background tasks (claims, forwarder, metrics upkeep), joined at shutdown.
+    let tasks = TaskTracker::new();
+    #[cfg(all(feature = "central", feature = "postgres"))]
+    let claims = claims.map(|claims| {
+        stats
+            .claims_enabled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // One request at a time: the ingest loop waits for each answer.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tasks.spawn(crate::fleet::claims::serve(
+            claims,
+            rx,
+            stats.clone(),
+            cancel.clone(),
+        ));
+        tx
+    });
+    #[cfg(not(all(feature = "central", feature = "postgres")))]
+    let claims = None;
     if let Some(upstream) = &config.upstream {
         stats
             .upstream_enabled
@@ -210,7 +245,7 @@ pub fn start_with_faults(
                 path: store_path.clone(),
                 source,
             })?;
-        let forwarder = crate::upstream::Forwarder {
+        let forwarder = crate::fleet::forwarder::Forwarder {
             config: upstream.clone(),
             password: upstream_password,
             reader: store.reader(),
@@ -218,7 +253,7 @@ pub fn start_with_faults(
             stats: stats.clone(),
             origin,
         };
-        tokio::spawn(forwarder.run(cancel.clone()));
+        tasks.spawn(forwarder.run(cancel.clone()));
     }
     let (writer, writer_thread) = crate::writer::spawn(
         store,
@@ -228,11 +263,22 @@ pub fn start_with_faults(
         cancel.clone(),
     );
     let ingest = Ingest {
-        mqtt: Mqtt::new(&config.mqtt, password.as_ref(), tls, &config.subscriptions),
-        subscriptions: config.subscriptions.clone(),
-        limits: config.limits.clone(),
+        mqtt: Mqtt::new(
+            &config.mqtt,
+            password.as_ref(),
+            tls.as_ref(),
+            &config.subscriptions,
+        ),
+        subscriptions: config.subscriptions.len(),
+        admit: Admitter::new(
+            config.subscriptions.clone(),
+            config.limits.clone(),
+            width_secs,
+            series,
+            dedup,
+            ledger,
+        ),
         batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
-        series,
         stats: stats.clone(),
         backoff: Backoff::new(
             config.mqtt.reconnect_delay_min,
@@ -241,8 +287,6 @@ pub fn start_with_faults(
         writer,
         window: config.mqtt.receive_maximum,
         flush_requests: flush_rx,
-        dedup,
-        applied,
         claims,
     };
     info!(
@@ -261,8 +305,15 @@ pub fn start_with_faults(
             tracing::error!(error = %e, "The HTTP server failed.");
         }
     });
-    tokio::spawn(upkeep(metrics, cancel.clone()));
-    let task = tokio::spawn(run_ingest(ingest, cancel.clone(), writer_thread, http));
+    tasks.spawn(upkeep(metrics, cancel.clone()));
+    tasks.close();
+    let task = tokio::spawn(run_ingest(
+        ingest,
+        cancel.clone(),
+        writer_thread,
+        http,
+        tasks,
+    ));
     Ok(RunningDaemon {
         stats,
         store_path,
@@ -287,16 +338,29 @@ async fn upkeep(metrics: Arc<Metrics>, cancel: CancellationToken) {
     }
 }
 
+/// The shutdown order: ingestion commits and acknowledges what is pending and disconnects;
+/// the HTTP server stops; the background tasks stop (they hold store readers); the writer
+/// thread ends and the store, dropped last, closes the file.
 async fn run_ingest(
     ingest: Ingest,
     cancel: CancellationToken,
     writer_thread: std::thread::JoinHandle<Store>,
     http: tokio::task::JoinHandle<()>,
+    tasks: TaskTracker,
 ) -> anyhow::Result<()> {
     let result = ingest.run(cancel.clone()).await;
     // Ingestion may also end on an error: stop the HTTP server either way.
     cancel.cancel();
     let _ = http.await;
+    if tokio::time::timeout(TASKS_STOP_MAX, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            tasks = tasks.len(),
+            "Background tasks did not stop within {TASKS_STOP_MAX:?}; closing the store anyway."
+        );
+    }
     // Ingest has dropped the batch sender (or a commit failed), so the writer thread ends and
     // hands back the store, which closes the file when dropped.
     let joined = tokio::task::spawn_blocking(move || writer_thread.join()).await;

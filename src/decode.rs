@@ -8,8 +8,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::Subscription;
+use crate::delta::{DeltaMessage, Position};
 use crate::reading::{Reading, Timestamp, validate_name};
+pub use crate::reject::DecodeError;
 
 /// How a subscription's payloads are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -36,96 +37,6 @@ pub enum TimestampUnit {
     Ms,
     Us,
     Ns,
-}
-
-/// Why a message or a reading was not ingested. The reason string is a bounded metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
-pub enum DecodeError {
-    #[error("empty payload")]
-    EmptyPayload,
-    #[error("payload larger than limits.max_payload_bytes")]
-    PayloadTooLarge,
-    #[error("topic does not match the subscription's template")]
-    TopicMismatch,
-    #[error("topic or payload is not valid UTF-8")]
-    InvalidUtf8,
-    #[error(
-        "sensor or metric name is empty, longer than 128 bytes, or has control characters or '/'"
-    )]
-    InvalidName,
-    #[error("payload is not a number")]
-    InvalidNumber,
-    #[error("payload is not valid JSON")]
-    InvalidJson,
-    #[error("JSON payload is not an object or an array of objects")]
-    NotAnObject,
-    #[error("message carries no numeric reading")]
-    NoReadings,
-    #[error("value is NaN or infinite")]
-    NonFinite,
-    #[error("timestamp is not a number or an RFC 3339 time")]
-    InvalidTimestamp,
-    #[error("timestamp is older than limits.max_age or beyond limits.max_future")]
-    TimestampOutOfRange,
-    #[error("limits.max_series reached; new series are refused")]
-    SeriesLimit,
-    #[error("payload is not a bucketd delta message (BSON with gateway_id, seq and buckets)")]
-    InvalidDelta,
-    #[error(
-        "delta bucket width does not divide store.bucket_width (a gateway's buckets fold into a \
-         central's wider ones, never into narrower ones): make the central's width a multiple \
-         of the gateways'"
-    )]
-    BucketWidthMismatch,
-}
-
-impl DecodeError {
-    /// Every variant, in a fixed order (the index of a variant is its counter slot).
-    pub const ALL: [DecodeError; 15] = [
-        DecodeError::EmptyPayload,
-        DecodeError::PayloadTooLarge,
-        DecodeError::TopicMismatch,
-        DecodeError::InvalidUtf8,
-        DecodeError::InvalidName,
-        DecodeError::InvalidNumber,
-        DecodeError::InvalidJson,
-        DecodeError::NotAnObject,
-        DecodeError::NoReadings,
-        DecodeError::NonFinite,
-        DecodeError::InvalidTimestamp,
-        DecodeError::TimestampOutOfRange,
-        DecodeError::SeriesLimit,
-        DecodeError::InvalidDelta,
-        DecodeError::BucketWidthMismatch,
-    ];
-
-    /// The metric label value.
-    pub fn reason(self) -> &'static str {
-        match self {
-            DecodeError::EmptyPayload => "empty_payload",
-            DecodeError::PayloadTooLarge => "payload_too_large",
-            DecodeError::TopicMismatch => "topic_mismatch",
-            DecodeError::InvalidUtf8 => "invalid_utf8",
-            DecodeError::InvalidName => "invalid_name",
-            DecodeError::InvalidNumber => "invalid_number",
-            DecodeError::InvalidJson => "invalid_json",
-            DecodeError::NotAnObject => "not_an_object",
-            DecodeError::NoReadings => "no_readings",
-            DecodeError::NonFinite => "non_finite",
-            DecodeError::InvalidTimestamp => "invalid_timestamp",
-            DecodeError::TimestampOutOfRange => "timestamp_out_of_range",
-            DecodeError::SeriesLimit => "series_limit",
-            DecodeError::InvalidDelta => "invalid_delta",
-            DecodeError::BucketWidthMismatch => "bucket_width_mismatch",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        DecodeError::ALL
-            .iter()
-            .position(|e| *e == self)
-            .expect("ALL lists every variant")
-    }
 }
 
 /// One level of a topic template.
@@ -207,21 +118,32 @@ impl Template {
         let mut metric = None;
         let mut parts = topic.split('/');
         for level in &self.levels {
+            if level == &Level::Rest {
+                return Some((sensor, metric));
+            }
+            let part = parts.next()?;
             match level {
-                Level::Rest => return Some((sensor, metric)),
-                _ => {
-                    let part = parts.next()?;
-                    match level {
-                        Level::Literal(l) if l != part => return None,
-                        Level::Sensor => sensor = Some(part),
-                        Level::Metric => metric = Some(part),
-                        _ => {}
-                    }
-                }
+                Level::Literal(l) if l != part => return None,
+                Level::Sensor => sensor = Some(part),
+                Level::Metric => metric = Some(part),
+                _ => {}
             }
         }
         parts.next().is_none().then_some((sensor, metric))
     }
+}
+
+/// One validated subscription: the MQTT filter plus how to turn its messages into readings.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    pub filter: String,
+    pub qos: u8,
+    pub template: Template,
+    pub format: Format,
+    pub timestamp_field: Option<String>,
+    pub timestamp_unit: TimestampUnit,
+    pub sensor_field: Option<String>,
+    pub store_raw: bool,
 }
 
 /// What decoding needs besides the message: the receive time and the accepted time range.
@@ -242,8 +164,8 @@ pub struct Decoded {
     pub rejected: Vec<DecodeError>,
     /// Some reading took the receive time (the payload had no timestamp for it).
     pub receive_time: bool,
-    /// A delta message's gateway and position in its stream ([`crate::applied`]).
-    pub delta_from: Option<(String, crate::applied::Position)>,
+    /// A delta message's gateway and position in its stream (`fleet::applied`).
+    pub delta_from: Option<(String, Position)>,
 }
 
 impl Decoded {
@@ -322,32 +244,6 @@ pub struct Delta {
     pub summary: crate::summary::Summary,
 }
 
-/// What a gateway's forwarder publishes (`bucketd/<gateway_id>/deltas`): the bucket deltas of
-/// one outbox entry (or one part of a large one), BSON.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct DeltaMessage {
-    pub gateway_id: String,
-    /// When the gateway's database was created (RFC 3339): a new database numbers from 0.
-    #[serde(default)]
-    pub origin: String,
-    pub seq: i64,
-    /// Part of the entry, from 0 (large entries are split to fit a message).
-    pub part: i32,
-    pub buckets: Vec<crate::store::BucketDoc>,
-}
-
-/// A delta message's gateway and position, read without decoding its buckets; `None` if the
-/// payload is not a delta message (decoding it then says why).
-pub fn delta_position(payload: &[u8]) -> Option<(String, crate::applied::Position)> {
-    let doc = bson::RawDocument::from_bytes(payload).ok()?;
-    let at = crate::applied::Position {
-        origin: doc.get_str("origin").unwrap_or_default().to_owned(),
-        seq: doc.get_i64("seq").ok()?,
-        part: doc.get_i32("part").ok()?,
-    };
-    Some((doc.get_str("gateway_id").ok()?.to_owned(), at))
-}
-
 fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
     let msg: DeltaMessage =
         bson::deserialize_from_slice(payload).map_err(|_| DecodeError::InvalidDelta)?;
@@ -373,7 +269,7 @@ fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
     }
     out.delta_from = Some((
         msg.gateway_id,
-        crate::applied::Position {
+        Position {
             origin: msg.origin,
             seq: msg.seq,
             part: msg.part,
@@ -453,13 +349,14 @@ fn decode_object(
             out.receive_time = true;
             ctx.received
         }
-        Some(value) => match parse_timestamp(value, sub.timestamp_unit) {
-            Some(ts) => ts,
-            None => {
+        Some(value) => {
+            if let Some(ts) = parse_timestamp(value, sub.timestamp_unit) {
+                ts
+            } else {
                 out.rejected.push(DecodeError::InvalidTimestamp);
                 return;
             }
-        },
+        }
     };
     for (key, value) in object {
         let is_special =
@@ -543,10 +440,9 @@ pub fn topic_matches(filter: &str, topic: &str) -> bool {
     let mut t = topic.split('/');
     loop {
         match (f.next(), t.next()) {
-            (Some("#"), _) => return true,
+            (Some("#"), _) | (None, None) => return true,
             (Some("+"), Some(_)) => {}
             (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
             _ => return false,
         }
     }

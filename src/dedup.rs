@@ -1,4 +1,4 @@
-//! Recognising redelivered messages. QoS 1 is at-least-once: a message committed but whose
+//! Recognising redelivered messages. `QoS` 1 is at-least-once: a message committed but whose
 //! PUBACK never reached the broker (a crash or a dropped connection between commit and ack) is
 //! sent again, and counting it again would break every bucket it touched.
 //!
@@ -58,7 +58,7 @@ impl Window {
     /// A window holding the last `capacity` of `recent` (given oldest first).
     pub fn new(capacity: usize, recent: impl IntoIterator<Item = Fingerprint>) -> Window {
         let mut w = Window {
-            set: HashSet::with_capacity_and_hasher(capacity, Default::default()),
+            set: HashSet::with_capacity_and_hasher(capacity, BuildHasherDefault::default()),
             order: VecDeque::with_capacity(capacity),
             capacity,
         };

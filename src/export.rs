@@ -5,8 +5,8 @@ use std::io::Write;
 
 use serde_json::json;
 
+use crate::doc::BucketDoc;
 use crate::reading::Timestamp;
-use crate::store::BucketDoc;
 use crate::summary::Summary;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

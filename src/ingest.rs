@@ -10,32 +10,24 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::ack::AckToken;
+use crate::admit::{Admitter, Message, Verdict};
 use crate::batcher::{Batcher, FlushReason};
-use crate::config::{Limits, Subscription};
-use crate::decode::{self, DecodeContext, DecodeError, Decoded};
-use crate::dedup::{self, Window};
+use crate::delta::Position;
 use crate::http::FlushRequest;
+use crate::limits::SHUTDOWN_DRAIN_MAX;
 use crate::mqtt::{Backoff, Mqtt, MqttEvent, PollError};
 use crate::reading::Timestamp;
-use crate::series::SeriesSet;
 use crate::stats::Stats;
 use crate::store::CommitError;
 use crate::writer::{Committed, Writer};
-
-/// Longest wait between attempts to claim a delta message: below any watchdog interval.
-const CLAIM_RETRY_MAX: Duration = Duration::from_secs(5);
-
-/// How long shutdown waits for the last commit's acknowledgements to reach the broker.
-pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
 
 /// Why ingestion stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -44,14 +36,26 @@ pub enum IngestError {
     Commit(#[from] CommitError),
     #[error("the writer thread stopped unexpectedly")]
     WriterGone,
+    #[error("the claims task stopped unexpectedly")]
+    ClaimsGone,
+}
+
+/// A delta message to claim before applying it, when central instances share a subscription
+/// (`fleet::claims` answers). The answer is `true` when another instance claimed it.
+#[derive(Debug)]
+pub struct ClaimRequest {
+    pub gateway: String,
+    pub at: Position,
+    pub reply: oneshot::Sender<bool>,
 }
 
 pub struct Ingest {
     pub mqtt: Mqtt,
-    pub subscriptions: Vec<Subscription>,
-    pub limits: Limits,
+    /// Configured subscriptions, for the log and readiness.
+    pub subscriptions: usize,
+    /// Decides what each message becomes ([`crate::admit`]).
+    pub admit: Admitter,
     pub batcher: Batcher,
-    pub series: SeriesSet,
     pub stats: Arc<Stats>,
     pub writer: Writer,
     pub backoff: Backoff,
@@ -59,12 +63,9 @@ pub struct Ingest {
     pub window: u16,
     /// `POST /api/v1/flush`: commit everything pending now.
     pub flush_requests: mpsc::Receiver<FlushRequest>,
-    /// Fingerprints of the most recent messages, for recognising redeliveries.
-    pub dedup: Window,
-    /// The last delta message applied per gateway ([`crate::applied`]).
-    pub applied: crate::applied::Applied,
-    /// With several central instances: who applies each delta message ([`crate::claims`]).
-    pub claims: Option<crate::claims::Claims>,
+    /// With several central instances on one shared subscription: who applies each delta
+    /// message (`fleet::claims` serves the requests). One request at a time (capacity 1).
+    pub claims: Option<mpsc::Sender<ClaimRequest>>,
 }
 
 /// A flush request waiting for the commits that cover what was pending when it came.
@@ -77,6 +78,7 @@ struct FlushWaiter {
 }
 
 /// The loop's state besides its parts.
+#[allow(clippy::struct_excessive_bools)] // connection facts, each read on its own
 struct State {
     /// Counts CONNACKs; a token from an older connection is never sent.
     connection: u64,
@@ -105,9 +107,10 @@ struct State {
     reconnect_at: Option<Instant>,
     /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
     ready_sent: bool,
-    decoded: Decoded,
-    /// The message being handled is a delta message another central instance claimed
-    /// ([`crate::claims`]).
+    /// A delta message waiting for its claim, and the answer to come; no other message is
+    /// read from the broker meanwhile (messages are handled in arrival order).
+    claim_wait: Option<(Result<MqttEvent, PollError>, oneshot::Receiver<bool>)>,
+    /// The message being handled is a delta message another central instance claimed.
     claimed_elsewhere: bool,
 }
 
@@ -128,7 +131,7 @@ impl Ingest {
             told_window: false,
             reconnect_at: None,
             ready_sent: false,
-            decoded: Decoded::default(),
+            claim_wait: None,
             claimed_elsewhere: false,
         };
         // Pinged from this loop, not from a task of its own: if the loop stops turning, systemd
@@ -144,7 +147,8 @@ impl Ingest {
             self.hand_over_due_batch(&mut st, Instant::now())?;
             let deadline = self.batcher.deadline().map(Instant::from_std);
             let reconnect_at = st.reconnect_at;
-            let can_poll = reconnect_at.is_none() && !self.batcher.is_full();
+            let can_poll =
+                reconnect_at.is_none() && !self.batcher.is_full() && st.claim_wait.is_none();
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
@@ -157,20 +161,18 @@ impl Ingest {
                 () = sleep_until_opt(deadline), if deadline.is_some() && st.in_flight.is_none() => {}
                 Some(reply) = self.flush_requests.recv() => self.on_flush_request(&mut st, reply),
                 // systemd arms the watchdog once the service is ready.
-                _ = tick_opt(&mut watchdog), if watchdog.is_some() && st.ready_sent => {
+                () = tick_opt(&mut watchdog), if watchdog.is_some() && st.ready_sent => {
                     crate::notify::watchdog();
                 }
-                event = self.mqtt.poll(), if can_poll => {
-                    match self.claimed_elsewhere(&event, &cancel).await {
-                        Some(elsewhere) => {
-                            st.claimed_elsewhere = elsewhere;
-                            self.on_event(&mut st, event, true);
-                        }
-                        // Shutdown while the claims database was unreachable: the message
-                        // stays unacknowledged, and the broker keeps it.
-                        None => break,
-                    }
+                claimed = claim_answer(&mut st.claim_wait), if st.claim_wait.is_some() => {
+                    let (event, _) = st.claim_wait.take().expect("guarded by the branch");
+                    st.claimed_elsewhere = claimed.map_err(|_| IngestError::ClaimsGone)?;
+                    self.on_event(&mut st, event, true);
                 }
+                event = self.mqtt.poll(), if can_poll => match self.claim_for(&event) {
+                    Some(answer) => st.claim_wait = Some((event, answer)),
+                    None => self.on_event(&mut st, event, true),
+                },
             }
         }
         self.shut_down(&mut st).await
@@ -233,7 +235,7 @@ impl Ingest {
             .in_flight
             .take()
             .expect("a result answers the batch in flight");
-        self.answer_flush_waiters(st, committed.readings as u64);
+        Self::answer_flush_waiters(st, committed.readings as u64);
         debug!(
             readings = committed.readings,
             buckets = committed.stats.buckets_written,
@@ -271,7 +273,7 @@ impl Ingest {
         });
     }
 
-    fn answer_flush_waiters(&mut self, st: &mut State, readings: u64) {
+    fn answer_flush_waiters(st: &mut State, readings: u64) {
         let seq = st.sent_seq;
         for w in &mut st.flush_waiters {
             if (w.first..=w.last).contains(&seq) {
@@ -295,71 +297,19 @@ impl Ingest {
         }
     }
 
-    /// With claims ([`crate::claims`]): whether `event` is a delta message another central
-    /// instance claimed. Waits, retrying, while the claims database is unreachable; `None` if
-    /// shutdown comes first.
-    async fn claimed_elsewhere(
-        &mut self,
-        event: &Result<MqttEvent, PollError>,
-        cancel: &CancellationToken,
-    ) -> Option<bool> {
-        let Some(claims) = self.claims.as_mut() else {
-            return Some(false);
-        };
+    /// With claims: asks who applies `event` when it is a delta message that needs a claim
+    /// (see [`Admitter::claim_needed`]); the answer comes through the returned channel.
+    fn claim_for(&self, event: &Result<MqttEvent, PollError>) -> Option<oneshot::Receiver<bool>> {
+        let claims = self.claims.as_ref()?;
         let Ok(MqttEvent::Publish { topic, payload, .. }) = event else {
-            return Some(false);
+            return None;
         };
-        let delta = std::str::from_utf8(topic)
-            .ok()
-            .and_then(|t| {
-                self.subscriptions
-                    .iter()
-                    .find(|s| decode::topic_matches(&s.filter, t))
-            })
-            .is_some_and(|s| s.format == decode::Format::Delta);
-        // Not a delta message (decoding says why), or a copy of one applied here.
-        let Some((gateway, at)) = delta.then(|| decode::delta_position(payload)).flatten() else {
-            return Some(false);
-        };
-        if self.applied.contains(&gateway, &at) {
-            return Some(false);
-        }
-        let mut failures = 0u32;
-        loop {
-            match claims.claim(&gateway, &at).await {
-                Ok(mine) => {
-                    if failures > 0 {
-                        info!("Claiming delta messages again.");
-                    }
-                    if !mine {
-                        self.stats.claimed_elsewhere.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Some(!mine);
-                }
-                Err(e) => {
-                    failures += 1;
-                    self.stats.claim_errors.fetch_add(1, Ordering::Relaxed);
-                    if failures.is_power_of_two() {
-                        warn!(
-                            error = format!("{e:#}"),
-                            attempt = failures,
-                            "Cannot claim a delta message in PostgreSQL; delta messages wait \
-                             (the broker keeps them) until it answers. Check \
-                             central.claims_postgres and that the database is reachable."
-                        );
-                    }
-                    let delay = Duration::from_millis(100)
-                        .saturating_mul(2u32.saturating_pow(failures.min(9)))
-                        .min(CLAIM_RETRY_MAX);
-                    // The loop is alive, only waiting: systemd must not restart it for that.
-                    crate::notify::watchdog();
-                    tokio::select! {
-                        () = cancel.cancelled() => return None,
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                }
-            }
-        }
+        let (gateway, at) = self.admit.claim_needed(topic, payload)?;
+        let (reply, answer) = oneshot::channel();
+        // Never full: one request at a time, and the loop reads nothing else until answered.
+        // A stopped claims task drops the request, and the answer reports it.
+        let _ = claims.try_send(ClaimRequest { gateway, at, reply });
+        Some(answer)
     }
 
     fn on_event(&mut self, st: &mut State, event: Result<MqttEvent, PollError>, accept: bool) {
@@ -394,7 +344,7 @@ impl Ingest {
                 if session_present {
                     info!("Connected to the MQTT broker; it kept our session and subscriptions.");
                     self.stats.subscribed.store(true, Ordering::Relaxed);
-                    self.on_ready(st);
+                    Self::on_ready(st);
                 } else {
                     info!("Connected to the MQTT broker with a new session; subscribing.");
                     if let Err(e) = self.mqtt.subscribe_all() {
@@ -405,20 +355,20 @@ impl Ingest {
             Ok(MqttEvent::Subscribed { refused }) => {
                 if refused.is_empty() {
                     info!(
-                        filters = self.subscriptions.len(),
+                        filters = self.subscriptions,
                         "Subscribed to every configured filter."
                     );
                     self.stats.subscribed.store(true, Ordering::Relaxed);
-                    self.on_ready(st);
+                    Self::on_ready(st);
                 } else {
                     error!(
                         refused = ?refused,
                         "The broker refused subscriptions; check the filters and the broker's ACL."
                     );
-                    let any_ok = refused.len() < self.subscriptions.len();
+                    let any_ok = refused.len() < self.subscriptions;
                     self.stats.subscribed.store(any_ok, Ordering::Relaxed);
                     if any_ok {
-                        self.on_ready(st); // degraded, but ingesting what it may
+                        Self::on_ready(st); // degraded, but ingesting what it may
                     }
                 }
             }
@@ -429,7 +379,7 @@ impl Ingest {
 
     /// The store is open (the daemon opened it before ingesting) and the broker has our
     /// subscriptions: tell systemd, once.
-    fn on_ready(&self, st: &mut State) {
+    fn on_ready(st: &mut State) {
         if !st.ready_sent {
             st.ready_sent = true;
             crate::notify::ready();
@@ -487,103 +437,44 @@ impl Ingest {
         qos: u8,
         dup: bool,
     ) {
-        let elsewhere = std::mem::take(&mut st.claimed_elsewhere);
+        let claimed_elsewhere = std::mem::take(&mut st.claimed_elsewhere);
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
         self.batcher.arrived(now);
-        let received = Timestamp::now();
-        let ctx = DecodeContext {
-            received,
-            oldest: received.saturating_sub(self.limits.max_age),
-            newest: received.saturating_add(self.limits.max_future),
-            max_payload_bytes: self.limits.max_payload_bytes,
-        };
-        let subscription = std::str::from_utf8(topic)
-            .map_err(|_| DecodeError::InvalidUtf8)
-            .and_then(|t| {
-                self.subscriptions
-                    .iter()
-                    .find(|s| decode::topic_matches(&s.filter, t))
-                    .ok_or(DecodeError::TopicMismatch)
-            });
-        let store_raw = subscription.is_ok_and(|s| s.store_raw);
-        let result =
-            subscription.and_then(|sub| decode::decode(sub, topic, payload, &ctx, &mut st.decoded));
-        match result {
-            Err(e) => {
+        let admitted = self.admit.admit(&Message {
+            topic,
+            payload,
+            pkid,
+            qos,
+            dup,
+            received: Timestamp::now(),
+            claimed_elsewhere,
+        });
+        match admitted.verdict {
+            Verdict::Rejected(e) => {
                 debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");
                 self.stats.reject(e, topic, payload);
             }
-            Ok(()) => {
-                // See `crate::dedup` for what identifies a message and when a copy is dropped.
-                let receive_time = st.decoded.receive_time;
-                let fp = match (receive_time, qos) {
-                    (false, _) => Some(dedup::fingerprint(topic, payload, None)),
-                    (true, 0) => None, // never redelivered, and identical copies are distinct
-                    (true, _) => Some(dedup::fingerprint(topic, payload, Some(pkid))),
-                };
-                // Delta messages are told apart by their position instead (`crate::applied`).
-                let fp = fp.filter(|_| st.decoded.delta_from.is_none());
-                let redelivered = elsewhere
-                    || match &st.decoded.delta_from {
-                        Some((gateway, at)) => self.applied.contains(gateway, at),
-                        None => {
-                            fp.is_some_and(|fp| (dup || !receive_time) && self.dedup.contains(fp))
-                        }
-                    };
-                if redelivered {
-                    self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                    debug!(topic = %String::from_utf8_lossy(topic), dup, "Skipped a message already counted.");
-                    st.decoded.clear();
-                } else {
-                    let mut counted = false;
-                    for reading in st.decoded.readings.drain(..) {
-                        match self.series.intern(&reading.series) {
-                            Ok(series) => {
-                                counted = true;
-                                self.batcher.push_reading(
-                                    series,
-                                    reading.ts,
-                                    reading.value,
-                                    store_raw,
-                                    now,
-                                );
-                            }
-                            Err(e) => self.stats.reject(e, topic, payload),
-                        }
-                    }
-                    for delta in st.decoded.deltas.drain(..) {
-                        // A gateway's narrower bucket folds into the central's (15 min into
-                        // an hour: summaries merge); a wider one cannot be split.
-                        let width = self.batcher.bucket_width_secs();
-                        if width % delta.width_secs != 0
-                            || delta.start.rem_euclid(delta.width_secs) != 0
-                        {
-                            self.stats
-                                .reject(DecodeError::BucketWidthMismatch, topic, payload);
-                            continue;
-                        }
-                        let start = delta.start.div_euclid(width) * width;
-                        match self.series.intern(&delta.series) {
-                            Ok(series) => {
-                                counted = true;
-                                self.batcher
-                                    .push_summary(series, start, &delta.summary, now);
-                            }
-                            Err(e) => self.stats.reject(e, topic, payload),
-                        }
-                    }
-                    for e in st.decoded.rejected.drain(..) {
-                        self.stats.reject(e, topic, payload);
-                    }
-                    if let Some(fp) = fp.filter(|_| counted) {
-                        self.dedup.insert(fp);
-                        self.batcher.push_fingerprint(fp);
-                    }
-                    if let Some((gateway, at)) = st.decoded.delta_from.take().filter(|_| counted) {
-                        self.batcher.push_applied(&gateway, at.clone());
-                        self.applied.insert(&gateway, at);
-                    }
+            Verdict::Copy => {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                debug!(topic = %String::from_utf8_lossy(topic), dup, "Skipped a message already counted.");
+            }
+            Verdict::New => {
+                let raw = admitted.store_raw;
+                for (series, ts, value) in admitted.readings.drain(..) {
+                    self.batcher.push_reading(series, ts, value, raw, now);
+                }
+                for (series, start, summary) in admitted.summaries.drain(..) {
+                    self.batcher.push_summary(series, start, &summary, now);
+                }
+                for e in admitted.rejected.drain(..) {
+                    self.stats.reject(e, topic, payload);
+                }
+                if let Some(fp) = admitted.fingerprint {
+                    self.batcher.push_fingerprint(fp);
+                }
+                if let Some((gateway, at)) = admitted.applied.take() {
+                    self.batcher.push_applied(&gateway, at);
                 }
             }
         }
@@ -655,16 +546,15 @@ impl Ingest {
             }
         }
         while st.connected && (st.acks_unwritten > 0 || !st.ack_backlog.is_empty()) {
-            match tokio::time::timeout_at(deadline, self.mqtt.poll()).await {
-                Ok(event) => self.on_event(st, event, false),
-                Err(_) => {
-                    warn!(
-                        unwritten = st.acks_unwritten,
-                        "Gave up waiting for acknowledgements to reach the broker; it will \
-                         redeliver those messages."
-                    );
-                    break;
-                }
+            if let Ok(event) = tokio::time::timeout_at(deadline, self.mqtt.poll()).await {
+                self.on_event(st, event, false);
+            } else {
+                warn!(
+                    unwritten = st.acks_unwritten,
+                    "Gave up waiting for acknowledgements to reach the broker; it will \
+                     redeliver those messages."
+                );
+                break;
             }
         }
         if st.connected && self.mqtt.try_disconnect().is_ok() {
@@ -685,6 +575,15 @@ impl Ingest {
         self.stats.connected.store(false, Ordering::Relaxed);
         info!("Shut down cleanly.");
         Ok(())
+    }
+}
+
+async fn claim_answer(
+    wait: &mut Option<(Result<MqttEvent, PollError>, oneshot::Receiver<bool>)>,
+) -> Result<bool, oneshot::error::RecvError> {
+    match wait {
+        Some((_, answer)) => answer.await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,46 +1,64 @@
 //! bucketd: an MQTT time-series ingestion daemon for edge gateways. Devices publish readings to a
 //! broker; bucketd folds them into hourly bucket summaries and keeps them in a redb file,
-//! acknowledging each message only once its readings are durable.
+//! acknowledging each message only once its readings are durable; optionally it forwards the
+//! buckets' deltas to a fleet tier. ARCHITECTURE.md has the picture; the layers below are
+//! checked by `tests/it/layers.rs` (each module imports only from the ones above it in this list).
 //!
 //! # Layout
-//! - [`config`]: layered configuration, `RawConfig` -> validated `Config`.
-//! - [`reading`]: `Timestamp`, `Reading`, series names. Pure.
-//! - [`decode`]: (topic, payload) -> readings or rejections with a reason. Pure.
-//! - [`summary`]: `Summary` and its merge (a commutative monoid). Pure.
-//! - [`batcher`]: the open batch and the flush policy. Pure.
-//! - [`series`]: the bounded set of known series names. Pure.
-//! - [`store`]: the redb file; the only importer of redb.
-//! - [`writer`]: the writer thread; the only place that commits.
-//! - [`mqtt`], [`ack`]: the rumqttc client (v5 / v3.1.1) and acknowledgement tokens.
-//! - [`ingest`]: the MQTT loop: decode, batch, hand over, acknowledge after commit.
-//! - [`rollup`]: hourly buckets merged into day/week windows for queries. Pure.
+//! Pure values and logic:
+//! - [`reject`]: why a message or reading was refused (`DecodeError`, the metric reasons).
+//! - [`ack`]: what a PUBACK needs. [`dedup`]: message fingerprints and the recent window.
+//! - [`sketch`]: the quantile sketch. [`page`]: the raw page codec.
+//! - [`limits`]: bounds that depend on each other, asserted together.
+//! - [`reading`]: `Timestamp`, `Reading`, series names. [`summary`]: `Summary` and its merge.
+//! - [`series`]: the bounded set of known series names.
+//! - [`doc`]: the stored documents. [`delta`]: the delta wire format (`DeltaMessage`, `Position`).
+//! - [`decode`]: (topic, payload) -> readings or rejections with a reason.
+//! - [`batcher`]: the open batch and the flush policy. [`config`]: `RawConfig` -> `Config`.
+//! - [`admit`]: what one message becomes (decode, redelivery, width folding, interning).
+//! - [`rollup`]: buckets merged into day/week windows. [`export`]: JSON/CSV formatting.
+//!
+//! Shells and tasks:
 //! - [`stats`]: counters and gauges; [`metrics`]: their Prometheus rendering.
-//! - [`http`]: the HTTP server (metrics, health, query API); [`export`]: JSON/CSV formatting.
-//! - [`secret`], [`tls`]: secrets read from files (`$CREDENTIALS_DIRECTORY`) and the rustls
-//!   client configuration.
+//! - [`secret`], `tls` (feature `tls`): secrets from files, the rustls client configuration.
+//! - [`mqtt`]: the rumqttc client (v5 / v3.1.1). [`notify`]: systemd notifications.
+//! - [`store`]: the redb file; the only importer of redb. [`query`]: `bucketd query`.
+//! - [`writer`]: the writer thread; the only place that commits.
+//! - [`http`]: metrics, health and the query API.
+//! - [`ingest`]: the MQTT loop: admit, batch, hand over, acknowledge after commit.
+//! - [`fleet`]: forwarder, PostgreSQL, applied positions, claims (attached by `daemon` only).
 //! - [`daemon`]: wiring and shutdown order.
 //!
 //! # Data flow
-//! broker -> `ingest` (decode, `Batcher::push`) -> `writer` (`Store::commit`: one durable
-//! upsert-and-increment transaction) -> `ingest` (PUBACKs in arrival order).
+//! Edge: broker -> `ingest` (`Admitter::admit`, `Batcher::push_*`) -> `writer` (`Store::commit`:
+//! one durable transaction with buckets, pages, fingerprints, positions and the outbox entry) ->
+//! `ingest` (PUBACKs in arrival order).
+//! Fleet: store outbox -> `fleet::forwarder` -> PostgreSQL (`fleet::postgres`, once by
+//! `last_seq`) or an upstream broker -> a central's `ingest` (`format = "delta"`: admitted once
+//! by position, `fleet::applied`; claimed first when instances share a subscription,
+//! `fleet::claims`) -> its own commit and PUBACKs.
 
 pub mod ack;
-pub mod applied;
+pub mod admit;
 pub mod batcher;
-pub mod claims;
 pub mod config;
 pub mod daemon;
 pub mod decode;
 pub mod dedup;
+pub mod delta;
+pub mod doc;
 pub mod export;
+pub mod fleet;
 pub mod http;
 pub mod ingest;
+pub mod limits;
 pub mod metrics;
 pub mod mqtt;
 pub mod notify;
 pub mod page;
 pub mod query;
 pub mod reading;
+pub mod reject;
 pub mod rollup;
 pub mod secret;
 pub mod series;
@@ -48,6 +66,6 @@ pub mod sketch;
 pub mod stats;
 pub mod store;
 pub mod summary;
+#[cfg(feature = "tls")]
 pub mod tls;
-pub mod upstream;
 pub mod writer;

@@ -1,5 +1,5 @@
 //! The `bucketd` command: parses the command line, loads the config, sets up logging, runs the
-//! requested command and maps its outcome to an exit code (78 = EX_CONFIG for configuration
+//! requested command and maps its outcome to an exit code (78 = `EX_CONFIG` for configuration
 //! errors of `run`, so systemd does not restart-loop on them; 1 for everything else).
 
 use std::io::{IsTerminal, Write};
@@ -14,7 +14,7 @@ use bucketd::reading::Timestamp;
 use bucketd::store::StoreReader;
 use clap::{Parser, Subcommand};
 
-/// EX_CONFIG from sysexits.h: a configuration error; restarting will not help.
+/// `EX_CONFIG` from sysexits.h: a configuration error; restarting will not help.
 const EXIT_CONFIG: u8 = 78;
 
 #[derive(Parser)]
@@ -92,7 +92,7 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value = "table", global = true)]
         format: QueryFormat,
-        /// File holding the bearer token of the daemon's API (its http.token_file).
+        /// File holding the bearer token of the daemon's API (its `http.token_file`).
         #[arg(long, env = "BUCKETD_TOKEN_FILE", value_name = "FILE", global = true)]
         token_file: Option<PathBuf>,
         #[command(subcommand)]
@@ -145,8 +145,8 @@ fn parse_time(s: &str) -> Result<Timestamp, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run { config: None }) {
-        Command::Run { config } => run(config.or(cli.config)),
-        Command::CheckConfig { config } => check_config(config.or(cli.config)),
+        Command::Run { config } => run(config.or(cli.config).as_deref()),
+        Command::CheckConfig { config } => check_config(config.or(cli.config).as_deref()),
         Command::Export {
             db,
             series,
@@ -160,7 +160,7 @@ fn main() -> ExitCode {
             format,
             token_file,
             what,
-        } => query(&url, token_file.as_deref(), format, what),
+        } => query(&url, token_file.as_deref(), format, &what),
         Command::Compact { db } => match bucketd::store::compact(&db) {
             Ok((before, after)) => {
                 println!("{}: {before} bytes -> {after} bytes", db.display());
@@ -178,7 +178,7 @@ fn query(
     url: &str,
     token_file: Option<&std::path::Path>,
     format: QueryFormat,
-    what: QueryCommand,
+    what: &QueryCommand,
 ) -> ExitCode {
     use bucketd::query::{Client, buckets_table, raw_table, render, series_table};
     let token = match token_file.map(|f| bucketd::secret::read("--token-file", f, None)) {
@@ -242,8 +242,8 @@ fn query(
     }
 }
 
-fn load_config(file: Option<PathBuf>) -> Result<(RawConfig, Config), ExitCode> {
-    let result = RawConfig::load(file.as_deref(), std::env::vars())
+fn load_config(file: Option<&std::path::Path>) -> Result<(RawConfig, Config), ExitCode> {
+    let result = RawConfig::load(file, std::env::vars())
         .and_then(|raw| Ok((raw.clone(), Config::try_from(raw)?)));
     result.map_err(|e| {
         eprintln!("bucketd: configuration error: {e}");
@@ -252,8 +252,8 @@ fn load_config(file: Option<PathBuf>) -> Result<(RawConfig, Config), ExitCode> {
 }
 
 /// Prints the effective configuration. Exits 1 on an error, as a validation tool does; only
-/// `run` uses 78 (EX_CONFIG), for systemd.
-fn check_config(file: Option<PathBuf>) -> ExitCode {
+/// `run` uses 78 (`EX_CONFIG`), for systemd.
+fn check_config(file: Option<&std::path::Path>) -> ExitCode {
     match load_config(file) {
         Ok((raw, _)) => {
             print!("{}", config::render(&raw));
@@ -292,7 +292,7 @@ fn error_chain(e: &anyhow::Error) -> String {
     text
 }
 
-fn run(file: Option<PathBuf>) -> ExitCode {
+fn run(file: Option<&std::path::Path>) -> ExitCode {
     let config = match load_config(file) {
         Ok((_, config)) => config,
         Err(code) => return code,

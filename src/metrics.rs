@@ -16,7 +16,7 @@ use metrics::{
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
 use crate::batcher::FlushReason;
-use crate::decode::DecodeError;
+use crate::reject::DecodeError;
 use crate::stats::Stats;
 
 pub const MESSAGES_RECEIVED: &str = "bucketd_messages_received_total";
@@ -317,8 +317,17 @@ fn copy_stats(stats: &Stats) {
         let oldest = stats
             .upstream_oldest_pending_ns
             .load(std::sync::atomic::Ordering::Relaxed);
-        gauge!(UPSTREAM_LAG_SECONDS).set(crate::upstream::age_secs(oldest));
+        gauge!(UPSTREAM_LAG_SECONDS).set(age_secs(oldest));
     }
+}
+
+/// Seconds since `ns` (nanoseconds since the epoch); 0 for 0.
+fn age_secs(ns: i64) -> f64 {
+    if ns == 0 {
+        return 0.0;
+    }
+    let now = crate::reading::Timestamp::now().as_nanos();
+    (now.saturating_sub(ns)).max(0) as f64 / 1e9
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! about normalised into [`MqttEvent`]. Sets up the persistent session, manual acknowledgements,
 //! the in-flight window and packet size limits. Knows nothing about decoding or storage.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,12 +45,6 @@ pub struct PollError {
     pub tls: bool,
 }
 
-/// Request channel sized so that acknowledgements never find it full: two batches can be
-/// waiting to go out (the whole window each) plus subscribes and the disconnect.
-fn request_capacity(window: u16) -> usize {
-    2 * usize::from(window) + 64
-}
-
 // Boxed event loops: the two differ in size by kilobytes and only one exists per daemon.
 enum Client {
     V4 {
@@ -64,7 +57,7 @@ enum Client {
     },
 }
 
-/// Outgoing QoS 1/2 publishes the client keeps state for. bucketd publishes nothing; rumqttc
+/// Outgoing `QoS` 1/2 publishes the client keeps state for. bucketd publishes nothing; rumqttc
 /// preallocates a slot per possible packet id (for MQTT 5 by default all 65,535 of them: 14 MB
 /// of the 21 MB idle RSS before this was set).
 const OUTGOING_INFLIGHT: u16 = 8;
@@ -79,17 +72,12 @@ impl Mqtt {
     pub fn new(
         cfg: &MqttConfig,
         password: Option<&Secret>,
-        tls: Option<Arc<rustls::ClientConfig>>,
+        tls: Option<&TlsClientConfig>,
         subscriptions: &[Subscription],
     ) -> Mqtt {
-        let cap = request_capacity(cfg.receive_maximum);
+        let cap = crate::limits::ack_request_capacity(cfg.receive_maximum);
         let password = password.map(|p| p.expose().to_owned()).unwrap_or_default();
-        let transport = || match &tls {
-            Some(config) => rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
-                config.clone(),
-            )),
-            None => rumqttc::Transport::tcp(),
-        };
+        let transport = || transport(tls);
         let client = match cfg.protocol {
             Protocol::V311 => {
                 let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
@@ -178,7 +166,7 @@ impl Mqtt {
                     Ok(_) => Ok(MqttEvent::Other),
                     Err(e) => Err(PollError {
                         refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
-                        tls: matches!(e, rumqttc::ConnectionError::Tls(_)) || tls_failure(&e),
+                        tls: tls_error_v4(&e),
                         message: e.to_string(),
                     }),
                 }
@@ -214,7 +202,7 @@ impl Mqtt {
                     Ok(_) => Ok(MqttEvent::Other),
                     Err(e) => Err(PollError {
                         refused: matches!(e, rumqttc::v5::ConnectionError::ConnectionRefused(_)),
-                        tls: matches!(e, rumqttc::v5::ConnectionError::Tls(_)) || tls_failure(&e),
+                        tls: tls_error_v5(&e),
                         message: e.to_string(),
                     }),
                 }
@@ -284,8 +272,56 @@ impl Mqtt {
     }
 }
 
+/// The client's TLS settings (rustls); a build without the `tls` feature has none.
+#[cfg(feature = "tls")]
+pub type TlsClientConfig = std::sync::Arc<rustls::ClientConfig>;
+/// The client's TLS settings; this build has no TLS (Cargo feature `tls`), so there are none.
+#[cfg(not(feature = "tls"))]
+pub type TlsClientConfig = std::convert::Infallible;
+
+#[cfg(feature = "tls")]
+fn transport(tls: Option<&TlsClientConfig>) -> rumqttc::Transport {
+    match tls {
+        Some(config) => {
+            rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(config.clone()))
+        }
+        None => rumqttc::Transport::tcp(),
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn transport(tls: Option<&TlsClientConfig>) -> rumqttc::Transport {
+    match tls {
+        Some(never) => match *never {},
+        None => rumqttc::Transport::tcp(),
+    }
+}
+
+fn tls_error_v4(e: &rumqttc::ConnectionError) -> bool {
+    #[cfg(feature = "tls")]
+    if matches!(e, rumqttc::ConnectionError::Tls(_)) {
+        return true;
+    }
+    tls_failure(e)
+}
+
+fn tls_error_v5(e: &rumqttc::v5::ConnectionError) -> bool {
+    #[cfg(feature = "tls")]
+    if matches!(e, rumqttc::v5::ConnectionError::Tls(_)) {
+        return true;
+    }
+    tls_failure(e)
+}
+
+/// Without TLS nothing fails for TLS reasons.
+#[cfg(not(feature = "tls"))]
+fn tls_failure(_: &(dyn std::error::Error + 'static)) -> bool {
+    false
+}
+
 /// Whether `e` was caused by rustls (a handshake failure arrives as an I/O error wrapping it,
 /// an alert from the broker sometimes only as text).
+#[cfg(feature = "tls")]
 fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(e);
     while let Some(err) = source {
@@ -293,9 +329,11 @@ fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
             return true;
         }
         if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && io
-                .get_ref()
-                .is_some_and(|inner| inner.is::<rustls::Error>())
+            && io.get_ref().is_some_and(
+                <dyn std::error::Error + std::marker::Send + std::marker::Sync + 'static>::is::<
+                    rustls::Error,
+                >,
+            )
         {
             return true;
         }
@@ -354,7 +392,7 @@ mod tests {
 
     #[test]
     fn request_channel_holds_two_full_windows_of_acks() {
-        assert!(request_capacity(u16::MAX) >= 2 * 65_535);
-        assert!(request_capacity(1) >= 2);
+        assert!(crate::limits::ack_request_capacity(u16::MAX) >= 2 * 65_535);
+        assert!(crate::limits::ack_request_capacity(1) >= 2);
     }
 }

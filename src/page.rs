@@ -9,7 +9,7 @@
 //!   sensors send: `21.3`), are stored as the integers `value * 10^k` and their deltas in
 //!   variable-width fields (a noisy temperature: about one byte per reading). The check
 //!   `n / 10^k == value` is exact on encode, so this is lossless. Otherwise, Gorilla's XOR
-//!   scheme: the first value's 64 bits, then each value XORed with the previous one (a repeated
+//!   scheme: the first value's 64 bits, then each value `XORed` with the previous one (a repeated
 //!   value costs one bit, a similar one its meaningful middle bits). Either way every f64
 //!   round-trips bit for bit (subnormals, -0.0, extremes).
 

@@ -38,7 +38,7 @@ impl Client {
     pub fn new(base: &str, token: Option<crate::secret::Secret>) -> Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(60)))
+            .timeout_global(Some(Duration::from_mins(1)))
             .build()
             .into();
         Client {

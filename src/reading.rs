@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::decode::DecodeError;
+use crate::reject::DecodeError;
 
 /// Longest sensor or metric name, in bytes.
 pub const NAME_BYTES_MAX: usize = 128;
@@ -32,6 +32,7 @@ impl Timestamp {
         Timestamp(i64::try_from(since.as_nanos()).unwrap_or(i64::MAX))
     }
 
+    #[must_use]
     pub fn saturating_add(self, d: std::time::Duration) -> Timestamp {
         Timestamp(
             self.0
@@ -39,6 +40,7 @@ impl Timestamp {
         )
     }
 
+    #[must_use]
     pub fn saturating_sub(self, d: std::time::Duration) -> Timestamp {
         Timestamp(
             self.0

@@ -4,7 +4,7 @@
 //! step after it; a step of whole days starts at midnight of every n-th day counted from the
 //! epoch, and a step of whole weeks starts on Monday.
 
-use crate::store::BucketDoc;
+use crate::doc::BucketDoc;
 use crate::summary::Summary;
 
 const DAY_SECS: i64 = 86_400;

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::decode::DecodeError;
+use crate::reject::DecodeError;
 
 #[derive(Debug)]
 pub struct SeriesSet {

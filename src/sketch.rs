@@ -1,4 +1,4 @@
-//! [`Sketch`]: a mergeable quantile sketch with relative-error guarantees (DDSketch, Masson et
+//! [`Sketch`]: a mergeable quantile sketch with relative-error guarantees (`DDSketch`, Masson et
 //! al., VLDB 2019), the "approximate counter" of every bucket. Pure.
 //!
 //! A value `x != 0` falls in bin `i = ceil(ln|x| / ln γ)` with `γ = (1 + α) / (1 - α)`; the bin
@@ -86,7 +86,7 @@ impl Sketch {
     /// overflows or underflows early.
     fn value(&self, index: i32) -> f64 {
         let gamma = self.ln_gamma.exp();
-        let v = (f64::from(index) * self.ln_gamma - ((gamma + 1.0) / 2.0).ln()).exp();
+        let v = (f64::from(index) * self.ln_gamma - f64::midpoint(gamma, 1.0).ln()).exp();
         v.min(f64::MAX)
     }
 
@@ -188,7 +188,7 @@ impl Sketch {
         unreachable!("the counts add up to count")
     }
 
-    /// Compact binary form: version, alpha, max_bins, zeros, then each store as a varint bin
+    /// Compact binary form: version, alpha, `max_bins`, zeros, then each store as a varint bin
     /// count and (zigzag delta index, count) varint pairs.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + 4 * self.bins());

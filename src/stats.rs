@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use crate::batcher::FlushReason;
-use crate::decode::DecodeError;
+use crate::reject::DecodeError;
 
 /// Longest payload prefix kept in a dead letter.
 pub const DEAD_LETTER_BYTES_MAX: usize = 256;
@@ -51,7 +51,7 @@ pub struct Stats {
     pub http_unauthorized: AtomicU64,
     /// False from a failed commit until a commit succeeds again.
     pub store_failing: AtomicBool,
-    /// Forwarding to the fleet tier ([`crate::upstream`]): entries and readings applied
+    /// Forwarding to the fleet tier (`fleet::forwarder`): entries and readings applied
     /// upstream, failed attempts, entries waiting and the creation time of the oldest (ns).
     pub upstream_entries: AtomicU64,
     pub upstream_readings: AtomicU64,

@@ -17,27 +17,24 @@ pub fn client_config(
     credentials: Option<&Path>,
 ) -> Result<Arc<rustls::ClientConfig>, String> {
     let mut roots = rustls::RootCertStore::empty();
-    match &files.ca_file {
-        Some(ca) => {
-            for cert in certificates("mqtt.tls.ca_file", ca)? {
-                roots.add(cert).map_err(|e| {
-                    format!(
-                        "mqtt.tls.ca_file {}: not a usable CA certificate: {e}",
-                        ca.display()
-                    )
-                })?;
-            }
+    if let Some(ca) = &files.ca_file {
+        for cert in certificates("mqtt.tls.ca_file", ca)? {
+            roots.add(cert).map_err(|e| {
+                format!(
+                    "mqtt.tls.ca_file {}: not a usable CA certificate: {e}",
+                    ca.display()
+                )
+            })?;
         }
-        None => {
-            let found = rustls_native_certs::load_native_certs();
-            let (added, _) = roots.add_parsable_certificates(found.certs);
-            if added == 0 {
-                return Err(format!(
-                    "mqtt.tls.ca_file is empty and no system CA certificates were found ({} \
-                     errors); install ca-certificates or set mqtt.tls.ca_file",
-                    found.errors.len()
-                ));
-            }
+    } else {
+        let found = rustls_native_certs::load_native_certs();
+        let (added, _) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            return Err(format!(
+                "mqtt.tls.ca_file is empty and no system CA certificates were found ({} \
+                 errors); install ca-certificates or set mqtt.tls.ca_file",
+                found.errors.len()
+            ));
         }
     }
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::batcher::Batch;
+use crate::config::Retention;
 use crate::metrics::Metrics;
 use crate::reading::Timestamp;
 use crate::stats::Stats;
@@ -30,17 +31,6 @@ pub struct Committed {
     pub stats: CommitStats,
     pub readings: usize,
     pub took: Duration,
-}
-
-/// Retention settings, from `[store]`.
-#[derive(Debug, Clone, Copy)]
-pub struct Retention {
-    pub raw: Duration,
-    pub buckets: Duration,
-    /// Time between passes while nothing is expired.
-    pub interval: Duration,
-    /// Most pages and buckets deleted by one pass (one write transaction).
-    pub batch: usize,
 }
 
 pub struct Writer {

@@ -216,7 +216,7 @@ fn flat_out(n: usize) -> Vec<Duration> {
 fn a_strict_broker_window_never_stalls_ingestion() {
     for window in [1u16, 2, 20, 100, 65_535] {
         let p = FlushPolicy {
-            flush_interval: Duration::from_secs(3600),
+            flush_interval: Duration::from_hours(1),
             max_pending_readings: 1_000_000,
             window,
         };
@@ -232,13 +232,13 @@ fn a_strict_broker_window_never_stalls_ingestion() {
 }
 
 /// The broker enforces a smaller window than the one configured (rumqttd: 100; EMQX's default
-/// max_inflight: 32; Mosquitto's v3.1.1 default: 20). The half-window rule never triggers; the
+/// `max_inflight`: 32; Mosquitto's v3.1.1 default: 20). The half-window rule never triggers; the
 /// stall rule must keep messages flowing at roughly one window per quiet period plus commit.
 #[test]
 fn a_broker_window_smaller_than_configured_is_detected_as_a_stall() {
     for broker_window in [2u64, 20, 32, 100, 1000] {
         let p = FlushPolicy {
-            flush_interval: Duration::from_secs(3600),
+            flush_interval: Duration::from_hours(1),
             max_pending_readings: 1_000_000,
             window: 4096,
         };

@@ -34,7 +34,7 @@ fn default_toml_alone_is_a_valid_config_with_documented_defaults() {
     assert_eq!(c.mqtt.protocol, Protocol::V5);
     assert_eq!(c.mqtt.receive_maximum, 1024);
     assert_eq!(c.batch.flush_interval, Duration::from_secs(1));
-    assert_eq!(c.store.bucket_width, Duration::from_secs(3600));
+    assert_eq!(c.store.bucket_width, Duration::from_hours(1));
     assert_eq!(c.store.cache_bytes, 16 << 20);
     assert_eq!(c.limits.max_payload_bytes, 64 << 10);
     assert_eq!(c.subscriptions.len(), 2);
@@ -135,7 +135,7 @@ fn bad_values_are_errors_that_name_the_key() {
             "upstream.postgres",
         ),
         (
-            "[upstream]\ntarget = \"postgres\"\ngateway_id = \"gw1\"\npostgres = \"host=db\"\nbatch_entries = 0\n",
+            "[upstream]\ntarget = \"mqtt\"\ngateway_id = \"gw1\"\nmqtt_host = \"h\"\nbatch_entries = 0\n",
             "upstream.batch_entries",
         ),
         ("[upstream]\nbroker = \"x\"\n", "broker"),
@@ -210,6 +210,7 @@ fn relative_store_path_resolves_against_the_state_directory() {
 }
 
 #[test]
+#[cfg(feature = "tls")]
 fn tls_and_tokens_are_read_from_file_environment_and_defaults() {
     let c = Config::load(None, env(&[])).unwrap();
     assert_eq!(c.mqtt.tls, None);
@@ -268,6 +269,7 @@ fn the_shipped_small_gateway_profile_is_a_valid_config() {
 }
 
 #[test]
+#[cfg(feature = "postgres")]
 fn upstream_is_off_by_default_and_postgres_when_complete() {
     assert!(load("").unwrap().upstream.is_none());
     let c = load(
@@ -282,4 +284,40 @@ fn upstream_is_off_by_default_and_postgres_when_complete() {
     );
     assert_eq!(u.password_file.as_deref(), Some(Path::new("pg-pass")));
     assert_eq!(u.outbox_max_entries, 100_000);
+}
+
+#[test]
+fn a_setting_this_build_left_out_names_the_feature() {
+    let cases = [
+        ("tls", "[mqtt.tls]\nenabled = true\n", "mqtt.tls.enabled"),
+        (
+            "postgres",
+            "[upstream]\ntarget = \"postgres\"\ngateway_id = \"gw1\"\npostgres = \"host=db\"\n",
+            "upstream.target",
+        ),
+        (
+            "central",
+            "[[subscriptions]]\nfilter = \"bucketd/+/deltas\"\ntemplate = \"bucketd/+/deltas\"\n\
+             format = \"delta\"\n",
+            "subscriptions[0].format",
+        ),
+    ];
+    for (feature, text, key) in cases {
+        let built = match feature {
+            "tls" => cfg!(feature = "tls"),
+            "postgres" => cfg!(feature = "postgres"),
+            _ => cfg!(feature = "central"),
+        };
+        match load(text) {
+            Ok(_) => assert!(built, "{feature}: accepted without the feature"),
+            Err(e) => {
+                let message = e.to_string();
+                assert!(!built, "{feature}: refused with the feature: {message}");
+                assert!(
+                    message.contains(key) && message.contains(&format!("--features {feature}")),
+                    "{message}"
+                );
+            }
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! The outbox: what every commit changed, kept for the upstream forwarder ([`crate::upstream`]).
+//! The outbox: what every commit changed, kept for the upstream forwarder (`fleet::forwarder`).
 //!
 //! Table `outbox`: commit sequence number -> BSON [`OutboxDoc`], the per-bucket deltas of that
 //! commit (each a [`BucketDoc`] holding only the readings the commit added). Written in the same
@@ -8,7 +8,7 @@
 //! Bounded by `upstream.outbox_max_entries`: at the bound, a commit's deltas are merged into
 //! the newest entry instead of a new one (summaries are mergeable), unless that entry may have
 //! been shipped: its sequence number then names content the upstream may already hold, and
-//! merging into it would lose (PostgreSQL skips a sequence number it applied) or double (a
+//! merging into it would lose (`PostgreSQL` skips a sequence number it applied) or double (a
 //! copy with other bytes) what it held. So a commit at the bound takes [`OutboxShared`]'s gate
 //! until it has committed, and the forwarder reads and marks what it ships under the same gate
 //! ([`OutboxShared::read_for_shipping`]); entries found at open count as shipped (an earlier
@@ -84,7 +84,10 @@ impl OutboxShared {
         &self,
         read: impl FnOnce() -> Result<Vec<OutboxDoc>, E>,
     ) -> Result<Vec<OutboxDoc>, E> {
-        let _gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
+        let _gate = self
+            .gate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let entries = read()?;
         if let Some(last) = entries.last() {
             let seq = u64::try_from(last.seq).expect("sequence numbers are not negative");
@@ -115,8 +118,12 @@ pub(super) fn record<'a>(
         .iter()
         .map(|((series, start), delta)| BucketDoc::new(series, *start, width_secs, delta));
     // Only at the bound is the newest entry read (and copied): it may be large.
-    let gate = (table.len()? as usize >= max_entries)
-        .then(|| shared.gate.lock().unwrap_or_else(|e| e.into_inner()));
+    let gate = (table.len()? as usize >= max_entries).then(|| {
+        shared
+            .gate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
     let merge_into = if gate.is_some() {
         table
             .last()?

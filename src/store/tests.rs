@@ -4,7 +4,9 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::batcher::Batcher;
+use crate::doc::{BucketDoc, SCHEMA_VERSION};
 use crate::reading::Timestamp;
+use crate::summary::Summary;
 
 fn settings(path: &Path) -> StoreSettings {
     StoreSettings {
@@ -75,7 +77,7 @@ fn a_hundred_thousand_readings_in_an_hour_fill_a_hundred_pages_and_leave_the_sum
         raw_store.commit(&batch).unwrap();
         plain_store
             .commit(&Batch {
-                raw: Default::default(),
+                raw: BTreeMap::default(),
                 ..batch
             })
             .unwrap();
@@ -681,7 +683,7 @@ fn at_its_bound_the_outbox_merges_into_the_newest_entry_and_loses_nothing() {
     for i in 0..20i64 {
         let series = ["a/t", "b/t", "c/t"][i as usize % 3];
         // Some in the previous hour: the newest entry gains buckets as it absorbs commits.
-        let ts = t0 + i - (i % 4 == 0) as i64 * HOUR_NS;
+        let ts = t0 + i - i64::from(i % 4 == 0) * HOUR_NS;
         let v = 1.5 * i as f64;
         store.commit(&batch_of(&[(series, ts, v)])).unwrap();
         let w = want
@@ -724,7 +726,7 @@ fn at_its_bound_the_outbox_merges_into_the_newest_entry_and_loses_nothing() {
 }
 
 /// A sequence number the upstream may hold names fixed content: after a restart the entries
-/// found may have been shipped by the earlier process (PostgreSQL would skip a changed entry
+/// found may have been shipped by the earlier process (`PostgreSQL` would skip a changed entry
 /// it applied; a central would count a changed copy again), so at the bound a new entry is
 /// started instead of merging into them.
 #[test]

@@ -14,39 +14,10 @@ use bucketd::reading::Timestamp;
 use bucketd::stats::Stats;
 use serde_json::Value;
 
-use crate::ingest::{Workload, wait_ingested, wait_subscribed, workload};
 use crate::on_every_broker;
-use crate::support::{
-    Broker, Expected, Proxy, Topics, close, config, eventually, publish_all, publish_paced,
-    raw_config, truth,
-};
+use crate::support::*;
 
-const WAIT: Duration = Duration::from_secs(60);
-
-/// One HTTP request; returns the status and the body.
-pub async fn http(method: &'static str, url: String) -> (u16, String) {
-    tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let response = match method {
-            "POST" => agent.post(&url).send_empty(),
-            _ => agent.get(&url).call(),
-        }
-        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-        let status = response.status().as_u16();
-        (status, response.into_body().read_to_string().unwrap())
-    })
-    .await
-    .unwrap()
-}
-
-pub async fn get_json(d: &RunningDaemon, path: &str) -> (u16, Value) {
-    let (status, body) = http("GET", format!("http://{}{path}", d.http_addr)).await;
-    let value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
-    (status, value)
-}
+const WAIT: Duration = Duration::from_mins(1);
 
 /// Asserts a 4xx/5xx JSON error whose message mentions `needle`.
 async fn assert_error(d: &RunningDaemon, path: &str, status: u16, needle: &str) {
@@ -506,13 +477,13 @@ async fn check_metrics(d: &RunningDaemon, rejected: &BTreeMap<&'static str, u64>
 }
 
 /// `POST /api/v1/flush` commits what is pending at once, whatever the flush interval, and says
-/// how many readings it committed. QoS 0 messages are used so that nothing else (the ack
+/// how many readings it committed. `QoS` 0 messages are used so that nothing else (the ack
 /// window, a stall) can trigger a commit first.
 async fn flush_commits_everything_pending_now(broker: Broker, protocol: Protocol) {
     let dir = tempfile::tempdir().unwrap();
     let topics = Topics::new();
     let mut raw = raw_config(&broker, protocol, &dir.path().join("b.redb"), &topics);
-    raw.batch.flush_interval = Duration::from_secs(3600);
+    raw.batch.flush_interval = Duration::from_hours(1);
     // QoS 0 end to end (rumqttd's v5 listener delivers at the subscription's QoS); and no raw
     // pages for these readings.
     for sub in &mut raw.subscriptions {
@@ -616,8 +587,8 @@ async fn retention_deletes_expired_pages_and_buckets_in_a_running_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let topics = Topics::new();
     let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics);
-    raw.store.raw_retention = Duration::from_secs(3600);
-    raw.store.bucket_retention = Duration::from_secs(2 * 3600);
+    raw.store.raw_retention = Duration::from_hours(1);
+    raw.store.bucket_retention = Duration::from_hours(2);
     raw.store.retention_interval = Duration::from_millis(100);
     let d = daemon::start(&config(&raw)).unwrap();
     wait_subscribed(&d).await;

@@ -2,100 +2,14 @@
 //! `export` prints every bucket and says clearly when a running daemon holds the file;
 //! configuration errors exit 78 and name the key.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
-use bucketd::config::{Protocol, RawConfig};
+use bucketd::config::Protocol;
 
-use crate::ingest::workload;
 use crate::on_every_broker;
-use crate::support::{
-    Broker, Topics, assert_matches_truth_but_quantiles, assert_quantile, publish_all, raw_config,
-    truth,
-};
-
-pub const BIN: &str = env!("CARGO_BIN_EXE_bucketd");
-
-pub fn write_config(dir: &Path, raw: &RawConfig) -> std::path::PathBuf {
-    let path = dir.join("bucketd.toml");
-    std::fs::write(&path, bucketd::config::render(raw)).unwrap();
-    path
-}
-
-/// The daemon as a child process whose stderr lines arrive on a channel.
-pub struct Daemon {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Daemon {
-    pub fn start(config: &Path) -> Daemon {
-        Daemon::start_with_env(config, &[])
-    }
-
-    pub fn start_with_env(config: &Path, env: &[(&str, &std::ffi::OsStr)]) -> Daemon {
-        let mut child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "bucketd=debug")
-            .envs(env.iter().copied())
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Daemon { child, lines }
-    }
-
-    /// Reads log lines until `f` returns true for one; returns every line read.
-    pub fn wait_for_line(&self, what: &str, mut f: impl FnMut(&str) -> bool) -> Vec<String> {
-        let mut seen = Vec::new();
-        // One deadline for all lines: a chatty log (trace level) must not keep it waiting.
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let line = self
-                .lines
-                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
-                .unwrap_or_else(|_| panic!("no log line {what} within 60 s; saw {seen:#?}"));
-            let done = f(&line);
-            seen.push(line);
-            if done {
-                return seen;
-            }
-        }
-    }
-
-    pub fn terminate(self) -> (std::process::ExitStatus, Vec<String>) {
-        self.signal(libc::SIGTERM)
-    }
-
-    /// `kill -9`: no shutdown, no commit, no acknowledgement; a power cut as far as the
-    /// process can tell (the page cache survives, see docs/RELIABILITY.md).
-    pub fn kill(self) -> (std::process::ExitStatus, Vec<String>) {
-        self.signal(libc::SIGKILL)
-    }
-
-    fn signal(mut self, signal: libc::c_int) -> (std::process::ExitStatus, Vec<String>) {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
-        assert_eq!(rc, 0);
-        let status = self.child.wait().unwrap();
-        let rest: Vec<String> = self.lines.iter().collect();
-        (status, rest)
-    }
-}
+use crate::support::*;
 
 /// `readings=N` from a "Committed batch." debug line.
 fn committed_readings(line: &str) -> u64 {
@@ -168,7 +82,7 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let docs: Vec<bucketd::store::BucketDoc> = lines.iter().map(doc_from_export).collect();
+    let docs: Vec<bucketd::doc::BucketDoc> = lines.iter().map(doc_from_export).collect();
     let truth = truth(&work.readings, 3600);
     assert_matches_truth_but_quantiles(&docs, &truth);
     // Quantiles as exported, against the exact ones (buckets with device timestamps).
@@ -270,7 +184,7 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
 on_every_broker!(sigterm_commits_and_export_reads_it_back);
 
 /// Rebuilds a stored document from an exported line, through the exported fields only.
-pub fn doc_from_export(v: &serde_json::Value) -> bucketd::store::BucketDoc {
+pub fn doc_from_export(v: &serde_json::Value) -> bucketd::doc::BucketDoc {
     use bucketd::reading::Timestamp;
     use bucketd::summary::{Point, Summary};
     let ts = |s: &serde_json::Value| Timestamp::parse(s.as_str().unwrap()).unwrap().as_nanos();
@@ -301,14 +215,14 @@ pub fn doc_from_export(v: &serde_json::Value) -> bucketd::store::BucketDoc {
             "{q} {p} within min..max"
         );
     }
-    let doc = bucketd::store::BucketDoc::new(v["series"].as_str().unwrap(), start, 3600, &summary);
+    let doc = bucketd::doc::BucketDoc::new(v["series"].as_str().unwrap(), start, 3600, &summary);
     assert_eq!(ts(&v["end"]) / 1_000_000_000, doc.end);
     assert_eq!(v["sensor"], doc.sensor.as_str());
     assert_eq!(v["stddev"].as_f64().unwrap(), summary.stddev());
     doc
 }
 
-/// `run` exits 78 (EX_CONFIG, so systemd does not restart-loop); `check-config` exits 1 as
+/// `run` exits 78 (`EX_CONFIG`, so systemd does not restart-loop); `check-config` exits 1 as
 /// DESIGN.md specifies for a validation tool. Both name the key.
 #[test]
 fn configuration_errors_name_the_key_and_exit_78_from_run() {
@@ -375,7 +289,7 @@ fn help_lists_every_command() {
 }
 
 /// systemd's notify protocol, with a test socket standing in for systemd: READY=1 once the
-/// broker has the subscriptions (not before), WATCHDOG=1 at half of WATCHDOG_USEC from the
+/// broker has the subscriptions (not before), WATCHDOG=1 at half of `WATCHDOG_USEC` from the
 /// ingest loop, STOPPING=1 on SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn systemd_hears_ready_watchdog_and_stopping() {

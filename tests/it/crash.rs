@@ -13,24 +13,18 @@ use std::time::Duration;
 use bucketd::config::Protocol;
 use bucketd::store::StoreReader;
 
-use crate::cli::{Daemon, write_config};
-use crate::ingest::{stamped_workload, workload};
 use crate::on_every_broker;
-use crate::support::{
-    Broker, Pace, Rng, Topics, Truth, TruthKey, assert_matches_truth, markers, publish_all,
-    publish_with, raw_config, truth,
-};
+use crate::support::*;
 
 /// Messages per second the publisher sends: a fleet's steady stream, and slow enough that what
 /// the broker queues while the daemon restarts stays far below Mosquitto's default
-/// max_queued_messages (1000), which would otherwise drop messages on the broker's side.
+/// `max_queued_messages` (1000), which would otherwise drop messages on the broker's side.
 const RATE: u32 = 1000;
 
 fn cycles() -> u32 {
     std::env::var("BUCKETD_CRASH_CYCLES")
         .ok()
-        .map(|v| v.parse().expect("BUCKETD_CRASH_CYCLES is a number"))
-        .unwrap_or(5)
+        .map_or(5, |v| v.parse().expect("BUCKETD_CRASH_CYCLES is a number"))
 }
 
 async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
@@ -123,7 +117,7 @@ on_every_broker!(kill_9_under_load_loses_nothing_and_counts_nothing_twice);
 /// Readings missing from, and counted twice in, the stored buckets, by count. Receive-time
 /// series (whose bucket the test cannot know) are compared over all their buckets.
 fn lost_and_twice(
-    docs: &[bucketd::store::BucketDoc],
+    docs: &[bucketd::doc::BucketDoc],
     truth: &BTreeMap<TruthKey, Truth>,
 ) -> (i64, i64) {
     let mut diff: BTreeMap<TruthKey, i64> = BTreeMap::new();
@@ -132,9 +126,10 @@ fn lost_and_twice(
     }
     for d in docs {
         let whole_series = (d.series.clone(), None);
-        let key = match diff.contains_key(&whole_series) {
-            true => whole_series,
-            false => (d.series.clone(), Some(d.start)),
+        let key = if diff.contains_key(&whole_series) {
+            whole_series
+        } else {
+            (d.series.clone(), Some(d.start))
         };
         *diff.entry(key).or_default() += d.count;
     }

@@ -11,15 +11,10 @@ use bucketd::daemon;
 use bucketd::stats::Stats;
 use bucketd::store::{Faults, StoreReader};
 
-use crate::api::get_json;
-use crate::ingest::{stamped_workload, wait_ingested, wait_subscribed};
 use crate::on_every_broker;
-use crate::support::{
-    Broker, Topics, assert_matches_truth, config, eventually, publish_all, publish_paced,
-    raw_config, truth,
-};
+use crate::support::*;
 
-const WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_mins(1);
 
 /// The disk fills up mid-stream: commits fail and are retried, nothing is acknowledged, the
 /// open batch stops at `max_pending_readings` and the broker holds the rest; `/readyz` and the
@@ -52,7 +47,7 @@ async fn a_full_disk_holds_back_acks_and_recovers_without_loss(broker: Broker, p
     .await;
     let (status, ready) = get_json(&d, "/readyz").await;
     assert_eq!((status, &ready["store_writable"]), (503, &false.into()));
-    let (_, metrics) = crate::api::http("GET", format!("http://{}/metrics", d.http_addr)).await;
+    let (_, metrics) = crate::support::http("GET", format!("http://{}/metrics", d.http_addr)).await;
     assert!(
         metrics.contains("\nbucketd_store_writable 0\n"),
         "{metrics}"
@@ -187,7 +182,7 @@ async fn a_broker_restart_loses_nothing_and_counts_nothing_twice(protocol: Proto
     let stats = d.stats.clone();
     wait_subscribed(&d).await;
 
-    let before = crate::ingest::workload(&topics, 51, 3000, 0);
+    let before = crate::support::workload(&topics, 51, 3000, 0);
     publish_all(&broker, &before.messages, 1).await;
     // Stop it while bucketd is still working through what was published.
     mosquitto.down();
@@ -197,7 +192,7 @@ async fn a_broker_restart_loses_nothing_and_counts_nothing_twice(protocol: Proto
     .await;
     let (status, ready) = get_json(&d, "/readyz").await;
     assert_eq!((status, &ready["mqtt_connected"]), (503, &false.into()));
-    let (_, metrics) = crate::api::http("GET", format!("http://{}/metrics", d.http_addr)).await;
+    let (_, metrics) = crate::support::http("GET", format!("http://{}/metrics", d.http_addr)).await;
     assert!(
         metrics.contains("\nbucketd_mqtt_connected 0\n"),
         "{metrics}"
@@ -218,7 +213,7 @@ async fn a_broker_restart_loses_nothing_and_counts_nothing_twice(protocol: Proto
     })
     .await;
     assert_eq!(get_json(&d, "/readyz").await.0, 200);
-    let after = crate::ingest::workload(&topics, 52, 1000, 0);
+    let after = crate::support::workload(&topics, 52, 1000, 0);
     publish_paced(&broker, &after.messages, 1, Some(stats.clone())).await;
     let marker = vec![(topics.value("marker", "done"), b"done".to_vec())];
     publish_all(&broker, &marker, 1).await;

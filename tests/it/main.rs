@@ -18,11 +18,14 @@ mod cli;
 mod crash;
 /// A full disk and a broker that restarts.
 mod faults;
-/// Forwarding bucket deltas to PostgreSQL, exactly once, through a `kill -9`.
+/// The fleet tier: forwarding to PostgreSQL and to central instances over MQTT; claims.
 mod fleet;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.
 mod ingest;
+/// The import rules: no cycle among `src/`'s modules; the edge does not import the fleet.
+mod layers;
 /// TLS, passwords, client certificates, credentials and HTTP tokens, against Mosquitto.
+#[cfg(feature = "tls")]
 mod security;
 
 /// Runs an async scenario `fn(Broker, Protocol)` against every broker, as one test per broker

@@ -14,11 +14,7 @@ use bucketd::config::{Protocol, RawConfig};
 use bucketd::daemon;
 use bucketd::store::StoreReader;
 
-use crate::cli::{Daemon, write_config};
-use crate::ingest::{stamped_workload, wait_ingested, wait_subscribed};
-use crate::support::{
-    Broker, Topics, assert_matches_truth, config, eventually_sync, publish_all, raw_config, truth,
-};
+use crate::support::*;
 
 use crate::own_mosquitto::OwnMosquitto;
 
@@ -206,16 +202,6 @@ async fn tls_with_a_password_ingests_exactly_v311() {
     tls_with_a_password_ingests_exactly(Protocol::V311).await;
 }
 
-/// `Serving ... addr=HOST:PORT` from the daemon's log.
-pub fn http_addr(lines: &[String]) -> String {
-    lines
-        .iter()
-        .find(|l| l.contains("Serving /metrics"))
-        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
-        .expect("the daemon logs its HTTP address")
-        .to_owned()
-}
-
 fn get(url: &str, token: Option<&str>) -> (u16, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -282,7 +268,7 @@ async fn client_certificate_and_secrets_from_the_credentials_directory() {
     );
     let metrics_url = format!("{base}/metrics");
     tokio::task::spawn_blocking(move || {
-        eventually_sync(Duration::from_secs(60), || {
+        eventually_sync(Duration::from_mins(1), || {
             get(&metrics_url, Some(METRICS_TOKEN)).1.contains(&want)
         });
     })
@@ -314,7 +300,7 @@ async fn client_certificate_and_secrets_from_the_credentials_directory() {
 
     // `bucketd query` sends the token from --token-file, and says what to do without it.
     let query = |token: Option<&Path>| {
-        let mut cmd = Command::new(crate::cli::BIN);
+        let mut cmd = Command::new(crate::support::BIN);
         cmd.args(["query", "--url", &base, "--format", "json", "series"]);
         if let Some(file) = token {
             cmd.arg("--token-file").arg(file);

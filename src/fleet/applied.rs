@@ -1,7 +1,7 @@
 //! Applying each gateway's delta messages once at a central instance (`format = "delta"`).
 //!
 //! A gateway's forwarder numbers its outbox entries with an increasing sequence number and
-//! publishes them in order, each split into parts numbered from 0 ([`crate::upstream`]); a copy
+//! publishes them in order, each split into parts numbered from 0 (`fleet::forwarder`); a copy
 //! (a resend after a lost PUBACK, a redelivery after a crash) repeats a position the central
 //! has seen. The central keeps, per gateway, the last position it applied, in the same redb
 //! transaction as the buckets the message changed ([`crate::store`]): a message at or below it
@@ -16,38 +16,10 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-/// Where a delta message stands in its gateway's stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Position {
-    /// The gateway database's creation time (RFC 3339); empty from gateways before 0.1.
-    pub origin: String,
-    pub seq: i64,
-    pub part: i32,
-}
-
-impl Position {
-    pub fn encode(&self) -> Vec<u8> {
-        bson::serialize_to_vec(self).expect("a Position has only BSON-representable fields")
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<Position> {
-        bson::deserialize_from_slice(bytes).ok()
-    }
-
-    /// Whether `self` is at or before `other` in the same stream.
-    fn not_after(&self, other: &Position) -> bool {
-        self.same_origin(other) && (self.seq, self.part) <= (other.seq, other.part)
-    }
-
-    /// Whether both come from one database; a position without an origin (recorded before
-    /// origins existed) is taken for the same.
-    fn same_origin(&self, other: &Position) -> bool {
-        self.origin == other.origin || self.origin.is_empty() || other.origin.is_empty()
-    }
-}
+use crate::admit::DeltaLedger;
+use crate::delta::Position;
 
 /// The last position applied per gateway.
 #[derive(Debug, Default)]
@@ -69,16 +41,18 @@ impl Applied {
     pub fn is_empty(&self) -> bool {
         self.by_gateway.is_empty()
     }
+}
 
+impl DeltaLedger for Applied {
     /// Whether the message at `at` from `gateway` was applied already.
-    pub fn contains(&self, gateway: &str, at: &Position) -> bool {
+    fn contains(&self, gateway: &str, at: &Position) -> bool {
         self.by_gateway
             .get(gateway)
             .is_some_and(|last| at.not_after(last))
     }
 
     /// Records that the message at `at` from `gateway` is applied.
-    pub fn insert(&mut self, gateway: &str, at: Position) {
+    fn insert(&mut self, gateway: &str, at: Position) {
         match self.by_gateway.get_mut(gateway) {
             Some(last) => {
                 if !last.same_origin(&at) {

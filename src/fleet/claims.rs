@@ -1,7 +1,7 @@
 //! Claims: central instances that split delta messages with a shared subscription agree, in
-//! PostgreSQL, which of them applies each message (`[central] claims_postgres`).
+//! `PostgreSQL`, which of them applies each message (`[central] claims_postgres`).
 //!
-//! Each instance applies a gateway's message at most once by its position ([`crate::applied`]),
+//! Each instance applies a gateway's message at most once by its position ([`super::applied`]),
 //! but a broker that hands a shared group's messages out round-robin can give a gateway's resend
 //! (its PUBACK was lost) to an instance that did not apply the original. So before applying a
 //! delta message an instance claims its `(gateway_id, origin, seq, part)` in `bucketd_claims`
@@ -11,16 +11,23 @@
 //! redelivery (its session keeps it) applies it then. Nothing else is coordinated: each
 //! instance's buckets stay its own.
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tracing::info;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
-use crate::applied::Position;
 use crate::config::ClaimsConfig;
+use crate::delta::Position;
+use crate::ingest::ClaimRequest;
+use crate::limits::{CLAIM_RETRY_MAX, CLAIM_TIMEOUT};
 use crate::secret::Secret;
+use crate::stats::Stats;
 
 /// The schema, run (idempotently) at every connection.
-pub const SCHEMA: &str = include_str!("../deploy/postgres/claims.sql");
+pub const SCHEMA: &str = include_str!("../../deploy/postgres/claims.sql");
 
 /// Claims first, then whichever instance holds the claim. Both parts read one snapshot, so
 /// when another instance's claim committed while this statement ran, no row comes back: ask
@@ -37,11 +44,63 @@ UNION ALL
 SELECT instance FROM bucketd_claims
 WHERE gateway_id = $1 AND origin = $2 AND seq = $3 AND part = $4";
 
-/// Longest wait for one claim (connecting included).
-const CLAIM_TIMEOUT: Duration = Duration::from_secs(15);
-
 /// Every this many sequence numbers of a gateway, its old claims are deleted.
 const TRIM_EVERY: i64 = 256;
+
+/// Answers the ingest loop's claim requests until it stops sending them or `cancel`. While the
+/// claims database is unreachable, the request waits and is tried again (at most
+/// [`CLAIM_RETRY_MAX`] apart); the ingest loop meanwhile reads nothing from the broker, which
+/// keeps the delta messages, but goes on committing, acknowledging and answering systemd.
+pub async fn serve(
+    mut claims: Claims,
+    mut requests: mpsc::Receiver<ClaimRequest>,
+    stats: Arc<Stats>,
+    cancel: CancellationToken,
+) {
+    while let Some(request) = tokio::select! {
+        () = cancel.cancelled() => None,
+        r = requests.recv() => r,
+    } {
+        let mut failures = 0u32;
+        let mine = loop {
+            let attempt = tokio::select! {
+                () = cancel.cancelled() => return,
+                r = claims.claim(&request.gateway, &request.at) => r,
+            };
+            match attempt {
+                Ok(mine) => break mine,
+                Err(e) => {
+                    failures += 1;
+                    stats.claim_errors.fetch_add(1, Ordering::Relaxed);
+                    if failures.is_power_of_two() {
+                        warn!(
+                            error = format!("{e:#}"),
+                            attempt = failures,
+                            "Cannot claim a delta message in PostgreSQL; delta messages wait \
+                             (the broker keeps them) until it answers. Check \
+                             central.claims_postgres and that the database is reachable."
+                        );
+                    }
+                    let delay = Duration::from_millis(100)
+                        .saturating_mul(2u32.saturating_pow(failures.min(9)))
+                        .min(CLAIM_RETRY_MAX);
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        };
+        if failures > 0 {
+            info!("Claiming delta messages again.");
+        }
+        if !mine {
+            stats.claimed_elsewhere.fetch_add(1, Ordering::Relaxed);
+        }
+        // The ingest loop may have stopped meanwhile; it then does not need the answer.
+        let _ = request.reply.send(!mine);
+    }
+}
 
 pub struct Claims {
     config: ClaimsConfig,
@@ -107,13 +166,9 @@ impl Claims {
 
     async fn connect(&self) -> anyhow::Result<(tokio_postgres::Client, tokio_postgres::Statement)> {
         let name = format!("bucketd central {}", self.instance);
-        let client = crate::upstream::connect_postgres(
-            &self.config.conninfo,
-            self.password.as_ref(),
-            name,
-            SCHEMA,
-        )
-        .await?;
+        let client =
+            super::postgres::connect(&self.config.conninfo, self.password.as_ref(), name, SCHEMA)
+                .await?;
         let claim = client.prepare(CLAIM).await?;
         info!("Connected to the claims database (central.claims_postgres).");
         Ok((client, claim))

@@ -1,0 +1,232 @@
+//! Admission: what one MQTT message becomes before it joins the open batch. [`Admitter::admit`]
+//! finds the message's subscription, decodes it, recognises a redelivery of a message already
+//! counted, folds a gateway's narrower delta buckets into this store's width, and interns the
+//! series names; the ingest task only routes what it returns (readings to the batcher,
+//! rejections to the counters). Pure: the caller supplies the receive time; no I/O, no Tokio.
+//!
+//! Redelivery is told by [`crate::dedup`] fingerprints for device messages, and for delta
+//! messages by their position in the gateway's stream, which a central keeps in a
+//! [`DeltaLedger`] (the fleet tier's, attached here: this module does not know it).
+
+use std::sync::Arc;
+
+use crate::config::Limits;
+use crate::decode::{self, DecodeContext, Decoded, Format, Subscription};
+use crate::dedup::{self, Fingerprint, Window};
+use crate::delta::Position;
+use crate::reading::Timestamp;
+use crate::reject::DecodeError;
+use crate::series::SeriesSet;
+use crate::summary::Summary;
+
+/// What a central knows of each gateway's delta stream: the last position applied. The fleet
+/// tier implements it (`fleet::applied`); an edge build has none.
+pub trait DeltaLedger: Send {
+    /// Whether `at` is at or before the last position applied from `gateway` (a copy).
+    fn contains(&self, gateway: &str, at: &Position) -> bool;
+    /// Records `at` as the last position applied from `gateway`.
+    fn insert(&mut self, gateway: &str, at: Position);
+}
+
+/// One received PUBLISH, as admission sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    pub topic: &'a [u8],
+    pub payload: &'a [u8],
+    pub pkid: u16,
+    pub qos: u8,
+    /// The broker marks it as a redelivery (MQTT DUP).
+    pub dup: bool,
+    pub received: Timestamp,
+    /// Another central instance claimed this delta message (`fleet::claims`): a copy here.
+    pub claimed_elsewhere: bool,
+}
+
+/// What becomes of a message as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Verdict {
+    /// Its readings (if any) join the batch.
+    #[default]
+    New,
+    /// A copy of a message already counted: acknowledged, not counted again.
+    Copy,
+    /// Rejected as a whole, for this reason: acknowledged and counted.
+    Rejected(DecodeError),
+}
+
+/// The outcome of [`Admitter::admit`]; its buffers are reused from message to message.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    pub verdict: Verdict,
+    /// Readings to batch: series, time, value.
+    pub readings: Vec<(Arc<str>, Timestamp, f64)>,
+    /// Bucket summaries to batch (delta messages): series, bucket start (s), summary.
+    pub summaries: Vec<(Arc<str>, i64, Summary)>,
+    /// Readings or buckets rejected on their own; the message's others are kept.
+    pub rejected: Vec<DecodeError>,
+    /// Kept for the subscription's raw pages.
+    pub store_raw: bool,
+    /// Recorded with the batch, for recognising a redelivery after a crash.
+    pub fingerprint: Option<Fingerprint>,
+    /// A delta message's gateway and position, recorded with the batch.
+    pub applied: Option<(String, Position)>,
+}
+
+impl Admitted {
+    fn clear(&mut self) {
+        self.verdict = Verdict::New;
+        self.readings.clear();
+        self.summaries.clear();
+        self.rejected.clear();
+        self.store_raw = false;
+        self.fingerprint = None;
+        self.applied = None;
+    }
+}
+
+/// The admission state: subscriptions, limits, the known series, the recent fingerprints and
+/// (at a central) the delta ledger.
+pub struct Admitter {
+    subscriptions: Vec<Subscription>,
+    limits: Limits,
+    bucket_width_secs: i64,
+    series: SeriesSet,
+    dedup: Window,
+    ledger: Option<Box<dyn DeltaLedger>>,
+    decoded: Decoded,
+    out: Admitted,
+}
+
+impl Admitter {
+    pub fn new(
+        subscriptions: Vec<Subscription>,
+        limits: Limits,
+        bucket_width_secs: i64,
+        series: SeriesSet,
+        dedup: Window,
+        ledger: Option<Box<dyn DeltaLedger>>,
+    ) -> Admitter {
+        Admitter {
+            subscriptions,
+            limits,
+            bucket_width_secs,
+            series,
+            dedup,
+            ledger,
+            decoded: Decoded::default(),
+            out: Admitted::default(),
+        }
+    }
+
+    /// A delta message's gateway and position when it is one that a central instance sharing
+    /// the subscription must claim before applying (`fleet::claims`): on a delta subscription,
+    /// readable, and not applied here already. `None` for everything else.
+    pub fn claim_needed(&self, topic: &[u8], payload: &[u8]) -> Option<(String, Position)> {
+        let sub = subscription(&self.subscriptions, topic).ok()?;
+        if sub.format != Format::Delta {
+            return None;
+        }
+        let (gateway, at) = crate::delta::delta_position(payload)?;
+        let applied = self
+            .ledger
+            .as_ref()
+            .is_some_and(|l| l.contains(&gateway, &at));
+        (!applied).then_some((gateway, at))
+    }
+
+    /// Decides what `m` becomes. See the module doc.
+    pub fn admit(&mut self, m: &Message) -> &mut Admitted {
+        self.out.clear();
+        let ctx = DecodeContext {
+            received: m.received,
+            oldest: m.received.saturating_sub(self.limits.max_age),
+            newest: m.received.saturating_add(self.limits.max_future),
+            max_payload_bytes: self.limits.max_payload_bytes,
+        };
+        let decoded = match subscription(&self.subscriptions, m.topic) {
+            Ok(sub) => {
+                self.out.store_raw = sub.store_raw;
+                decode::decode(sub, m.topic, m.payload, &ctx, &mut self.decoded)
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = decoded {
+            self.out.verdict = Verdict::Rejected(e);
+            return &mut self.out;
+        }
+        // See `crate::dedup` for what identifies a message and when a copy is dropped.
+        let receive_time = self.decoded.receive_time;
+        let fingerprint = match (receive_time, m.qos) {
+            _ if self.decoded.delta_from.is_some() => None, // told apart by position instead
+            (false, _) => Some(dedup::fingerprint(m.topic, m.payload, None)),
+            (true, 0) => None, // never redelivered, and identical copies are distinct
+            (true, _) => Some(dedup::fingerprint(m.topic, m.payload, Some(m.pkid))),
+        };
+        let copy = m.claimed_elsewhere
+            || match &self.decoded.delta_from {
+                Some((gateway, at)) => self
+                    .ledger
+                    .as_ref()
+                    .is_some_and(|l| l.contains(gateway, at)),
+                None => fingerprint
+                    .is_some_and(|fp| (m.dup || !receive_time) && self.dedup.contains(fp)),
+            };
+        if copy {
+            self.out.verdict = Verdict::Copy;
+            self.decoded.clear();
+            return &mut self.out;
+        }
+        for reading in self.decoded.readings.drain(..) {
+            match self.series.intern(&reading.series) {
+                Ok(series) => self.out.readings.push((series, reading.ts, reading.value)),
+                Err(e) => self.out.rejected.push(e),
+            }
+        }
+        for delta in self.decoded.deltas.drain(..) {
+            // A gateway's narrower bucket folds into this store's (15 min into an hour:
+            // summaries merge); a wider one cannot be split.
+            let width = self.bucket_width_secs;
+            if width % delta.width_secs != 0 || delta.start.rem_euclid(delta.width_secs) != 0 {
+                self.out.rejected.push(DecodeError::BucketWidthMismatch);
+                continue;
+            }
+            let start = delta.start.div_euclid(width) * width;
+            match self.series.intern(&delta.series) {
+                Ok(series) => self.out.summaries.push((series, start, delta.summary)),
+                Err(e) => self.out.rejected.push(e),
+            }
+        }
+        self.out.rejected.append(&mut self.decoded.rejected);
+        let counted = !self.out.readings.is_empty() || !self.out.summaries.is_empty();
+        if let Some(fp) = fingerprint.filter(|_| counted) {
+            self.dedup.insert(fp);
+            self.out.fingerprint = Some(fp);
+        }
+        if let Some((gateway, at)) = self.decoded.delta_from.take().filter(|_| counted) {
+            if let Some(ledger) = self.ledger.as_mut() {
+                ledger.insert(&gateway, at.clone());
+            }
+            self.out.applied = Some((gateway, at));
+        }
+        &mut self.out
+    }
+
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+}
+
+/// The first subscription whose filter matches `topic`.
+fn subscription<'s>(
+    subscriptions: &'s [Subscription],
+    topic: &[u8],
+) -> Result<&'s Subscription, DecodeError> {
+    let topic = std::str::from_utf8(topic).map_err(|_| DecodeError::InvalidUtf8)?;
+    subscriptions
+        .iter()
+        .find(|s| decode::topic_matches(&s.filter, topic))
+        .ok_or(DecodeError::TopicMismatch)
+}
+
+#[cfg(test)]
+mod tests;

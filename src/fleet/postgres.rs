@@ -1,0 +1,191 @@
+//! `PostgreSQL` for the fleet tier: connecting (schema applied once, under an advisory lock),
+//! and applying a gateway's outbox entries exactly once ([`apply`]). Used by the forwarder and
+//! by the claims of central instances ([`super::claims`]).
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use tracing::warn;
+
+use crate::secret::Secret;
+use crate::sketch::Sketch;
+use crate::store::OutboxDoc;
+
+/// The schema, run (idempotently) at every connection.
+pub const SCHEMA: &str = include_str!("../../deploy/postgres/schema.sql");
+
+/// Key of the advisory lock that serialises schema creation between gateways.
+const SCHEMA_LOCK: i64 = 0x0062_7563_6b65_7464; // "bucketd" in ASCII
+
+const UPSERT: &str = "
+INSERT INTO bucketd_buckets AS t (series, start, gateway_id, sensor, metric, width_secs, count,
+    sum, sum_comp, min, max, first_ts_ns, first_value, last_ts_ns, last_value, mean, m2, sketch)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+ON CONFLICT (series, start) DO UPDATE SET
+    count = t.count + excluded.count,
+    sum = t.sum + excluded.sum,
+    sum_comp = t.sum_comp + excluded.sum_comp,
+    min = LEAST(t.min, excluded.min),
+    max = GREATEST(t.max, excluded.max),
+    first_ts_ns = CASE WHEN (excluded.first_ts_ns, excluded.first_value) < (t.first_ts_ns, t.first_value)
+        THEN excluded.first_ts_ns ELSE t.first_ts_ns END,
+    first_value = CASE WHEN (excluded.first_ts_ns, excluded.first_value) < (t.first_ts_ns, t.first_value)
+        THEN excluded.first_value ELSE t.first_value END,
+    last_ts_ns = CASE WHEN (excluded.last_ts_ns, excluded.last_value) > (t.last_ts_ns, t.last_value)
+        THEN excluded.last_ts_ns ELSE t.last_ts_ns END,
+    last_value = CASE WHEN (excluded.last_ts_ns, excluded.last_value) > (t.last_ts_ns, t.last_value)
+        THEN excluded.last_value ELSE t.last_value END,
+    mean = t.mean * (t.count::float8 / (t.count + excluded.count))
+        + excluded.mean * (excluded.count::float8 / (t.count + excluded.count)),
+    m2 = t.m2 + excluded.m2 + (excluded.mean - t.mean) * (excluded.mean - t.mean)
+        * (t.count::float8 / (t.count + excluded.count)) * excluded.count,
+    sketch = excluded.sketch";
+
+/// Connects to `PostgreSQL` (`conninfo` without the password) and runs `schema`, idempotently,
+/// under an advisory lock that serialises it with every other bucketd doing the same.
+pub async fn connect(
+    conninfo: &str,
+    password: Option<&Secret>,
+    application_name: String,
+    schema: &str,
+) -> anyhow::Result<tokio_postgres::Client> {
+    let mut config: tokio_postgres::Config = conninfo.parse()?;
+    if let Some(password) = password {
+        config.password(password.expose());
+    }
+    config.application_name(application_name);
+    config.connect_timeout(Duration::from_secs(10));
+    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "The PostgreSQL connection ended.");
+        }
+    });
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
+        .await?;
+    tx.batch_execute(schema).await?;
+    tx.commit().await?;
+    Ok(client)
+}
+
+/// Applies the entries above the gateway's `last_seq` in one transaction; returns the readings
+/// they represent (0 for a batch that was already applied).
+pub async fn apply(
+    db: &mut tokio_postgres::Client,
+    gateway: &str,
+    origin: &str,
+    entries: &[OutboxDoc],
+) -> anyhow::Result<u64> {
+    let tx = db.transaction().await?;
+    tx.execute(
+        "INSERT INTO bucketd_gateways (gateway_id, last_seq) VALUES ($1, -1)
+         ON CONFLICT (gateway_id) DO NOTHING",
+        &[&gateway],
+    )
+    .await?;
+    let row = tx
+        .query_one(
+            "SELECT last_seq, origin FROM bucketd_gateways WHERE gateway_id = $1 FOR UPDATE",
+            &[&gateway],
+        )
+        .await?;
+    let (mut last, stored_origin): (i64, String) = (row.get(0), row.get(1));
+    // A replaced database numbers its entries from the start again (see `super::applied`).
+    if !stored_origin.is_empty() && stored_origin != origin {
+        warn!(
+            gateway,
+            was = %stored_origin,
+            now = %origin,
+            "PostgreSQL holds this gateway's deltas from another database; applying this one's \
+             from its start. If two gateways share this id, give each its own upstream.gateway_id."
+        );
+        last = -1;
+    }
+    let lock = tx
+        .prepare("SELECT sketch FROM bucketd_buckets WHERE series = $1 AND start = $2 FOR UPDATE")
+        .await?;
+    let upsert = tx.prepare(UPSERT).await?;
+    let mut readings = 0;
+    for entry in entries.iter().filter(|e| e.seq > last) {
+        for b in &entry.buckets {
+            let series = format!("{gateway}:{}", b.series);
+            let start = UNIX_EPOCH + Duration::from_secs(u64::try_from(b.start)?);
+            let sketch = match tx.query_opt(&lock, &[&series, &start]).await? {
+                Some(row) => merged_sketch(row.get(0), &b.sketch),
+                None => b.sketch.clone(),
+            };
+            let width = i32::try_from(b.end - b.start)?;
+            tx.execute(
+                &upsert,
+                &[
+                    &series,
+                    &start,
+                    &gateway,
+                    &b.sensor,
+                    &b.metric,
+                    &width,
+                    &b.count,
+                    &b.sum,
+                    &b.sum_comp,
+                    &b.min,
+                    &b.max,
+                    &b.first.ts,
+                    &b.first.value,
+                    &b.last.ts,
+                    &b.last.value,
+                    &b.mean,
+                    &b.m2,
+                    &sketch,
+                ],
+            )
+            .await?;
+            readings += u64::try_from(b.count)?;
+        }
+    }
+    let upto = entries.last().map_or(last, |e| e.seq);
+    if upto > last {
+        tx.execute(
+            "UPDATE bucketd_gateways SET last_seq = $2, origin = $3, updated_at = now()
+             WHERE gateway_id = $1",
+            &[&gateway, &upto, &origin],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(readings)
+}
+
+/// The stored sketch merged with a delta's; an unreadable stored one is replaced (its
+/// quantiles were unknown anyway), an unreadable delta leaves the stored one.
+fn merged_sketch(stored: &[u8], delta: &[u8]) -> Vec<u8> {
+    match (Sketch::decode(stored), Sketch::decode(delta)) {
+        (Some(mut s), Some(d)) => {
+            s.merge(&d);
+            s.encode()
+        }
+        (None, _) => delta.to_vec(),
+        (Some(_), None) => stored.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_sketch_holds_both_and_survives_a_damaged_side() {
+        let params = crate::sketch::SketchParams::DEFAULT;
+        let mut a = Sketch::new(params);
+        let mut b = Sketch::new(params);
+        for v in 1..=50 {
+            a.add(f64::from(v));
+            b.add(f64::from(v + 50));
+        }
+        let merged = Sketch::decode(&merged_sketch(&a.encode(), &b.encode())).unwrap();
+        let mut want = a.clone();
+        want.merge(&b);
+        assert_eq!(merged.encode(), want.encode());
+        assert_eq!(merged_sketch(b"junk", &b.encode()), b.encode());
+        assert_eq!(merged_sketch(&a.encode(), b"junk"), a.encode());
+    }
+}

@@ -1,0 +1,112 @@
+//! The bounds that depend on each other, in one place, each with the reason beside it and the
+//! relation checked at compile time (or, where a config value takes part, at config
+//! validation: see the note on each). Pure constants; every layer may use them.
+
+use std::time::Duration;
+
+/// Requests the MQTT client's channel holds: the acknowledgements of two full windows (one
+/// batch committing, one filling) plus room for SUBSCRIBE, PINGREQ and DISCONNECT. An ack that
+/// does not fit waits in the ingest loop's backlog, in order, never dropped.
+pub const fn ack_request_capacity(window: u16) -> usize {
+    2 * window as usize + ACK_REQUEST_HEADROOM
+}
+
+/// Requests besides acknowledgements in the client's channel.
+pub const ACK_REQUEST_HEADROOM: usize = 64;
+
+/// How long shutdown waits for the last acknowledgements to reach the broker.
+pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
+
+/// How long shutdown waits for the background tasks (forwarder, claims, upkeep) to stop.
+pub const TASKS_STOP_MAX: Duration = Duration::from_secs(10);
+
+/// A final commit at shutdown on a slow SD card (the budget the stop timeout leaves for it).
+pub const SHUTDOWN_COMMIT_BUDGET: Duration = Duration::from_secs(5);
+
+/// `TimeoutStopSec=` of `deploy/bucketd.service` (a test reads the unit): systemd kills the
+/// service after it, so a clean shutdown must fit well within.
+pub const SYSTEMD_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+const _: () = assert!(
+    SHUTDOWN_COMMIT_BUDGET.as_secs() + SHUTDOWN_DRAIN_MAX.as_secs() + TASKS_STOP_MAX.as_secs()
+        < SYSTEMD_STOP_TIMEOUT.as_secs(),
+    "a clean shutdown must end before systemd kills it"
+);
+
+/// `WatchdogSec=` of `deploy/bucketd.service` (a test reads the unit). The ingest loop pings
+/// every half of it; nothing in that loop waits: a delta message waiting for its claim
+/// (`fleet::claims`, up to [`CLAIM_TIMEOUT`] per attempt) waits in the loop's state while the
+/// loop goes on turning.
+pub const SYSTEMD_WATCHDOG: Duration = Duration::from_secs(30);
+
+/// Longest wait for one claim in `PostgreSQL` (connecting included).
+pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Longest pause between two attempts to claim while the claims database is unreachable.
+pub const CLAIM_RETRY_MAX: Duration = Duration::from_secs(5);
+
+const _: () = assert!(
+    CLAIM_RETRY_MAX.as_secs() < CLAIM_TIMEOUT.as_secs(),
+    "a retry pause shorter than one attempt: an outage is noticed within one timeout"
+);
+
+/// Most outbox entries a gateway forwards in one batch (`upstream.batch_entries`, validated),
+/// which is the most it sends again after a lost acknowledgement.
+pub const UPSTREAM_BATCH_ENTRIES_MAX: usize = 1000;
+
+/// Fewest claims a central keeps per gateway (`central.claims_keep_entries`, validated): a
+/// resent batch must still find its claims, or a copy given to another instance is applied
+/// again.
+pub const CLAIMS_KEEP_MIN: u32 = 1000;
+
+const _: () = assert!(
+    UPSTREAM_BATCH_ENTRIES_MAX <= CLAIMS_KEEP_MIN as usize,
+    "the claims kept must cover a whole resent batch"
+);
+
+/// Largest delta message a gateway publishes (one outbox entry is split into parts below it).
+pub const DELTA_MESSAGE_BYTES_MAX: usize = 48 * 1024;
+
+/// `limits.max_payload_bytes` by default (config/default.toml; a test compares them).
+pub const MAX_PAYLOAD_BYTES_DEFAULT: usize = 64 * 1024;
+
+const _: () = assert!(
+    DELTA_MESSAGE_BYTES_MAX + 4096 <= MAX_PAYLOAD_BYTES_DEFAULT,
+    "a central with default limits must accept every delta message, with room for the topic"
+);
+
+// Not a constant, so checked at config validation: `limits.dedup_window` must be at least
+// `mqtt.receive_maximum`, since every message the broker may hold unacknowledged can come back
+// after a crash and must be recognised (config.rs, "limits.dedup_window").
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `key=value` of the unit file's `[Service]` section, as seconds.
+    fn unit_secs(key: &str) -> u64 {
+        let unit = include_str!("../deploy/bucketd.service");
+        let value = unit
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("{key}= in deploy/bucketd.service"));
+        value
+            .trim()
+            .strip_suffix('s')
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key}={value} is in whole seconds"))
+    }
+
+    #[test]
+    fn the_systemd_unit_agrees_with_the_limits() {
+        assert_eq!(unit_secs("TimeoutStopSec"), SYSTEMD_STOP_TIMEOUT.as_secs());
+        assert_eq!(unit_secs("WatchdogSec"), SYSTEMD_WATCHDOG.as_secs());
+    }
+
+    #[test]
+    fn the_default_config_agrees_with_the_limits() {
+        let defaults = crate::config::Config::load(None, Vec::new()).unwrap();
+        assert_eq!(defaults.limits.max_payload_bytes, MAX_PAYLOAD_BYTES_DEFAULT);
+        assert!(defaults.limits.dedup_window >= usize::from(defaults.mqtt.receive_maximum));
+    }
+}

@@ -1,0 +1,92 @@
+//! Why a message or a reading was refused: [`DecodeError`], whose reason strings are the bounded
+//! `reason` label of `bucketd_readings_rejected_total`. Pure; every layer above may name it.
+
+/// Why a message or a reading was not ingested. The reason string is a bounded metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty payload")]
+    EmptyPayload,
+    #[error("payload larger than limits.max_payload_bytes")]
+    PayloadTooLarge,
+    #[error("topic does not match the subscription's template")]
+    TopicMismatch,
+    #[error("topic or payload is not valid UTF-8")]
+    InvalidUtf8,
+    #[error(
+        "sensor or metric name is empty, longer than 128 bytes, or has control characters or '/'"
+    )]
+    InvalidName,
+    #[error("payload is not a number")]
+    InvalidNumber,
+    #[error("payload is not valid JSON")]
+    InvalidJson,
+    #[error("JSON payload is not an object or an array of objects")]
+    NotAnObject,
+    #[error("message carries no numeric reading")]
+    NoReadings,
+    #[error("value is NaN or infinite")]
+    NonFinite,
+    #[error("timestamp is not a number or an RFC 3339 time")]
+    InvalidTimestamp,
+    #[error("timestamp is older than limits.max_age or beyond limits.max_future")]
+    TimestampOutOfRange,
+    #[error("limits.max_series reached; new series are refused")]
+    SeriesLimit,
+    #[error("payload is not a bucketd delta message (BSON with gateway_id, seq and buckets)")]
+    InvalidDelta,
+    #[error(
+        "delta bucket width does not divide store.bucket_width (a gateway's buckets fold into a \
+         central's wider ones, never into narrower ones): make the central's width a multiple \
+         of the gateways'"
+    )]
+    BucketWidthMismatch,
+}
+
+impl DecodeError {
+    /// Every variant, in a fixed order (the index of a variant is its counter slot).
+    pub const ALL: [DecodeError; 15] = [
+        DecodeError::EmptyPayload,
+        DecodeError::PayloadTooLarge,
+        DecodeError::TopicMismatch,
+        DecodeError::InvalidUtf8,
+        DecodeError::InvalidName,
+        DecodeError::InvalidNumber,
+        DecodeError::InvalidJson,
+        DecodeError::NotAnObject,
+        DecodeError::NoReadings,
+        DecodeError::NonFinite,
+        DecodeError::InvalidTimestamp,
+        DecodeError::TimestampOutOfRange,
+        DecodeError::SeriesLimit,
+        DecodeError::InvalidDelta,
+        DecodeError::BucketWidthMismatch,
+    ];
+
+    /// The metric label value.
+    pub fn reason(self) -> &'static str {
+        match self {
+            DecodeError::EmptyPayload => "empty_payload",
+            DecodeError::PayloadTooLarge => "payload_too_large",
+            DecodeError::TopicMismatch => "topic_mismatch",
+            DecodeError::InvalidUtf8 => "invalid_utf8",
+            DecodeError::InvalidName => "invalid_name",
+            DecodeError::InvalidNumber => "invalid_number",
+            DecodeError::InvalidJson => "invalid_json",
+            DecodeError::NotAnObject => "not_an_object",
+            DecodeError::NoReadings => "no_readings",
+            DecodeError::NonFinite => "non_finite",
+            DecodeError::InvalidTimestamp => "invalid_timestamp",
+            DecodeError::TimestampOutOfRange => "timestamp_out_of_range",
+            DecodeError::SeriesLimit => "series_limit",
+            DecodeError::InvalidDelta => "invalid_delta",
+            DecodeError::BucketWidthMismatch => "bucket_width_mismatch",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        DecodeError::ALL
+            .iter()
+            .position(|e| *e == self)
+            .expect("ALL lists every variant")
+    }
+}

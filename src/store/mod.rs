@@ -1,0 +1,631 @@
+//! [`Store`]: the redb file. Table definitions, key and document encoding, schema version, and
+//! the upsert-and-increment commit. The only module that imports `redb`.
+//!
+//! Tables:
+//! - `series_by_name`: `&str` (`sensor/metric`) -> `u64` id; `series_by_id`: the reverse. Ids are
+//!   dense, starting at 0.
+//! - `buckets`: `(series_id: u64, start: i64)` -> BSON [`BucketDoc`]. redb orders integer tuples
+//!   numerically, so one series' buckets are contiguous and in time order.
+//! - `pages`: `(series_id: u64, start: i64, page_no: u32)` -> BSON [`PageDoc`]: the raw readings
+//!   of a bucket, at most `page_capacity` per page, in arrival order ([`crate::page`]).
+//! - `meta`: `&str` -> `&str`: `format_version`, `bucket_width_secs`, `created_at`.
+//! - `dedup`: `u64` commit sequence number -> the [`crate::dedup`] fingerprints of the messages
+//!   that commit counted (16 bytes each). Written in the same transaction as the buckets, and
+//!   trimmed to the last `limits.dedup_window` fingerprints. The last entry is always kept: its
+//!   key is the sequence number of the last commit, which tells a retry whether a commit whose
+//!   outcome was unknown (an I/O error) landed.
+//! - `applied`: `&str` gateway id -> BSON [`crate::delta::Position`], the last delta message
+//!   applied from that gateway (central instances only), written with the buckets it changed.
+//! - `outbox`: see `store::outbox` (gateways with an `[upstream]` only).
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+
+use crate::batcher::Batch;
+use crate::config::Durability;
+use crate::doc::{BucketDoc, PageDoc};
+
+#[cfg(any(test, feature = "fault-injection"))]
+mod faults;
+mod outbox;
+mod reader;
+mod retention;
+
+#[cfg(any(test, feature = "fault-injection"))]
+pub use faults::Faults;
+pub use outbox::{OutboxDoc, OutboxShared};
+pub use reader::StoreReader;
+pub use retention::{ExpireStats, compact};
+
+const SERIES_BY_NAME: TableDefinition<&str, u64> = TableDefinition::new("series_by_name");
+const SERIES_BY_ID: TableDefinition<u64, &str> = TableDefinition::new("series_by_id");
+const BUCKETS: TableDefinition<(u64, i64), &[u8]> = TableDefinition::new("buckets");
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+const PAGES: TableDefinition<(u64, i64, u32), &[u8]> = TableDefinition::new("pages");
+const DEDUP: TableDefinition<u64, &[u8]> = TableDefinition::new("dedup");
+const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
+
+/// Version of the table layout, in `meta.format_version`.
+pub const FORMAT_VERSION: u32 = 1;
+/// Settings the store needs, from `[store]`.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub path: PathBuf,
+    pub bucket_width_secs: i64,
+    pub durability: Durability,
+    pub quick_repair: bool,
+    pub cache_bytes: usize,
+    /// Most raw readings per page.
+    pub page_capacity: u32,
+    /// Fingerprints of recent messages kept for recognising redeliveries.
+    pub dedup_window: usize,
+    /// Most outbox entries kept for the upstream (`store::outbox`); 0: no outbox (no `[upstream]`).
+    pub outbox_max_entries: usize,
+}
+
+/// Why the database file could not be opened. Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreOpenError {
+    #[error(
+        "database file {path} is in use by another process (is bucketd already running?); \
+         stop it, or read through its HTTP API with `bucketd query`"
+    )]
+    Locked { path: PathBuf },
+    #[error("database file {path} does not exist")]
+    Missing { path: PathBuf },
+    #[error(
+        "cannot open database file {path}: {source}; check that the directory exists and is \
+         writable by this user"
+    )]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "database file {path} is damaged or not a bucketd database ({source}); move it aside \
+         and restart to begin a new one, or restore a backup"
+    )]
+    Corrupt { path: PathBuf, source: redb::Error },
+    #[error(
+        "database file {path} was created with bucket_width {stored}s but the config says {configured}s; \
+         set store.bucket_width back, or use a new file"
+    )]
+    WidthMismatch {
+        path: PathBuf,
+        stored: i64,
+        configured: i64,
+    },
+    #[error(
+        "database file {path} has format version {found}, this bucketd reads version {FORMAT_VERSION}; \
+         use the bucketd release that wrote it"
+    )]
+    UnsupportedFormat { path: PathBuf, found: String },
+}
+
+/// A commit that failed; nothing of the batch is acknowledged. After an I/O error redb refuses
+/// every further call until the file is reopened ([`Store::reopen`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("the database is closed after a write error and could not be reopened yet")]
+    Closed,
+    #[error("redb: {0}")]
+    Redb(#[from] redb::Error),
+    #[error("stored bucket document for series id {series_id} at {start} is unreadable: {source}")]
+    Decode {
+        series_id: u64,
+        start: i64,
+        source: bson::error::Error,
+    },
+    #[error("raw page {page_no} of series id {series_id} at {start} is unreadable")]
+    Page {
+        series_id: u64,
+        start: i64,
+        page_no: u32,
+    },
+    #[error("outbox entry {seq} is unreadable: {source}")]
+    Outbox {
+        seq: u64,
+        source: bson::error::Error,
+    },
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for CommitError {
+            fn from(e: $t) -> Self {
+                CommitError::Redb(e.into())
+            }
+        }
+    )*};
+}
+from_redb!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
+
+/// What one commit wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    pub buckets_written: usize,
+    pub buckets_created: usize,
+    pub series_created: usize,
+}
+
+/// The open database, owned by the writer thread (one writer). Readers share the same handle
+/// through [`Store::reader`]; redb's MVCC read transactions never block the writer.
+pub struct Store {
+    /// `None` only between a failed reopen and the next successful one.
+    db: Option<Arc<redb::Database>>,
+    /// The same handle for readers ([`StoreReader`]); emptied while the file is reopened, since
+    /// redb's file lock lasts as long as any handle does.
+    shared: SharedDb,
+    path: PathBuf,
+    settings: StoreSettings,
+    /// Every series in the file, name -> id; bounded by `limits.max_series` through the ingest
+    /// side, which refuses new series past the limit.
+    series: HashMap<Arc<str>, u64>,
+    /// Sequence number of the next commit.
+    next_seq: u64,
+    /// The `dedup` table's entries: (commit sequence number, fingerprints), oldest first.
+    dedup_log: VecDeque<(u64, usize)>,
+    /// Fingerprints in `dedup_log`.
+    dedup_total: usize,
+    /// Test seam: injected write faults, see [`Faults`].
+    #[cfg(any(test, feature = "fault-injection"))]
+    faults: Option<Arc<Faults>>,
+    /// The outbox's state, shared with the forwarder.
+    outbox: Arc<OutboxShared>,
+}
+
+type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
+
+impl Store {
+    /// Opens (or creates) the database file and checks its format and bucket width.
+    pub fn open(settings: &StoreSettings) -> Result<Store, StoreOpenError> {
+        let mut store = Store::unloaded(settings);
+        store.load()?;
+        Ok(store)
+    }
+
+    /// [`Store::open`], with write faults injected under redb when `faults` is given (tests).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn open_with_faults(
+        settings: &StoreSettings,
+        faults: Option<Arc<Faults>>,
+    ) -> Result<Store, StoreOpenError> {
+        let mut store = Store::unloaded(settings);
+        store.faults = faults;
+        store.load()?;
+        Ok(store)
+    }
+
+    fn unloaded(settings: &StoreSettings) -> Store {
+        Store {
+            db: None,
+            shared: Arc::new(RwLock::new(None)),
+            path: settings.path.clone(),
+            settings: settings.clone(),
+            series: HashMap::new(),
+            next_seq: 0,
+            dedup_log: VecDeque::new(),
+            dedup_total: 0,
+            #[cfg(any(test, feature = "fault-injection"))]
+            faults: None,
+            outbox: Arc::new(OutboxShared::default()),
+        }
+    }
+
+    fn create_db(&self, builder: &redb::Builder) -> Result<redb::Database, redb::DatabaseError> {
+        #[cfg(any(test, feature = "fault-injection"))]
+        if let Some(faults) = &self.faults {
+            return faults::create(builder, &self.path, faults.clone());
+        }
+        builder.create(&self.path)
+    }
+
+    /// Opens the file and reads the state kept in memory: series, commit sequence number and
+    /// dedup log.
+    fn load(&mut self) -> Result<(), StoreOpenError> {
+        let path = self.path.clone();
+        let builder = {
+            let mut b = redb::Builder::new();
+            b.set_cache_size(self.settings.cache_bytes);
+            b
+        };
+        let db = self
+            .create_db(&builder)
+            .map_err(|e| match open_error(&path, e) {
+                // Creating: a missing file is made, so "not found" means the directory is missing.
+                StoreOpenError::Missing { path } => StoreOpenError::Io {
+                    path,
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                },
+                other => other,
+            })?;
+        self.db = Some(Arc::new(db));
+        let corrupt = |source| StoreOpenError::Corrupt {
+            path: path.clone(),
+            source,
+        };
+        self.init_meta().map_err(corrupt)??;
+        let db = self.db.clone().expect("opened above");
+        let db = &*db;
+        self.series = read_series(db).map_err(corrupt)?;
+        let (next_seq, log) = read_dedup_log(db).map_err(corrupt)?;
+        self.next_seq = next_seq;
+        self.dedup_total = log.iter().map(|e| e.1).sum();
+        self.dedup_log = log;
+        outbox::load(db, &self.outbox).map_err(corrupt)?;
+        self.shared
+            .write()
+            .expect("no panic while holding the lock")
+            .clone_from(&self.db);
+        Ok(())
+    }
+
+    /// Closes and reopens the file: after an I/O error redb answers every call with an error
+    /// until then. In-memory state is read back from the file, so whatever the failed commit
+    /// did or did not write, the store again agrees with it.
+    pub fn reopen(&mut self) -> Result<(), StoreOpenError> {
+        *self
+            .shared
+            .write()
+            .expect("no panic while holding the lock") = None;
+        self.db = None;
+        self.load()
+    }
+
+    fn db(&self) -> &redb::Database {
+        self.db
+            .as_deref()
+            .expect("open: callers check `is_open` first")
+    }
+
+    fn open_db(&self) -> Result<&redb::Database, CommitError> {
+        self.db.as_deref().ok_or(CommitError::Closed)
+    }
+
+    /// Sequence number of the next commit; one more than that of the last commit in the file.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The dedup window's fingerprints in the file, oldest first.
+    pub fn recent_fingerprints(&self) -> Result<Vec<crate::dedup::Fingerprint>, redb::Error> {
+        let tx = self.open_db().map_err(|_| closed_error())?.begin_read()?;
+        let table = tx.open_table(DEDUP)?;
+        let mut out = Vec::with_capacity(self.dedup_total);
+        for entry in table.iter()? {
+            let (key, value) = entry?;
+            let fps = crate::dedup::decode(value.value()).ok_or_else(|| {
+                redb::Error::Corrupted(format!("dedup entry {} is unreadable", key.value()))
+            })?;
+            out.extend(fps);
+        }
+        Ok(out)
+    }
+
+    /// The last delta message applied per gateway (`fleet::applied`).
+    pub fn applied_positions(&self) -> Result<Vec<(String, crate::delta::Position)>, redb::Error> {
+        let tx = self.open_db().map_err(|_| closed_error())?.begin_read()?;
+        let table = tx.open_table(APPLIED)?;
+        let mut out = Vec::new();
+        for entry in table.iter()? {
+            let (gateway, value) = entry?;
+            let at = crate::delta::Position::decode(value.value()).ok_or_else(|| {
+                redb::Error::Corrupted(format!(
+                    "applied position of gateway {} is unreadable",
+                    gateway.value()
+                ))
+            })?;
+            out.push((gateway.value().to_owned(), at));
+        }
+        Ok(out)
+    }
+
+    /// Creates the tables and meta entries of a new file, or checks those of an existing one.
+    fn init_meta(&mut self) -> Result<Result<(), StoreOpenError>, redb::Error> {
+        let tx = self.db().begin_write()?;
+        let checked = {
+            let mut meta = tx.open_table(META)?;
+            tx.open_table(SERIES_BY_NAME)?;
+            tx.open_table(SERIES_BY_ID)?;
+            tx.open_table(BUCKETS)?;
+            tx.open_table(PAGES)?;
+            tx.open_table(DEDUP)?;
+            tx.open_table(APPLIED)?;
+            tx.open_table(outbox::OUTBOX)?;
+            let format = meta.get("format_version")?.map(|v| v.value().to_owned());
+            match format {
+                None => {
+                    meta.insert("format_version", FORMAT_VERSION.to_string().as_str())?;
+                    meta.insert(
+                        "bucket_width_secs",
+                        self.settings.bucket_width_secs.to_string().as_str(),
+                    )?;
+                    meta.insert(
+                        "created_at",
+                        crate::reading::Timestamp::now()
+                            .to_rfc3339_millis()
+                            .as_str(),
+                    )?;
+                    Ok(())
+                }
+                Some(v) if v != FORMAT_VERSION.to_string() => {
+                    Err(StoreOpenError::UnsupportedFormat {
+                        path: self.path.clone(),
+                        found: v,
+                    })
+                }
+                Some(_) => {
+                    let stored = meta
+                        .get("bucket_width_secs")?
+                        .and_then(|v| v.value().parse::<i64>().ok())
+                        .unwrap_or(-1);
+                    if stored == self.settings.bucket_width_secs {
+                        Ok(())
+                    } else {
+                        Err(StoreOpenError::WidthMismatch {
+                            path: self.path.clone(),
+                            stored,
+                            configured: self.settings.bucket_width_secs,
+                        })
+                    }
+                }
+            }
+        };
+        tx.commit()?;
+        Ok(checked)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The outbox's state, for the forwarder.
+    pub fn outbox(&self) -> Arc<OutboxShared> {
+        self.outbox.clone()
+    }
+
+    /// A reader over this open database, for queries while the daemon runs.
+    pub fn reader(&self) -> StoreReader {
+        StoreReader::shared(self.shared.clone())
+    }
+
+    /// Names of every stored series.
+    pub fn series_names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.series.keys()
+    }
+
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+
+    /// Size of the database file in bytes.
+    pub fn file_bytes(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// Upsert-and-increment: in one durable write transaction, for every bucket of the batch,
+    /// read the stored summary (if any), merge the batch's summary into it, and write it back;
+    /// record the batch's message fingerprints under the next commit sequence number. When this
+    /// returns `Ok`, the batch is on disk. After an error, [`Store::reopen`] and compare
+    /// [`Store::next_seq`] to learn whether it landed.
+    pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, CommitError> {
+        let mut stats = CommitStats::default();
+        if batch.is_empty() {
+            return Ok(stats);
+        }
+        let seq = self.next_seq;
+        let trimmed = self.dedup_trim(batch.fingerprints.len());
+        let mut tx = self.open_db()?.begin_write()?;
+        // Acknowledgements wait for this commit, so it must be durable; say so explicitly.
+        tx.set_durability(redb::Durability::Immediate)?;
+        tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
+        tx.set_quick_repair(self.settings.quick_repair);
+        // Series first seen in this batch; joined to `self.series` only once the commit holds.
+        let mut new_series: HashMap<Arc<str>, u64> = HashMap::new();
+        {
+            let mut by_name = tx.open_table(SERIES_BY_NAME)?;
+            let mut by_id = tx.open_table(SERIES_BY_ID)?;
+            let mut buckets = tx.open_table(BUCKETS)?;
+            let mut pages = tx.open_table(PAGES)?;
+            let first_new_id = self.series.len() as u64;
+            let mut buf = Vec::with_capacity(512);
+            for ((series, start), delta) in &batch.buckets {
+                let id = if let Some(&id) = self.series.get(series).or(new_series.get(series)) {
+                    id
+                } else {
+                    let id = first_new_id + new_series.len() as u64;
+                    by_name.insert(&**series, id)?;
+                    by_id.insert(id, &**series)?;
+                    new_series.insert(series.clone(), id);
+                    id
+                };
+                let mut merged = if let Some(stored) = buckets.get((id, *start))? {
+                    let doc = BucketDoc::decode(stored.value()).map_err(|source| {
+                        CommitError::Decode {
+                            series_id: id,
+                            start: *start,
+                            source,
+                        }
+                    })?;
+                    let mut summary = doc.summary();
+                    summary.merge(delta);
+                    doc.with_summary(&summary)
+                } else {
+                    stats.buckets_created += 1;
+                    BucketDoc::new(series, *start, self.settings.bucket_width_secs, delta)
+                };
+                if let Some(raw) = batch.raw.get(&(series.clone(), *start)) {
+                    let cap = self.settings.page_capacity;
+                    merged.pages = append_pages(&mut pages, (id, *start), merged.pages, raw, cap)?;
+                }
+                buf.clear();
+                bson::serialize_to_buffer(&merged, &mut buf)
+                    .expect("a BucketDoc has only BSON-representable fields");
+                buckets.insert((id, *start), buf.as_slice())?;
+                stats.buckets_written += 1;
+            }
+            let mut dedup = tx.open_table(DEDUP)?;
+            dedup.insert(seq, crate::dedup::encode(&batch.fingerprints).as_slice())?;
+            for &old in &trimmed {
+                dedup.remove(old)?;
+            }
+            if !batch.applied.is_empty() {
+                let mut applied = tx.open_table(APPLIED)?;
+                for (gateway, at) in &batch.applied {
+                    applied.insert(gateway.as_str(), at.encode().as_slice())?;
+                }
+            }
+        }
+        let gate = if self.settings.outbox_max_entries > 0 {
+            outbox::record(
+                &tx,
+                &self.outbox,
+                self.settings.outbox_max_entries,
+                seq,
+                batch,
+                self.settings.bucket_width_secs,
+            )?
+        } else {
+            None
+        };
+        tx.commit()?;
+        drop(gate);
+        stats.series_created = new_series.len();
+        self.series.extend(new_series);
+        self.dedup_log.retain(|(s, _)| !trimmed.contains(s));
+        self.dedup_log.push_back((seq, batch.fingerprints.len()));
+        self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
+        self.next_seq = seq + 1;
+        Ok(stats)
+    }
+
+    /// The dedup entries that go when an entry of `adding` fingerprints is added: the oldest
+    /// ones whose fingerprints all fall out of the window, and an empty entry, which is only
+    /// kept while it is the last (its key gives [`Store::next_seq`]).
+    fn dedup_trim(&self, adding: usize) -> Vec<u64> {
+        let window = self.settings.dedup_window;
+        let mut total = self.dedup_total + adding;
+        let mut out = Vec::new();
+        for &(seq, n) in &self.dedup_log {
+            if total - n < window {
+                break;
+            }
+            total -= n;
+            out.push(seq);
+        }
+        if let Some(&(seq, 0)) = self.dedup_log.back()
+            && out.last() != Some(&seq)
+        {
+            out.push(seq);
+        }
+        out
+    }
+}
+
+/// Appends `raw` to the bucket's pages: fills the last page up to `cap`, then starts new ones.
+/// Returns the new page count.
+fn append_pages(
+    table: &mut redb::Table<(u64, i64, u32), &[u8]>,
+    (id, start): (u64, i64),
+    pages: i32,
+    raw: &[(i64, f64)],
+    cap: u32,
+) -> Result<i32, CommitError> {
+    let cap = cap as usize;
+    let mut next = u32::try_from(pages).unwrap_or(0);
+    let mut rest = raw;
+    if let Some(last) = next.checked_sub(1) {
+        let damaged = CommitError::Page {
+            series_id: id,
+            start,
+            page_no: last,
+        };
+        let stored = table
+            .get((id, start, last))?
+            .map(|v| PageDoc::from_bytes(v.value()));
+        let page = stored.flatten().ok_or(CommitError::Page {
+            series_id: id,
+            start,
+            page_no: last,
+        })?;
+        if (page.count as usize) < cap {
+            // Appended to the page's bit stream without decoding it: O(new readings).
+            let take = (cap - page.count as usize).min(rest.len());
+            let grown = page.append(&rest[..take]).ok_or(damaged)?;
+            rest = &rest[take..];
+            table.insert((id, start, last), grown.to_bytes().as_slice())?;
+        }
+    }
+    for chunk in rest.chunks(cap) {
+        table.insert((id, start, next), PageDoc::of(chunk).to_bytes().as_slice())?;
+        next += 1;
+    }
+    Ok(i32::try_from(next).expect("fewer than 2^31 pages per bucket"))
+}
+
+fn open_error(path: &Path, e: redb::DatabaseError) -> StoreOpenError {
+    let path = path.to_owned();
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreOpenError::Locked { path },
+        redb::DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            StoreOpenError::Missing { path }
+        }
+        // redb reports a wrong magic number or a truncated header as InvalidData.
+        redb::DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.kind() != std::io::ErrorKind::InvalidData =>
+        {
+            StoreOpenError::Io { path, source }
+        }
+        other => StoreOpenError::Corrupt {
+            path,
+            source: other.into(),
+        },
+    }
+}
+
+/// The `dedup` table's entries, oldest first, and the next commit sequence number.
+fn read_dedup_log(db: &redb::Database) -> Result<(u64, VecDeque<(u64, usize)>), redb::Error> {
+    let tx = db.begin_read()?;
+    let table = tx.open_table(DEDUP)?;
+    let mut log = VecDeque::new();
+    for entry in table.iter()? {
+        let (key, value) = entry?;
+        log.push_back((
+            key.value(),
+            value.value().len() / crate::dedup::FINGERPRINT_BYTES,
+        ));
+    }
+    let next = log.back().map_or(0, |&(seq, _)| seq + 1);
+    Ok((next, log))
+}
+
+fn closed_error() -> redb::Error {
+    redb::Error::Io(std::io::Error::other(
+        "the database is closed after a write error",
+    ))
+}
+
+fn read_series(db: &redb::Database) -> Result<HashMap<Arc<str>, u64>, redb::Error> {
+    let tx = db.begin_read()?;
+    let table = tx.open_table(SERIES_BY_NAME)?;
+    let mut series = HashMap::with_capacity(usize::try_from(table.len()?).unwrap_or(0));
+    for entry in table.iter()? {
+        let (name, id) = entry?;
+        series.insert(Arc::from(name.value()), id.value());
+    }
+    Ok(series)
+}
+
+#[cfg(test)]
+mod tests;

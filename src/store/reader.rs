@@ -1,0 +1,228 @@
+//! [`StoreReader`]: read access to the file, for `bucketd export` (a file no daemon holds) and
+//! the HTTP API (the daemon's own open database). Never writes.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable};
+
+use super::outbox::{self, OutboxDoc};
+use super::{
+    BUCKETS, META, PAGES, SERIES_BY_ID, SERIES_BY_NAME, SharedDb, StoreOpenError, open_error,
+};
+use crate::doc::{BucketDoc, PageDoc};
+
+/// Read access: to a file no daemon holds (`bucketd export`), or to the daemon's own open
+/// database (the HTTP API). Cheap to clone.
+#[derive(Clone)]
+pub struct StoreReader {
+    db: ReaderDb,
+}
+
+#[derive(Clone)]
+enum ReaderDb {
+    ReadOnly(Arc<redb::ReadOnlyDatabase>),
+    Shared(SharedDb),
+}
+
+impl ReaderDb {
+    fn begin_read(&self) -> Result<redb::ReadTransaction, redb::TransactionError> {
+        match self {
+            ReaderDb::ReadOnly(db) => db.begin_read(),
+            ReaderDb::Shared(db) => {
+                let db = db.read().expect("no panic while holding the lock").clone();
+                match db {
+                    Some(db) => db.begin_read(),
+                    None => Err(redb::TransactionError::Storage(redb::StorageError::Io(
+                        std::io::Error::other(
+                            "the database is being reopened after a write error; retry shortly",
+                        ),
+                    ))),
+                }
+            }
+        }
+    }
+}
+
+impl StoreReader {
+    /// A reader over the daemon's own open database.
+    pub(super) fn shared(db: SharedDb) -> StoreReader {
+        StoreReader {
+            db: ReaderDb::Shared(db),
+        }
+    }
+
+    /// Opens the file read-only. Fails with [`StoreOpenError::Locked`] while a daemon holds it.
+    pub fn open(path: &Path) -> Result<StoreReader, StoreOpenError> {
+        if !path.exists() {
+            return Err(StoreOpenError::Missing {
+                path: path.to_owned(),
+            });
+        }
+        let db = redb::Builder::new()
+            .open_read_only(path)
+            .map_err(|e| open_error(path, e))?;
+        Ok(StoreReader {
+            db: ReaderDb::ReadOnly(Arc::new(db)),
+        })
+    }
+
+    /// Up to `max` outbox entries with a sequence number above `after` (all with `None`),
+    /// oldest first. The forwarder reads through [`super::OutboxShared::read_for_shipping`].
+    pub fn outbox(&self, after: Option<u64>, max: usize) -> Result<Vec<OutboxDoc>, redb::Error> {
+        outbox::read(&self.db.begin_read()?, after, max)
+    }
+
+    /// Every series name, sorted.
+    pub fn series(&self) -> Result<Vec<String>, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(SERIES_BY_NAME)?;
+        let mut names = Vec::new();
+        for entry in table.iter()? {
+            names.push(entry?.0.value().to_owned());
+        }
+        Ok(names)
+    }
+
+    /// Whether `series` is stored.
+    pub fn has_series(&self, series: &str) -> Result<bool, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(SERIES_BY_NAME)?;
+        Ok(table.get(series)?.is_some())
+    }
+
+    /// When the file was created (RFC 3339): names this database to an upstream, which
+    /// tells a replaced database's sequence numbers from the old one's.
+    pub fn created_at(&self) -> Result<String, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let meta = tx.open_table(META)?;
+        let created = meta.get("created_at")?;
+        created
+            .map(|v| v.value().to_owned())
+            .ok_or_else(|| redb::Error::Corrupted("meta.created_at is missing".into()))
+    }
+
+    /// The bucket width the file was created with, in seconds.
+    pub fn bucket_width_secs(&self) -> Result<i64, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let meta = tx.open_table(META)?;
+        let width = meta.get("bucket_width_secs")?;
+        width
+            .and_then(|v| v.value().parse().ok())
+            .ok_or_else(|| redb::Error::Corrupted("meta.bucket_width_secs is missing".into()))
+    }
+
+    /// Raw readings of `series` (every series when `None`) with `from <= ts < to` (ns), one
+    /// bucket at a time in time order, each bucket's readings sorted by timestamp (equal
+    /// timestamps in arrival order). `visit` returns `false` to stop early.
+    pub fn raw(
+        &self,
+        series: Option<&str>,
+        from: i64,
+        to: i64,
+        mut visit: impl FnMut(&str, &[(i64, f64)]) -> bool,
+    ) -> Result<(), redb::Error> {
+        if from >= to {
+            return Ok(());
+        }
+        let width = self.bucket_width_secs()?;
+        let tx = self.db.begin_read()?;
+        let by_id = tx.open_table(SERIES_BY_ID)?;
+        let pages = tx.open_table(PAGES)?;
+        let ids = series_ids(&tx, series)?;
+        let first_start = from.div_euclid(1_000_000_000).div_euclid(width) * width;
+        let end_start = to.div_euclid(1_000_000_000) + 1; // buckets starting before `to`
+        for id in ids {
+            let name = by_id
+                .get(id)?
+                .map(|n| n.value().to_owned())
+                .ok_or_else(|| redb::Error::Corrupted(format!("series id {id} has no name")))?;
+            let mut bucket: Option<i64> = None;
+            let mut readings: Vec<(i64, f64)> = Vec::new();
+            let mut flush = |readings: &mut Vec<(i64, f64)>| {
+                readings.sort_by_key(|r| r.0); // stable: equal timestamps keep arrival order
+                let keep = !readings.is_empty() && !visit(&name, readings);
+                readings.clear();
+                keep
+            };
+            for entry in pages.range((id, first_start, 0)..(id, end_start, 0))? {
+                let (key, value) = entry?;
+                let (_, start, page_no) = key.value();
+                if bucket != Some(start) {
+                    if flush(&mut readings) {
+                        return Ok(());
+                    }
+                    bucket = Some(start);
+                }
+                let corrupt = || {
+                    redb::Error::Corrupted(format!(
+                        "raw page {page_no} of {name} at {start} is unreadable"
+                    ))
+                };
+                let page = PageDoc::from_bytes(value.value()).ok_or_else(corrupt)?;
+                if page.max_ts < from || page.min_ts >= to {
+                    continue;
+                }
+                let decoded = page.readings().ok_or_else(corrupt)?;
+                readings.extend(
+                    decoded
+                        .into_iter()
+                        .filter(|(ts, _)| (from..to).contains(ts)),
+                );
+            }
+            if flush(&mut readings) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Buckets of `series` (all series when `None`) with `from <= start < to` (seconds), in
+    /// series-id then time order.
+    pub fn buckets(
+        &self,
+        series: Option<&str>,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<BucketDoc>, redb::Error> {
+        let tx = self.db.begin_read()?;
+        let buckets = tx.open_table(BUCKETS)?;
+        let ids = series_ids(&tx, series)?;
+        let mut out = Vec::new();
+        if from >= to {
+            return Ok(out);
+        }
+        for id in ids {
+            for entry in buckets.range((id, from)..(id, to))? {
+                let (key, value) = entry?;
+                let doc = BucketDoc::decode(value.value()).map_err(|e| {
+                    redb::Error::Corrupted(format!(
+                        "bucket document {:?} is unreadable: {e}",
+                        key.value()
+                    ))
+                })?;
+                out.push(doc);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The id of `series`, or of every series when `None` (in id order).
+fn series_ids(tx: &redb::ReadTransaction, series: Option<&str>) -> Result<Vec<u64>, redb::Error> {
+    if let Some(name) = series {
+        let by_name = tx.open_table(SERIES_BY_NAME)?;
+        Ok(by_name
+            .get(name)?
+            .map(|id| id.value())
+            .into_iter()
+            .collect())
+    } else {
+        let by_id = tx.open_table(SERIES_BY_ID)?;
+        let mut ids = Vec::new();
+        for entry in by_id.iter()? {
+            ids.push(entry?.0.value());
+        }
+        Ok(ids)
+    }
+}

@@ -1,0 +1,195 @@
+//! The import rules of ARCHITECTURE.md, checked on the source: the top-level modules of `src/`
+//! import one way (no cycle), and the edge pipeline never imports the fleet tier (only the
+//! wiring in `daemon` attaches it). References are `crate::NAME` paths, `use crate::{..}` groups
+//! included; test code (`tests.rs` files and `#[cfg(test)] mod tests` blocks) is left out.
+//!
+//! `cargo test --test it layers -- --nocapture` prints the modules in layer order.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Modules that may import `fleet`: the wiring, and the fleet tier itself.
+const FLEET_IMPORTERS: [&str; 2] = ["daemon", "fleet"];
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every top-level module with the files that make it up.
+fn modules() -> BTreeMap<String, Vec<PathBuf>> {
+    let mut out: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for entry in std::fs::read_dir(src()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        if path.is_dir() {
+            out.entry(name).or_default().extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "lib" && name != "main" {
+            out.entry(name).or_default().push(path);
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs")
+            && path.file_name().is_some_and(|n| n != "tests.rs")
+        {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The source without comments and without its trailing `#[cfg(test)] mod tests { .. }`.
+fn code(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]\nmod tests {") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(at) => &l[..at],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level names after each `crate::` in `code`, groups included.
+fn crate_refs(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Top-level names of the group: those at depth 0, before `::`, `,` or `}`.
+            let (mut depth, mut start) = (0, 0);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        out.extend(first_ident(&group[start..i]));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.extend(first_ident(&group[start..i]));
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.extend(first_ident(rest));
+        }
+    }
+    out
+}
+
+fn first_ident(s: &str) -> Option<String> {
+    let s = s.trim_start();
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    (end > 0).then(|| s[..end].to_owned())
+}
+
+fn graph() -> Graph {
+    let modules = modules();
+    let mut g = Graph::new();
+    for (name, files) in &modules {
+        let refs = g.entry(name.clone()).or_default();
+        for file in files {
+            let text = std::fs::read_to_string(file).unwrap();
+            refs.extend(
+                crate_refs(&code(&text))
+                    .into_iter()
+                    .filter(|r| r != name && modules.contains_key(r)),
+            );
+        }
+    }
+    g
+}
+
+/// The modules in layer order (each after everything it imports), or the modules left in
+/// cycles.
+fn layers(g: &Graph) -> Result<Vec<Vec<String>>, BTreeSet<String>> {
+    let mut placed: BTreeSet<String> = BTreeSet::new();
+    let mut out = Vec::new();
+    while placed.len() < g.len() {
+        let layer: Vec<String> = g
+            .iter()
+            .filter(|(m, deps)| !placed.contains(*m) && deps.iter().all(|d| placed.contains(d)))
+            .map(|(m, _)| m.clone())
+            .collect();
+        if layer.is_empty() {
+            return Err(g.keys().filter(|m| !placed.contains(*m)).cloned().collect());
+        }
+        placed.extend(layer.iter().cloned());
+        out.push(layer);
+    }
+    Ok(out)
+}
+
+#[test]
+fn top_level_modules_import_one_way() {
+    let g = graph();
+    assert!(g.len() > 20, "found the modules: {:?}", g.keys());
+    match layers(&g) {
+        Ok(layers) => {
+            for (i, layer) in layers.iter().enumerate() {
+                eprintln!("layer {i}: {}", layer.join(", "));
+            }
+        }
+        Err(stuck) => {
+            let edges: Vec<String> = stuck
+                .iter()
+                .flat_map(|m| {
+                    g[m].iter()
+                        .filter(|d| stuck.contains(*d))
+                        .map(move |d| format!("{m} -> {d}"))
+                })
+                .collect();
+            panic!(
+                "modules import each other in a cycle (or depend on one): {stuck:?}; edges \
+                 among them: {edges:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_edge_pipeline_does_not_import_the_fleet_tier() {
+    let g = graph();
+    let importers: Vec<&String> = g
+        .iter()
+        .filter(|(m, deps)| deps.contains("fleet") && !FLEET_IMPORTERS.contains(&m.as_str()))
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        importers.is_empty(),
+        "edge modules import the fleet tier: {importers:?} (attach it in daemon, through the \
+         outbox or admit::DeltaLedger)"
+    );
+}
+
+#[test]
+fn the_reference_finder_reads_paths_and_groups() {
+    let refs = crate_refs(
+        "use crate::a::B;\nuse crate::{c, d::{e, f}, g::H as I};\nlet x = crate::j::k();",
+    );
+    let want: BTreeSet<String> = ["a", "c", "d", "g", "j"].map(String::from).into();
+    assert_eq!(refs, want);
+    let mut g = Graph::new();
+    g.insert("x".into(), ["y".into()].into());
+    g.insert("y".into(), ["x".into()].into());
+    g.insert("z".into(), BTreeSet::new());
+    assert_eq!(layers(&g).unwrap_err(), ["x", "y"].map(String::from).into());
+}

@@ -1,0 +1,164 @@
+//! Brokers the tests reach: the in-process rumqttd (started once per test binary) and the
+//! external broker named by `BUCKETD_TEST_MQTT`; and a TCP proxy that can cut the connection.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use bucketd::config::Protocol;
+
+use super::eventually_sync;
+
+/// A broker the tests can reach.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    pub name: &'static str,
+    pub host: String,
+    /// Port for MQTT 3.1.1 clients.
+    pub v311_port: u16,
+    /// Port for MQTT 5 clients (the same as `v311_port` on brokers that speak both on one port).
+    pub v5_port: u16,
+    /// Whether the broker sets DUP on redeliveries, as MQTT requires (rumqttd 0.20 does not).
+    pub sets_dup: bool,
+}
+
+impl Broker {
+    /// The in-process rumqttd, started once per test binary (it has no shutdown API).
+    pub fn hermetic() -> Broker {
+        static BROKER: OnceLock<Broker> = OnceLock::new();
+        BROKER.get_or_init(start_rumqttd).clone()
+    }
+
+    /// The broker named by `BUCKETD_TEST_MQTT=host:port`, if set.
+    pub fn external() -> Option<Broker> {
+        let addr = std::env::var("BUCKETD_TEST_MQTT").ok()?;
+        let (host, port) = addr
+            .rsplit_once(':')
+            .expect("BUCKETD_TEST_MQTT is host:port");
+        let port: u16 = port.parse().expect("BUCKETD_TEST_MQTT port is a number");
+        Some(Broker {
+            name: "external",
+            host: host.to_owned(),
+            v311_port: port,
+            v5_port: port,
+            sets_dup: true,
+        })
+    }
+
+    pub fn port(&self, protocol: Protocol) -> u16 {
+        match protocol {
+            Protocol::V5 => self.v5_port,
+            Protocol::V311 => self.v311_port,
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral port")
+        .port()
+}
+
+fn start_rumqttd() -> Broker {
+    use rumqttd::{ConnectionSettings, RouterConfig, ServerSettings};
+    if let Ok(path) = std::env::var("BUCKETD_TEST_BROKER_LOG") {
+        let file = std::fs::File::create(&path).expect("creating the broker log");
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::sync::Mutex::new(file))
+            .with_ansi(false)
+            .with_env_filter("rumqttd=debug")
+            .try_init();
+    }
+    let v4 = free_port();
+    let v5 = free_port();
+    let server = |name: &str, port: u16| ServerSettings {
+        name: name.to_owned(),
+        listen: format!("127.0.0.1:{port}").parse().unwrap(),
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 60_000,
+            max_payload_size: 1 << 20,
+            max_inflight_count: 500,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    let config = rumqttd::Config {
+        id: 0,
+        router: RouterConfig {
+            max_connections: 10_000,
+            max_outgoing_packet_count: 200,
+            max_segment_size: 100 << 20,
+            max_segment_count: 10,
+            ..Default::default()
+        },
+        v4: Some(HashMap::from([("1".to_owned(), server("v4", v4))])),
+        v5: Some(HashMap::from([("1".to_owned(), server("v5", v5))])),
+        ..Default::default()
+    };
+    std::thread::spawn(move || {
+        rumqttd::Broker::new(config)
+            .start()
+            .expect("rumqttd starts");
+    });
+    for port in [v4, v5] {
+        eventually_sync(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+    Broker {
+        name: "rumqttd",
+        host: "127.0.0.1".into(),
+        v311_port: v4,
+        v5_port: v5,
+        sets_dup: false,
+    }
+}
+
+/// A TCP proxy in front of a broker that a test can cut: while down, it closes every
+/// connection and refuses new ones (accepts and closes them at once). A broker "outage" as
+/// the daemon sees it, while the broker itself keeps the daemon's session.
+pub struct Proxy {
+    pub port: u16,
+    up: tokio::sync::watch::Sender<bool>,
+}
+
+impl Proxy {
+    pub async fn start(upstream_host: &str, upstream_port: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (up, up_rx) = tokio::sync::watch::channel(true);
+        let upstream = format!("{upstream_host}:{upstream_port}");
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if !*up_rx.borrow() {
+                    drop(client);
+                    continue;
+                }
+                let mut down = up_rx.clone();
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, up }
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.up.send_replace(up);
+    }
+}
