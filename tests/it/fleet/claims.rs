@@ -141,6 +141,15 @@ async fn a_central_waits_for_its_claims_database_and_then_applies_everything() {
         0.0,
         "applied without a claim"
     );
+    // The message waits for its claim, the ingest loop does not: it still answers a flush
+    // request (served from its select loop), at once.
+    let flushed = tokio::time::timeout(
+        Duration::from_secs(5),
+        http("POST", format!("http://{}/api/v1/flush", central.addr)),
+    )
+    .await
+    .expect("the ingest loop answers while a claim waits");
+    assert_eq!(flushed, (200, r#"{"committed":0}"#.to_owned()));
     admin
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .await

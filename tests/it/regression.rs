@@ -1,0 +1,93 @@
+//! Every bug fixed so far whose story is in `git log`, one line each saying what broke, and the
+//! test that fails if it comes back. The tests live with their theme (a unit test beside the
+//! pure code it exercises, an end-to-end test in its theme module); this index is checked: each
+//! test it names must exist, so it cannot silently go stale.
+
+/// (commit, what broke, file, test function).
+const BUGS: &[(&str, &str, &str, &str)] = &[
+    (
+        "fd428d1",
+        "acks were dropped when rumqttc's request channel was full (a broker past its window)",
+        "tests/it/ingest.rs",
+        "a_broker_that_exceeds_the_window_loses_nothing",
+    ),
+    (
+        "558b847",
+        "a broker enforcing a window smaller than configured stalled ingestion until the interval",
+        "src/batcher/tests.rs",
+        "a_broker_window_smaller_than_configured_is_detected_as_a_stall",
+    ),
+    (
+        "59ef691",
+        "a redelivery of a committed but unacknowledged message was counted twice",
+        "tests/it/crash.rs",
+        "kill_9_under_load_loses_nothing_and_counts_nothing_twice",
+    ),
+    (
+        "891f27a",
+        "Nagle-paced bursts (Mosquitto's default) were taken for a stalled window: 70 commits/s",
+        "src/batcher/tests.rs",
+        "bursts_paced_by_delayed_acks_are_not_stalls",
+    ),
+    (
+        "d1c78a4",
+        "the outbox merged into an entry a process before a restart may have shipped",
+        "src/store/tests.rs",
+        "at_its_bound_a_reopened_outbox_does_not_merge_into_entries_an_earlier_process_may_have_shipped",
+    ),
+    (
+        "d1c78a4",
+        "a commit merged into an outbox entry the forwarder had just read (lost or doubled)",
+        "src/store/tests.rs",
+        "an_entry_read_for_shipping_never_changes_while_commits_merge_at_the_bound",
+    ),
+    (
+        "c43c174",
+        "a forwarder retrying through an outage grew the outbox past its bound by one per retry",
+        "src/store/tests.rs",
+        "at_its_bound_the_outbox_merges_into_the_newest_entry_and_loses_nothing",
+    ),
+    (
+        "060fddf",
+        "a central's window of recent delta messages missed a late copy: applied twice",
+        "tests/it/fleet/mqtt.rs",
+        "a_central_applies_each_gateway_entry_once_however_late_the_copy",
+    ),
+    (
+        "115e724",
+        "a round-robin shared subscription gave a resend to another central, which applied it",
+        "tests/it/fleet/claims.rs",
+        "shared_central_instances_claim_each_delta_message_once",
+    ),
+    (
+        "23f8ca3",
+        "a silent claims database held the ingest loop (and then the watchdog restarted it)",
+        "tests/it/fleet/claims.rs",
+        "a_central_waits_for_its_claims_database_and_then_applies_everything",
+    ),
+    (
+        "0ff01f2",
+        "check-config exited 78 instead of 1 on a bad config",
+        "tests/it/cli.rs",
+        "configuration_errors_name_the_key_and_exit_78_from_run",
+    ),
+    (
+        "4368bba",
+        "the crash test 'lost' the tail of its stream: one end marker on its own topic arrived first",
+        "tests/it/crash.rs",
+        "kill_9_under_load_loses_nothing_and_counts_nothing_twice",
+    ),
+];
+
+#[test]
+fn every_fixed_bug_names_a_test_that_exists() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (commit, story, file, test) in BUGS {
+        let text = std::fs::read_to_string(root.join(file))
+            .unwrap_or_else(|e| panic!("{commit} ({story}): {file}: {e}"));
+        assert!(
+            text.contains(&format!("fn {test}(")),
+            "{commit} ({story}): no `fn {test}` in {file}"
+        );
+    }
+}
