@@ -954,7 +954,9 @@ fn valid_log_filter(filter: &str) -> bool {
             LEVELS.iter().any(|l| l.eq_ignore_ascii_case(level))
                 || (directive.contains('=') && level.is_empty())
         })
-        && tracing_subscriber::EnvFilter::try_new(filter).is_ok()
+        && filter
+            .parse::<tracing_subscriber::filter::Targets>()
+            .is_ok()
 }
 
 /// `$share/group/a/b` -> `a/b`: the template applies to the topic, not the share prefix.

@@ -263,16 +263,25 @@ fn check_config(file: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
+/// Logs to stderr (the journal under systemd), filtered by `RUST_LOG` when it parses, else by
+/// `log.level`: `level` or `target=level`, comma-separated (a `Targets` filter: no regex engine
+/// in the binary, docs/EDGE.md).
 fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter: Targets = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .or_else(|| config.log.level.parse().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::INFO));
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
+    let registry = tracing_subscriber::registry().with(filter);
     match config.log.format {
-        LogFormat::Full => builder.init(),
-        LogFormat::Compact => builder.compact().init(),
+        LogFormat::Full => registry.with(layer).init(),
+        LogFormat::Compact => registry.with(layer.compact()).init(),
     }
 }
 

@@ -64,11 +64,16 @@ fn free_port() -> u16 {
 fn start_rumqttd() -> Broker {
     use rumqttd::{ConnectionSettings, RouterConfig, ServerSettings};
     if let Ok(path) = std::env::var("BUCKETD_TEST_BROKER_LOG") {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
         let file = std::fs::File::create(&path).expect("creating the broker log");
+        let filter: tracing_subscriber::filter::Targets = "rumqttd=debug".parse().unwrap();
         let _ = tracing_subscriber::fmt()
             .with_writer(std::sync::Mutex::new(file))
             .with_ansi(false)
-            .with_env_filter("rumqttd=debug")
+            .with_max_level(tracing::Level::DEBUG)
+            .finish()
+            .with(filter)
             .try_init();
     }
     let v4 = free_port();
