@@ -1,10 +1,10 @@
-//! Forwarding throughput to `PostgreSQL` (docs/FLEET.md): an outbox of `BENCH_ENTRIES` commits
+//! Forwarding throughput to PostgreSQL (docs/FLEET.md): an outbox of `BENCH_ENTRIES` commits
 //! (default 100), each touching `BENCH_BUCKETS` buckets (default 1,000 series, one hour) with
 //! `BENCH_READINGS_PER_BUCKET` readings each (default 10), is shipped by the real forwarder into
 //! a fresh database; prints deltas/s and readings represented per second, min/median/max over
 //! `BENCH_RUNS` (default 3), and checks the table's total count.
 //!
-//! `cargo bench --bench forward`. `PostgreSQL`: `BENCH_POSTGRES` (libpq key=value of a role that
+//! `cargo bench --bench forward`. PostgreSQL: `BENCH_POSTGRES` (libpq key=value of a role that
 //! may create databases), by default the local socket as the current user.
 //! `BENCH_TARGET=mqtt cargo bench --bench forward`: to a Mosquitto the benchmark starts, where a
 //! subscriber decodes every delta message and checks the readings they carry.
@@ -146,7 +146,7 @@ async fn run_mqtt(entries: usize, buckets: usize, per_bucket: usize) -> (f64, u6
     (took, deltas, readings)
 }
 
-/// Through a Mosquitto into a central bucketd (with claims in `PostgreSQL` when `claims`);
+/// Through a Mosquitto into a central bucketd (with claims in PostgreSQL when `claims`);
 /// returns (seconds until the central committed every reading, deltas, readings).
 async fn run_central(
     entries: usize,

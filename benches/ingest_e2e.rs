@@ -1,22 +1,22 @@
-//! End-to-end ingest comparison: one publisher sends a fixed `QoS` 1 workload to a real broker and,
+//! End-to-end ingest comparison: one publisher sends a fixed QoS 1 workload to a real broker and,
 //! in the same run, each of these subscribers takes it in turn, each as its own process so that
 //! its CPU time, peak RSS and bytes written are its own (`/proc/<pid>`):
-//! 1. `null`: the limit. rumqttc, `QoS` 1, acknowledging each message as it arrives, nothing else.
-//! 2. `sqlite`: the common alternative on gateways. Each message upserted into `SQLite` (WAL,
+//! 1. `null`: the limit. rumqttc, QoS 1, acknowledging each message as it arrives, nothing else.
+//! 2. `sqlite`: the common alternative on gateways. Each message upserted into SQLite (WAL,
 //!    `ON CONFLICT DO UPDATE` incrementing count and sum, min/max, `synchronous=FULL` so the commit
 //!    is durable like bucketd's), one transaction per message, acknowledged after it; and
 //!    `sqlite-1000`: the same with one transaction per 1,000 messages, acknowledged after it.
 //! 3. `bucketd`: the real binary at its default settings, and 4. `bucketd-durable`: at its most
 //!    durable ones (`durability = "two_phase"`, quick repair on); and 5. `bucketd-noraw`: default
-//!    settings without raw readings (`store_raw = false`: summaries only, like the `SQLite` table).
+//!    settings without raw readings (`store_raw = false`: summaries only, like the SQLite table).
 //!
 //! Measured from the first publish to the last message received (null) or the last reading
 //! committed (the others): the sustained rate, CPU seconds per million readings, peak RSS and
 //! bytes written to disk per reading; for bucketd also each message's latency from publish to
 //! commit (p50, p99; meaningful at a fixed rate, `BENCH_RATE`, where nothing queues).
-//! Before them, the storage engines alone, without MQTT ("anchors"): `SQLite` and bucketd's store,
+//! Before them, the storage engines alone, without MQTT ("anchors"): SQLite and bucketd's store,
 //! one transaction per reading and batched. Every run checks what was ingested: the counts, and the sum
-//! of all values, of `SQLite`'s table and bucketd's buckets (it panics otherwise), so a short run
+//! of all values, of SQLite's table and bucketd's buckets (it panics otherwise), so a short run
 //! is the CI smoke test: `BENCH_MESSAGES=2000 BENCH_RUNS=1 cargo bench --bench ingest_e2e`.
 //!
 //! `cargo bench --bench ingest_e2e` runs the whole comparison (docs/PERFORMANCE.md). The broker is
@@ -98,7 +98,7 @@ fn workload(prefix: &str, messages: usize, series: usize, per_message: usize) ->
     }
 }
 
-/// Publishes everything at `QoS` 1, as fast as the broker takes it (`rate` 0) or at `rate`
+/// Publishes everything at QoS 1, as fast as the broker takes it (`rate` 0) or at `rate`
 /// messages per second; returns when every PUBACK is in, with the instant each message was
 /// handed to the client.
 async fn publish(
@@ -239,7 +239,7 @@ async fn child(role: &str) {
     );
 }
 
-/// One `SQLite` file with one row per (series, hour): the upsert-per-message alternative.
+/// One SQLite file with one row per (series, hour): the upsert-per-message alternative.
 struct Sqlite {
     conn: rusqlite::Connection,
     _dir: tempfile::TempDir,
@@ -322,7 +322,7 @@ struct Anchor {
 }
 
 /// Upserts `readings` readings over `series` series (one hour) with `per_tx` readings per
-/// transaction, into `SQLite` (`synchronous=NORMAL`, as in the anchors) or bucketd's
+/// transaction, into SQLite (`synchronous=NORMAL`, as in the anchors) or bucketd's
 /// [`Store`] (default durability; readings folded into a batch in memory, one commit per
 /// `per_tx`, as the daemon does), and checks the stored count and sum.
 fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> Anchor {
@@ -404,7 +404,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
     }
 }
 
-/// The anchors: `SQLite` and bucketd's store, one transaction per reading and batched.
+/// The anchors: SQLite and bucketd's store, one transaction per reading and batched.
 fn anchors(readings: usize, series: usize, run: usize) {
     // One transaction per reading is slow (an fsync each): a tenth of the readings.
     let few = (readings / 10).max(series);

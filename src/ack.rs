@@ -1,7 +1,7 @@
 //! [`AckToken`]: what a PUBACK (or PUBREC) needs, taken from an incoming PUBLISH. Acks leave in
 //! arrival order, and only after the commit holding the message (MQTT-4.6.0-2).
 
-/// The acknowledgement owed for one `QoS` 1/2 message.
+/// The acknowledgement owed for one QoS 1/2 message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AckToken {
     /// Arrival sequence number across the daemon's life; strictly increasing.

@@ -46,7 +46,7 @@ pub type BucketKey = (Arc<str>, i64);
 pub struct FlushPolicy {
     pub flush_interval: Duration,
     pub max_pending_readings: usize,
-    /// The broker's in-flight window for `QoS` 1/2 messages.
+    /// The broker's in-flight window for QoS 1/2 messages.
     pub window: u16,
 }
 

@@ -65,7 +65,7 @@ pub struct RawCentral {
     pub claims_keep_entries: u32,
 }
 
-/// Claiming each delta message in `PostgreSQL` before applying it (`fleet::claims`).
+/// Claiming each delta message in PostgreSQL before applying it (`fleet::claims`).
 #[derive(Debug, Clone)]
 pub struct ClaimsConfig {
     /// libpq key=value or URL, without the password.

@@ -1,4 +1,4 @@
-//! Recognising redelivered messages. `QoS` 1 is at-least-once: a message committed but whose
+//! Recognising redelivered messages. QoS 1 is at-least-once: a message committed but whose
 //! PUBACK never reached the broker (a crash or a dropped connection between commit and ack) is
 //! sent again, and counting it again would break every bucket it touched.
 //!

@@ -109,7 +109,7 @@ pub struct PointDoc {
     pub value: f64,
 }
 
-/// The stored bucket document (schema version 1). Field names follow the `MongoDB` bucket pattern
+/// The stored bucket document (schema version 1). Field names follow the MongoDB bucket pattern
 /// so exported documents load into a collection as they are.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BucketDoc {

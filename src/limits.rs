@@ -39,7 +39,7 @@ const _: () = assert!(
 /// loop goes on turning.
 pub const SYSTEMD_WATCHDOG: Duration = Duration::from_secs(30);
 
-/// Longest wait for one claim in `PostgreSQL` (connecting included).
+/// Longest wait for one claim in PostgreSQL (connecting included).
 pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Longest pause between two attempts to claim while the claims database is unreachable.

@@ -57,7 +57,7 @@ enum Client {
     },
 }
 
-/// Outgoing `QoS` 1/2 publishes the client keeps state for. bucketd publishes nothing; rumqttc
+/// Outgoing QoS 1/2 publishes the client keeps state for. bucketd publishes nothing; rumqttc
 /// preallocates a slot per possible packet id (for MQTT 5 by default all 65,535 of them: 14 MB
 /// of the 21 MB idle RSS before this was set).
 const OUTGOING_INFLIGHT: u16 = 8;

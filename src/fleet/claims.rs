@@ -1,5 +1,5 @@
 //! Claims: central instances that split delta messages with a shared subscription agree, in
-//! `PostgreSQL`, which of them applies each message (`[central] claims_postgres`).
+//! PostgreSQL, which of them applies each message (`[central] claims_postgres`).
 //!
 //! Each instance applies a gateway's message at most once by its position ([`super::applied`]),
 //! but a broker that hands a shared group's messages out round-robin can give a gateway's resend

@@ -1,15 +1,15 @@
 //! The forwarder: ships the outbox ([`crate::store::OutboxDoc`], one entry per commit) to the
-//! fleet tier, exactly once: `PostgreSQL`, or an upstream MQTT broker where a central bucketd
+//! fleet tier, exactly once: PostgreSQL, or an upstream MQTT broker where a central bucketd
 //! merges the deltas.
 //!
-//! MQTT: each entry is published at `QoS` 1 to `bucketd/<gateway_id>/deltas` as BSON
+//! MQTT: each entry is published at QoS 1 to `bucketd/<gateway_id>/deltas` as BSON
 //! [`DeltaMessage`]s (split into parts of at most [`DELTA_MESSAGE_BYTES_MAX`]), and acknowledged to
 //! the store only once the broker has acknowledged every message of the batch. Each message
 //! names its position (database origin, seq, part); a batch sent again (after a crash or a lost
 //! connection) repeats positions the central bucketd has applied, and it does not apply them
 //! again ([`super::applied`]).
 //!
-//! `PostgreSQL`: each batch of entries is applied in one SQL transaction that first locks the gateway's row in
+//! PostgreSQL: each batch of entries is applied in one SQL transaction that first locks the gateway's row in
 //! `bucketd_gateways` and reads its `last_seq`, applies only the entries above it (increments
 //! with `INSERT ... ON CONFLICT DO UPDATE`; sketches merged here from the locked row), and sets
 //! `last_seq` to the batch's last entry. Only after that transaction commits are the entries
@@ -266,7 +266,7 @@ fn messages(gateway: &str, origin: &str, entry: &OutboxDoc) -> Vec<Vec<u8>> {
     out
 }
 
-/// Publishes the entries at `QoS` 1 and waits for every PUBACK; returns the readings they hold.
+/// Publishes the entries at QoS 1 and waits for every PUBACK; returns the readings they hold.
 async fn publish(
     client: &rumqttc::AsyncClient,
     events: &mut rumqttc::EventLoop,

@@ -1,7 +1,7 @@
 //! The fleet tier: what carries a gateway's buckets beyond it, and what a central does with
 //! them. Attached to the edge pipeline at two seams only, and the edge never imports it:
 //! - **the outbox** ([`crate::store::OutboxShared`]): every commit also records its per-bucket
-//!   deltas; the [`forwarder`] ships them to `PostgreSQL` ([`postgres`]) or an upstream broker and
+//!   deltas; the [`forwarder`] ships them to PostgreSQL ([`postgres`]) or an upstream broker and
 //!   acknowledges them back to the store;
 //! - **the admission of a delta message** ([`crate::admit::DeltaLedger`]): a central asks
 //!   [`applied`] whether a message was applied already, and, with several instances on one

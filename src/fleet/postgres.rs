@@ -1,4 +1,4 @@
-//! `PostgreSQL` for the fleet tier: connecting (schema applied once, under an advisory lock),
+//! PostgreSQL for the fleet tier: connecting (schema applied once, under an advisory lock),
 //! and applying a gateway's outbox entries exactly once ([`apply`]). Used by the forwarder and
 //! by the claims of central instances ([`super::claims`]).
 
@@ -40,7 +40,7 @@ ON CONFLICT (series, start) DO UPDATE SET
         * (t.count::float8 / (t.count + excluded.count)) * excluded.count,
     sketch = excluded.sketch";
 
-/// Connects to `PostgreSQL` (`conninfo` without the password) and runs `schema`, idempotently,
+/// Connects to PostgreSQL (`conninfo` without the password) and runs `schema`, idempotently,
 /// under an advisory lock that serialises it with every other bucketd doing the same.
 pub async fn connect(
     conninfo: &str,

@@ -8,7 +8,7 @@
 //! Bounded by `upstream.outbox_max_entries`: at the bound, a commit's deltas are merged into
 //! the newest entry instead of a new one (summaries are mergeable), unless that entry may have
 //! been shipped: its sequence number then names content the upstream may already hold, and
-//! merging into it would lose (`PostgreSQL` skips a sequence number it applied) or double (a
+//! merging into it would lose (PostgreSQL skips a sequence number it applied) or double (a
 //! copy with other bytes) what it held. So a commit at the bound takes [`OutboxShared`]'s gate
 //! until it has committed, and the forwarder reads and marks what it ships under the same gate
 //! ([`OutboxShared::read_for_shipping`]); entries found at open count as shipped (an earlier

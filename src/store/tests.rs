@@ -726,7 +726,7 @@ fn at_its_bound_the_outbox_merges_into_the_newest_entry_and_loses_nothing() {
 }
 
 /// A sequence number the upstream may hold names fixed content: after a restart the entries
-/// found may have been shipped by the earlier process (`PostgreSQL` would skip a changed entry
+/// found may have been shipped by the earlier process (PostgreSQL would skip a changed entry
 /// it applied; a central would count a changed copy again), so at the bound a new entry is
 /// started instead of merging into them.
 #[test]

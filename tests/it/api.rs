@@ -477,7 +477,7 @@ async fn check_metrics(d: &RunningDaemon, rejected: &BTreeMap<&'static str, u64>
 }
 
 /// `POST /api/v1/flush` commits what is pending at once, whatever the flush interval, and says
-/// how many readings it committed. `QoS` 0 messages are used so that nothing else (the ack
+/// how many readings it committed. QoS 0 messages are used so that nothing else (the ack
 /// window, a stall) can trigger a commit first.
 async fn flush_commits_everything_pending_now(broker: Broker, protocol: Protocol) {
     let dir = tempfile::tempdir().unwrap();

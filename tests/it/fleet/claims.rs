@@ -5,7 +5,7 @@
 use super::*;
 
 /// Two central instances on a round-robin shared subscription, claiming each delta message in
-/// `PostgreSQL`: every message the gateways published is published again, twice, so that a copy
+/// PostgreSQL: every message the gateways published is published again, twice, so that a copy
 /// of each reaches the instance that did not apply the original. None is applied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_central_instances_claim_each_delta_message_once() {

@@ -322,7 +322,7 @@ mod pg {
         }
     }
 
-    /// The gateway's rows in `PostgreSQL`, as bucket documents under the gateway's own series names.
+    /// The gateway's rows in PostgreSQL, as bucket documents under the gateway's own series names.
     pub async fn rows_of(pg: &tokio_postgres::Client, gateway: &str) -> Vec<BucketDoc> {
         let rows = pg
             .query(
@@ -381,7 +381,7 @@ mod pg {
         .map_or(0, |r| r.get(0)) // the tables appear with the first gateway's connection
     }
 
-    /// Waits until `PostgreSQL` holds at least `want` readings of `gateway`.
+    /// Waits until PostgreSQL holds at least `want` readings of `gateway`.
     pub async fn until_forwarded(pg: &tokio_postgres::Client, gateway: &str, want: i64) {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {

@@ -168,7 +168,7 @@ async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() 
 }
 
 /// A gateway whose database was replaced (a new SD card, same `gateway_id`) numbers its outbox
-/// from the start again: `PostgreSQL` must apply those entries, not take them for ones it has.
+/// from the start again: PostgreSQL must apply those entries, not take them for ones it has.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_with_a_replaced_database_is_applied_from_its_start() {
     let broker = Broker::hermetic();

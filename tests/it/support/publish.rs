@@ -1,4 +1,4 @@
-//! Publishing workloads: a `QoS` 1 publisher that waits for the broker's PUBACKs, paced or flat
+//! Publishing workloads: a QoS 1 publisher that waits for the broker's PUBACKs, paced or flat
 //! out, and the end-of-stream markers.
 
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Broker, unique};
 
 /// Most messages a paced publisher keeps ahead of the consumer. Mosquitto by default queues at
-/// most 1000 `QoS` 1 messages per subscriber beyond its in-flight window and drops the rest
+/// most 1000 QoS 1 messages per subscriber beyond its in-flight window and drops the rest
 /// (`max_queued_messages`), so a flat-out publisher can lose messages on a shared test broker
 /// through no fault of the daemon.
 pub const AHEAD_MAX: u64 = 500;
@@ -26,7 +26,7 @@ pub fn markers(messages: &[(String, Vec<u8>)]) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Publishes every message with `qos` and returns once the broker has acknowledged all of them
-/// (`QoS` 1), so they are the broker's responsibility from then on.
+/// (QoS 1), so they are the broker's responsibility from then on.
 pub async fn publish_all(broker: &Broker, messages: &[(String, Vec<u8>)], qos: u8) {
     publish_paced(broker, messages, qos, None).await;
 }
