@@ -1,5 +1,7 @@
-//! [`Store`]: the redb file. Table definitions, key and document encoding, schema version, and
-//! the upsert-and-increment commit. The only module that imports `redb`.
+//! [`Store`]: the redb shell. Table definitions, keys, the file's format version, opening, and
+//! the upsert-and-increment commit; the documents it keeps are [`crate::doc`]'s. The only module
+//! that imports `redb`. Split by noun: [`StoreReader`] (`reader`), retention and compaction
+//! (`retention`), the outbox (`outbox`), and the fault seam for tests (`faults`).
 //!
 //! Tables:
 //! - `series_by_name`: `&str` (`sensor/metric`) -> `u64` id; `series_by_id`: the reverse. Ids are
