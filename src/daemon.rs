@@ -214,6 +214,14 @@ fn start_over(
         api_token: api_token.map(Arc::new),
         metrics_token: metrics_token.map(Arc::new),
     };
+    // Read before any task starts: nothing may fail after that (a task would be left running).
+    let origin = store
+        .reader()
+        .created_at()
+        .map_err(|source| StoreOpenError::Corrupt {
+            path: store_path.clone(),
+            source,
+        })?;
     let cancel = CancellationToken::new();
     // The background tasks (claims, forwarder, metrics upkeep), joined at shutdown.
     let tasks = TaskTracker::new();
@@ -238,13 +246,6 @@ fn start_over(
         stats
             .upstream_enabled
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let origin = store
-            .reader()
-            .created_at()
-            .map_err(|source| StoreOpenError::Corrupt {
-                path: store_path.clone(),
-                source,
-            })?;
         let forwarder = crate::fleet::forwarder::Forwarder {
             config: upstream.clone(),
             password: upstream_password,
