@@ -399,7 +399,7 @@ mod tests {
     fn test_state(
         dir: &tempfile::TempDir,
         flush_slots: usize,
-    ) -> (ApiState, mpsc::Receiver<FlushRequest>) {
+    ) -> (ApiState, mpsc::Receiver<FlushRequest>, Store) {
         let store = Store::open(&StoreSettings {
             path: dir.path().join("h.redb"),
             bucket_width_secs: 3600,
@@ -424,13 +424,14 @@ mod tests {
             api_token: None,
             metrics_token: None,
         };
-        (state, requests)
+        // The store stays open while the reader is used (dropping it closes the file).
+        (state, requests, store)
     }
 
     #[tokio::test]
     async fn flush_requests_past_the_limit_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let (state, mut requests) = test_state(&dir, 0);
+        let (state, mut requests, _store) = test_state(&dir, 0);
         let request = Request::post("/api/v1/flush").body(Body::empty()).unwrap();
         let response = router(state).oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -445,7 +446,7 @@ mod tests {
     #[tokio::test]
     async fn bearer_tokens_guard_the_api_and_metrics_separately() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut state, _requests) = test_state(&dir, 1);
+        let (mut state, _requests, _store) = test_state(&dir, 1);
         let secret = |s: &str| {
             let f = dir.path().join(s);
             std::fs::write(&f, s).unwrap();

@@ -312,7 +312,12 @@ fn run(file: Option<&std::path::Path>) -> ExitCode {
         .enable_all()
         .build()
         .expect("building the Tokio runtime");
-    let result = runtime.block_on(daemon::run(&config, shutdown_signal()));
+    let result = runtime.block_on(async {
+        // Before the daemon starts: a SIGTERM that arrives while it opens the store or during
+        // its first messages must start a clean shutdown, not kill it (the default action).
+        let shutdown = shutdown_signal().expect("installing the SIGTERM and SIGINT handlers");
+        daemon::run(&config, shutdown).await
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -327,13 +332,17 @@ fn run(file: Option<&std::path::Path>) -> ExitCode {
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now, and resolves when either signal arrives.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 fn export(

@@ -187,6 +187,17 @@ pub struct Store {
 
 type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
 
+impl Drop for Store {
+    /// Closes the file for readers too: a `StoreReader` still alive (an HTTP connection task
+    /// that has not ended yet) then gets "being reopened" instead of keeping the file and its
+    /// lock open after the daemon stopped.
+    fn drop(&mut self) {
+        if let Ok(mut shared) = self.shared.write() {
+            *shared = None;
+        }
+    }
+}
+
 impl Store {
     /// Opens (or creates) the database file and checks its format and bucket width.
     pub fn open(settings: &StoreSettings) -> Result<Store, StoreOpenError> {
