@@ -41,6 +41,7 @@
 pub mod ack;
 pub mod admit;
 pub mod batcher;
+pub mod commitlog;
 pub mod config;
 pub mod daemon;
 pub mod decode;

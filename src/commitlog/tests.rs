@@ -1,0 +1,143 @@
+use proptest::prelude::*;
+
+use super::*;
+
+/// A bucket's delta as the batcher builds it: readings folded in arrival order.
+fn fold(readings: &[(i64, f64)], params: SketchParams) -> Summary {
+    let mut s = Summary::with_params(readings[0].0, readings[0].1, params);
+    for &(ts, v) in &readings[1..] {
+        s.push(ts, v);
+    }
+    s
+}
+
+fn reading() -> impl Strategy<Value = (i64, f64)> {
+    (
+        any::<i64>(),
+        prop_oneof![-1e6f64..1e6, Just(0.0), Just(-0.0), Just(f64::MAX)],
+    )
+}
+
+/// (series id, start, readings, kept raw, readings folded into a summary from elsewhere).
+type Case = (u64, i64, Vec<(i64, f64)>, bool, bool);
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        any::<u64>(),
+        any::<i64>(),
+        prop::collection::vec(reading(), 1..20),
+        any::<bool>(),
+        any::<bool>(),
+    )
+}
+
+proptest! {
+    /// Every entry comes back bit for bit: its summary (folded again for the readings form,
+    /// stored for the others) and its raw readings in arrival order.
+    #[test]
+    fn records_round_trip(mut cases in prop::collection::vec(case(), 0..12)) {
+        cases.sort_by_key(|c| (c.0, c.1));
+        cases.dedup_by_key(|c| (c.0, c.1));
+        let params = SketchParams::DEFAULT;
+        let summaries: Vec<Summary> = cases
+            .iter()
+            .map(|(_, _, readings, _, merged)| {
+                let mut s = fold(readings, params);
+                if *merged {
+                    // A delta merged in: the raw readings are no longer all of the summary.
+                    s.merge(&Summary::with_params(5, 1.5, params));
+                }
+                s
+            })
+            .collect();
+        let entries: Vec<EntryIn<'_>> = cases
+            .iter()
+            .zip(&summaries)
+            .map(|((id, start, readings, raw, _), s)| EntryIn {
+                series_id: *id,
+                start: *start,
+                summary: s,
+                raw: raw.then_some(readings.as_slice()),
+            })
+            .collect();
+        let mut bytes = Vec::new();
+        encode(&entries, params, &mut bytes);
+        let record = Record::parse(&bytes).unwrap();
+        let back: Vec<Entry<'_>> = record.entries().collect::<Result<_, _>>().unwrap();
+        prop_assert_eq!(back.len(), entries.len());
+        for (got, want) in back.iter().zip(&entries) {
+            prop_assert_eq!((got.series_id, got.start), (want.series_id, want.start));
+            prop_assert_eq!(&got.summary().unwrap(), want.summary);
+            let mut raw = Vec::new();
+            got.raw_into(&mut raw).unwrap();
+            let want_raw = want.raw.unwrap_or(&[]);
+            prop_assert_eq!(raw.len(), want_raw.len());
+            for (a, b) in raw.iter().zip(want_raw) {
+                prop_assert_eq!((a.0, a.1.to_bits()), (b.0, b.1.to_bits()));
+            }
+            prop_assert_eq!(got.has_raw(), want.raw.is_some());
+        }
+    }
+
+    /// A damaged record (cut short or with a changed byte) is an error, never a panic.
+    #[test]
+    fn damaged_records_are_errors_not_panics(
+        cases in prop::collection::vec(case(), 1..6),
+        cut in any::<prop::sample::Index>(),
+        flip in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+    ) {
+        let params = SketchParams::DEFAULT;
+        let summaries: Vec<Summary> = cases.iter().map(|c| fold(&c.2, params)).collect();
+        let entries: Vec<EntryIn<'_>> = cases
+            .iter()
+            .zip(&summaries)
+            .map(|(c, s)| EntryIn { series_id: c.0, start: c.1, summary: s, raw: c.3.then_some(c.2.as_slice()) })
+            .collect();
+        let mut bytes = Vec::new();
+        encode(&entries, params, &mut bytes);
+        let touch = |b: &[u8]| {
+            if let Ok(r) = Record::parse(b) {
+                for e in r.entries() {
+                    let Ok(e) = e else { break };
+                    let _ = e.summary();
+                    let _ = e.raw_into(&mut Vec::new());
+                }
+            }
+        };
+        let short = &bytes[..cut.index(bytes.len())];
+        touch(short);
+        prop_assert!(
+            Record::parse(short).is_err()
+                || Record::parse(short).unwrap().entries().any(|e| e.is_err()),
+            "a record cut short is reported"
+        );
+        let mut changed = bytes.clone();
+        let at = flip.index(changed.len());
+        changed[at] = byte;
+        touch(&changed);
+    }
+}
+
+#[test]
+fn one_reading_costs_at_most_twenty_one_bytes_in_the_readings_form() {
+    let params = SketchParams::DEFAULT;
+    let hour = 1_763_719_200i64;
+    let readings: Vec<Vec<(i64, f64)>> = (0..1000i64)
+        .map(|i| vec![(hour * 1_000_000_000 + i * 3_599_999_999, 21.5)])
+        .collect();
+    let summaries: Vec<Summary> = readings.iter().map(|r| fold(r, params)).collect();
+    let entries: Vec<EntryIn<'_>> = (0..1000)
+        .map(|i| EntryIn {
+            series_id: i as u64,
+            start: hour,
+            summary: &summaries[i],
+            raw: Some(&readings[i]),
+        })
+        .collect();
+    let mut bytes = Vec::new();
+    encode(&entries, params, &mut bytes);
+    // Per entry: id <= 2 + start 1 (5 for the first) + kind 1 + length 1 + count 1 + timestamp
+    // <= 7 (42 bits of nanoseconds into the hour) + value 8; the header is 11.
+    assert!(bytes.len() <= 21 * 1000 + 15, "{} bytes", bytes.len());
+}
