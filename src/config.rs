@@ -292,6 +292,9 @@ pub struct RawStore {
     #[serde(with = "humantime_serde")]
     pub retention_interval: Duration,
     pub retention_batch: usize,
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
+    pub checkpoint_bytes: ByteSize,
 }
 
 /// How a commit reaches the disk. Both are durable before `commit()` returns.
@@ -447,6 +450,16 @@ pub struct StoreConfig {
     pub sketch: crate::sketch::SketchParams,
     pub page_capacity: u32,
     pub retention: Retention,
+    pub checkpoint: Checkpoint,
+}
+
+/// When the commit log is folded into the bucket documents, from `[store]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Checkpoint {
+    /// Longest time a commit stays in the log.
+    pub interval: Duration,
+    /// Log size (records and fingerprints) that brings the next checkpoint forward.
+    pub bytes: u64,
 }
 
 /// Retention settings, from `[store]`.
@@ -833,7 +846,26 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     if raw.retention_batch == 0 {
         return Err(invalid("store.retention_batch", "must be at least 1"));
     }
+    if raw.checkpoint_interval < Duration::from_secs(1) {
+        return Err(invalid(
+            "store.checkpoint_interval",
+            "must be at least 1s (every checkpoint rewrites the buckets the log touched)",
+        ));
+    }
+    if raw.checkpoint_bytes.as_u64() < crate::limits::MIN_CHECKPOINT_BYTES {
+        return Err(invalid(
+            "store.checkpoint_bytes",
+            format!(
+                "must be at least {}",
+                ByteSize(crate::limits::MIN_CHECKPOINT_BYTES)
+            ),
+        ));
+    }
     Ok(StoreConfig {
+        checkpoint: Checkpoint {
+            interval: raw.checkpoint_interval,
+            bytes: raw.checkpoint_bytes.as_u64(),
+        },
         retention: Retention {
             raw: raw.raw_retention,
             buckets: raw.bucket_retention,

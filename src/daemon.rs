@@ -260,7 +260,10 @@ fn start_over(
         store,
         stats.clone(),
         metrics.clone(),
-        config.store.retention,
+        crate::writer::Upkeep {
+            checkpoint: config.store.checkpoint,
+            retention: config.store.retention,
+        },
         cancel.clone(),
     );
     let ingest = Ingest {

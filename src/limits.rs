@@ -79,6 +79,10 @@ const _: () = assert!(
 // `mqtt.receive_maximum`, since every message the broker may hold unacknowledged can come back
 // after a crash and must be recognised (config.rs, "limits.dedup_window").
 
+/// Smallest `store.checkpoint_bytes` (validated): below it checkpoints would come about as often
+/// as commits, and each rewrites every bucket the log touched.
+pub const MIN_CHECKPOINT_BYTES: u64 = 64 * 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;

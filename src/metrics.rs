@@ -26,6 +26,9 @@ pub const FLUSHES: &str = "bucketd_flushes_total";
 pub const FLUSH_DURATION: &str = "bucketd_flush_duration_seconds";
 pub const FLUSH_READINGS: &str = "bucketd_flush_readings";
 pub const BUCKETS_WRITTEN: &str = "bucketd_buckets_written_total";
+pub const CHECKPOINTS: &str = "bucketd_checkpoints_total";
+pub const CHECKPOINT_DURATION: &str = "bucketd_checkpoint_duration_seconds";
+pub const LOG_BYTES: &str = "bucketd_commit_log_bytes";
 pub const PAGES_EXPIRED: &str = "bucketd_pages_expired_total";
 pub const BUCKETS_EXPIRED: &str = "bucketd_buckets_expired_total";
 pub const PENDING_READINGS: &str = "bucketd_pending_readings";
@@ -78,6 +81,11 @@ impl Metrics {
             .expect("bucket list is not empty")
             .set_buckets_for_metric(Matcher::Full(FLUSH_READINGS.into()), FLUSH_READINGS_BUCKETS)
             .expect("bucket list is not empty")
+            .set_buckets_for_metric(
+                Matcher::Full(CHECKPOINT_DURATION.into()),
+                FLUSH_DURATION_BUCKETS,
+            )
+            .expect("bucket list is not empty")
             .build_recorder();
         let process = metrics_process::Collector::default();
         with_local_recorder(&recorder, || {
@@ -85,6 +93,7 @@ impl Metrics {
             // Create the histograms so that they render (empty) before the first commit.
             let _ = histogram!(FLUSH_DURATION);
             let _ = histogram!(FLUSH_READINGS);
+            let _ = histogram!(CHECKPOINT_DURATION);
         });
         Metrics { recorder, process }
     }
@@ -94,6 +103,13 @@ impl Metrics {
         with_local_recorder(&self.recorder, || {
             histogram!(FLUSH_DURATION).record(took.as_secs_f64());
             histogram!(FLUSH_READINGS).record(readings as f64);
+        });
+    }
+
+    /// Records one checkpoint's duration.
+    pub fn record_checkpoint(&self, took: Duration) {
+        with_local_recorder(&self.recorder, || {
+            histogram!(CHECKPOINT_DURATION).record(took.as_secs_f64());
         });
     }
 
@@ -144,7 +160,22 @@ fn describe(process: &metrics_process::Collector) {
     describe_counter!(
         BUCKETS_WRITTEN,
         Unit::Count,
-        "Bucket documents written (created or incremented)."
+        "Bucket increments committed (one per bucket a commit changed)."
+    );
+    describe_counter!(
+        CHECKPOINTS,
+        Unit::Count,
+        "Checkpoints: the commit log folded into the bucket documents (store.checkpoint_interval)."
+    );
+    describe_histogram!(
+        CHECKPOINT_DURATION,
+        Unit::Seconds,
+        "Time to fold the commit log into the bucket documents (one write transaction)."
+    );
+    describe_gauge!(
+        LOG_BYTES,
+        Unit::Bytes,
+        "Bytes in the commit log, not yet folded by a checkpoint (store.checkpoint_bytes)."
     );
     describe_counter!(
         PAGES_EXPIRED,
@@ -277,6 +308,8 @@ fn copy_stats(stats: &Stats) {
         counter!(FLUSHES, "reason" => reason.label()).absolute(stats.flushes_by(reason));
     }
     counter!(BUCKETS_WRITTEN).absolute(Stats::get(&stats.buckets_written));
+    counter!(CHECKPOINTS).absolute(Stats::get(&stats.checkpoints));
+    gauge!(LOG_BYTES).set(Stats::get(&stats.log_bytes) as f64);
     counter!(PAGES_EXPIRED).absolute(Stats::get(&stats.pages_expired));
     counter!(BUCKETS_EXPIRED).absolute(Stats::get(&stats.buckets_expired));
     counter!(ACKS_SENT).absolute(Stats::get(&stats.acks_sent));
@@ -341,6 +374,7 @@ mod tests {
         stats.reject(DecodeError::NonFinite, b"t", b"NaN");
         stats.flush_started(FlushReason::Stall);
         m.record_commit(Duration::from_millis(3), 42);
+        m.record_checkpoint(Duration::from_millis(30));
         let text = m.render(&stats);
         for name in [
             MESSAGES_RECEIVED,
@@ -350,6 +384,9 @@ mod tests {
             FLUSH_DURATION,
             FLUSH_READINGS,
             BUCKETS_WRITTEN,
+            CHECKPOINTS,
+            CHECKPOINT_DURATION,
+            LOG_BYTES,
             PAGES_EXPIRED,
             BUCKETS_EXPIRED,
             PENDING_READINGS,
@@ -374,6 +411,8 @@ mod tests {
         assert!(text.contains("bucketd_flush_readings_bucket{le=\"50\"} 1"));
         assert!(text.contains("bucketd_flush_duration_seconds_bucket{le=\"0.0025\"} 0"));
         assert!(text.contains("bucketd_flush_duration_seconds_bucket{le=\"0.005\"} 1"));
+        assert!(text.contains("bucketd_checkpoint_duration_seconds_bucket{le=\"0.025\"} 0"));
+        assert!(text.contains("bucketd_checkpoint_duration_seconds_bucket{le=\"0.05\"} 1"));
         let labelled = text
             .lines()
             .filter(|l| l.starts_with("bucketd_readings_rejected_total{"))

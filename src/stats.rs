@@ -30,6 +30,9 @@ pub struct Stats {
     pub flushes: AtomicU64,
     flush_reasons: [AtomicU64; FlushReason::ALL.len()],
     pub buckets_written: AtomicU64,
+    /// Checkpoints done, and the bytes in the commit log now.
+    pub checkpoints: AtomicU64,
+    pub log_bytes: AtomicU64,
     /// Raw pages and buckets deleted by retention.
     pub pages_expired: AtomicU64,
     pub buckets_expired: AtomicU64,

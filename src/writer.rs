@@ -1,7 +1,9 @@
 //! The writer thread: the only place that writes to redb. It takes one [`Batch`] at a time,
-//! commits it in one durable write transaction, and reports back; the ingest task acknowledges
-//! the batch's messages only on `Ok`. Between batches it runs retention: bounded passes that
-//! delete expired raw pages and buckets, so a pass never holds up a commit for long. redb is
+//! appends it to the commit log in one durable write transaction, and reports back; the ingest
+//! task acknowledges the batch's messages only on `Ok`. Between batches it runs checkpoints
+//! (every `store.checkpoint_interval`, or once the log holds `store.checkpoint_bytes`: the log
+//! folded into the bucket documents) and, right after a checkpoint, retention: bounded passes
+//! that delete expired raw pages and buckets, so neither holds up a commit for long. redb is
 //! blocking, so this is an OS thread, not a task.
 //!
 //! A commit that fails on I/O (a full disk, a failing card) is retried, after reopening the
@@ -19,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::batcher::Batch;
-use crate::config::Retention;
+use crate::config::{Checkpoint, Retention};
 use crate::metrics::Metrics;
 use crate::reading::Timestamp;
 use crate::stats::Stats;
@@ -45,6 +47,13 @@ pub struct Writer {
 pub const RETRY_DELAY_MIN: Duration = Duration::from_millis(100);
 pub const RETRY_DELAY_MAX: Duration = Duration::from_secs(10);
 
+/// When the writer does its upkeep, from `[store]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Upkeep {
+    pub checkpoint: Checkpoint,
+    pub retention: Retention,
+}
+
 /// Starts the writer thread. It runs until the batch sender is dropped or a commit fails for
 /// good (see the module docs), and hands the store back when it ends. `cancel` (shutdown) ends
 /// commit retries.
@@ -52,9 +61,13 @@ pub fn spawn(
     mut store: Store,
     stats: Arc<Stats>,
     metrics: Arc<Metrics>,
-    retention: Retention,
+    upkeep: Upkeep,
     cancel: CancellationToken,
 ) -> (Writer, std::thread::JoinHandle<Store>) {
+    let Upkeep {
+        checkpoint,
+        retention,
+    } = upkeep;
     let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(1);
     let (result_tx, result_rx) = tokio::sync::mpsc::channel(1);
     let thread = std::thread::Builder::new()
@@ -63,11 +76,27 @@ pub fn spawn(
             // The first pass runs soon after start, then every interval (sooner while a pass
             // leaves work behind).
             let mut next_pass = Instant::now() + Duration::from_secs(1).min(retention.interval);
+            // The log a previous run left is folded by the first checkpoint, one interval on.
+            let mut next_checkpoint = Instant::now() + checkpoint.interval;
+            stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
             loop {
-                let wait = next_pass.saturating_duration_since(Instant::now());
+                if Instant::now() >= next_checkpoint || store.log_bytes() >= checkpoint.bytes {
+                    // A failed checkpoint changes nothing (one transaction): the log stays,
+                    // reads still include it, and the next try comes an interval later.
+                    run_checkpoint(&mut store, &stats, &metrics);
+                    next_checkpoint = Instant::now() + checkpoint.interval;
+                }
+                let wait = next_pass
+                    .min(next_checkpoint)
+                    .saturating_duration_since(Instant::now());
                 let batch = match batch_rx.recv_timeout(wait) {
                     Ok(batch) => batch,
+                    Err(RecvTimeoutError::Timeout) if Instant::now() < next_pass => continue,
                     Err(RecvTimeoutError::Timeout) => {
+                        // Retention after a checkpoint: a bucket it deletes cannot come back
+                        // from a log entry folded later.
+                        run_checkpoint(&mut store, &stats, &metrics);
+                        next_checkpoint = Instant::now() + checkpoint.interval;
                         next_pass = match expire(&mut store, &stats, retention) {
                             Ok(true) => Instant::now(), // more is due: go on after any batch
                             Ok(false) => Instant::now() + retention.interval,
@@ -105,6 +134,7 @@ pub fn spawn(
                     stats
                         .store_bytes
                         .store(store.file_bytes(), Ordering::Relaxed);
+                    stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
                 }
                 if result_tx.blocking_send(result).is_err() || failed {
                     // The ingest side is gone, or the batch could not be committed for good.
@@ -191,6 +221,40 @@ fn sleep_unless_cancelled(d: Duration, cancel: &CancellationToken) -> bool {
             return false;
         }
         std::thread::sleep(left.min(STEP));
+    }
+}
+
+/// Folds the commit log into the bucket documents, if it holds anything. A failure is logged
+/// and changes nothing; a failing store shows up in the next commit, which reopens it.
+fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) {
+    if store.log_bytes() == 0 {
+        return;
+    }
+    tracing::debug!(log_bytes = store.log_bytes(), "Checkpoint starting.");
+    let started = Instant::now();
+    match store.checkpoint() {
+        Ok(c) => {
+            let took = started.elapsed();
+            metrics.record_checkpoint(took);
+            stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+            stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
+            stats
+                .store_bytes
+                .store(store.file_bytes(), Ordering::Relaxed);
+            tracing::debug!(
+                records = c.records,
+                buckets = c.buckets_written,
+                new_buckets = c.buckets_created,
+                log_bytes = c.bytes,
+                took_ms = took.as_millis(),
+                "Checkpoint: folded the commit log into the bucket documents."
+            );
+        }
+        Err(e) => warn!(
+            error = %e,
+            log_bytes = store.log_bytes(),
+            "Checkpoint failed; the commit log stays (reads include it). Retrying later."
+        ),
     }
 }
 

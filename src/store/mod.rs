@@ -4,16 +4,20 @@
 //! (`retention`), the outbox (`outbox`), and the fault seam for tests (`faults`).
 //!
 //! Tables:
+//! - `log`: `u64` commit sequence number -> a [`crate::commitlog`] record: what that commit
+//!   added, until a checkpoint folds it into `buckets` and `pages` (`store::log`). A commit
+//!   writes only this table (and `dedup`, and new series): its keys only grow.
 //! - `series_by_name`: `&str` (`sensor/metric`) -> `u64` id; `series_by_id`: the reverse. Ids are
 //!   dense, starting at 0.
-//! - `buckets`: `(series_id: u64, start: i64)` -> BSON [`BucketDoc`]. redb orders integer tuples
-//!   numerically, so one series' buckets are contiguous and in time order.
+//! - `buckets`: `(series_id: u64, start: i64)` -> BSON [`BucketDoc`] as of the last checkpoint.
+//!   redb orders integer tuples numerically, so one series' buckets are contiguous and in time
+//!   order.
 //! - `pages`: `(series_id: u64, start: i64, page_no: u32)` -> BSON [`PageDoc`]: the raw readings
 //!   of a bucket, at most `page_capacity` per page, in arrival order ([`crate::page`]).
 //! - `meta`: `&str` -> `&str`: `format_version`, `bucket_width_secs`, `created_at`.
 //! - `dedup`: `u64` commit sequence number -> the [`crate::dedup`] fingerprints of the messages
-//!   that commit counted (16 bytes each). Written in the same transaction as the buckets, and
-//!   trimmed to the last `limits.dedup_window` fingerprints. The last entry is always kept: its
+//!   that commit counted (16 bytes each). Written in the same transaction as the log record,
+//!   and trimmed to the last `limits.dedup_window` fingerprints by each checkpoint. The last entry is always kept: its
 //!   key is the sequence number of the last commit, which tells a retry whether a commit whose
 //!   outcome was unknown (an I/O error) landed.
 //! - `applied`: `&str` gateway id -> BSON [`crate::delta::Position`], the last delta message
@@ -32,12 +36,14 @@ use crate::doc::{BucketDoc, PageDoc};
 
 #[cfg(any(test, feature = "fault-injection"))]
 mod faults;
+mod log;
 mod outbox;
 mod reader;
 mod retention;
 
 #[cfg(any(test, feature = "fault-injection"))]
 pub use faults::Faults;
+pub use log::CheckpointStats;
 pub use outbox::{OutboxDoc, OutboxShared};
 pub use reader::StoreReader;
 pub use retention::{ExpireStats, compact};
@@ -50,8 +56,9 @@ const PAGES: TableDefinition<(u64, i64, u32), &[u8]> = TableDefinition::new("pag
 const DEDUP: TableDefinition<u64, &[u8]> = TableDefinition::new("dedup");
 const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
 
-/// Version of the table layout, in `meta.format_version`.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the table layout, in `meta.format_version`. 2: the commit log (`log`); a version-1
+/// file is migrated when opened (its `log` table created; nothing else changed).
+pub const FORMAT_VERSION: u32 = 2;
 /// Settings the store needs, from `[store]`.
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
@@ -101,8 +108,8 @@ pub enum StoreOpenError {
         configured: i64,
     },
     #[error(
-        "database file {path} has format version {found}, this bucketd reads version {FORMAT_VERSION}; \
-         use the bucketd release that wrote it"
+        "database file {path} has format version {found}, this bucketd reads versions 1 and \
+         {FORMAT_VERSION}; use the bucketd release that wrote it"
     )]
     UnsupportedFormat { path: PathBuf, found: String },
 }
@@ -154,9 +161,11 @@ from_redb!(
 /// What one commit wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
+    /// Bucket deltas in the commit's log record.
     pub buckets_written: usize,
-    pub buckets_created: usize,
     pub series_created: usize,
+    /// Bytes of the log record and fingerprints.
+    pub log_bytes: usize,
 }
 
 /// The open database, owned by the writer thread (one writer). Readers share the same handle
@@ -178,6 +187,10 @@ pub struct Store {
     dedup_log: VecDeque<(u64, usize)>,
     /// Fingerprints in `dedup_log`.
     dedup_total: usize,
+    /// Bytes of the log's records and of the fingerprints stored since the last checkpoint.
+    log_bytes: u64,
+    /// The record being encoded, kept to reuse its allocation.
+    record_buf: Vec<u8>,
     /// Test seam: injected write faults, see [`Faults`].
     #[cfg(any(test, feature = "fault-injection"))]
     faults: Option<Arc<Faults>>,
@@ -228,6 +241,8 @@ impl Store {
             next_seq: 0,
             dedup_log: VecDeque::new(),
             dedup_total: 0,
+            log_bytes: 0,
+            record_buf: Vec::new(),
             #[cfg(any(test, feature = "fault-injection"))]
             faults: None,
             outbox: Arc::new(OutboxShared::default()),
@@ -274,6 +289,8 @@ impl Store {
         self.next_seq = next_seq;
         self.dedup_total = log.iter().map(|e| e.1).sum();
         self.dedup_log = log;
+        self.log_bytes =
+            log::bytes(&db.begin_read().map_err(|e| corrupt(e.into()))?).map_err(corrupt)?;
         outbox::load(db, &self.outbox).map_err(corrupt)?;
         self.shared
             .write()
@@ -354,6 +371,7 @@ impl Store {
             tx.open_table(DEDUP)?;
             tx.open_table(APPLIED)?;
             tx.open_table(outbox::OUTBOX)?;
+            tx.open_table(log::LOG)?;
             let format = meta.get("format_version")?.map(|v| v.value().to_owned());
             match format {
                 None => {
@@ -370,18 +388,26 @@ impl Store {
                     )?;
                     Ok(())
                 }
-                Some(v) if v != FORMAT_VERSION.to_string() => {
+                Some(v) if v != FORMAT_VERSION.to_string() && v != "1" => {
                     Err(StoreOpenError::UnsupportedFormat {
                         path: self.path.clone(),
                         found: v,
                     })
                 }
-                Some(_) => {
+                Some(v) => {
                     let stored = meta
                         .get("bucket_width_secs")?
                         .and_then(|v| v.value().parse::<i64>().ok())
                         .unwrap_or(-1);
                     if stored == self.settings.bucket_width_secs {
+                        if v == "1" {
+                            // Format 1 is format 2 with an empty log (created above).
+                            meta.insert("format_version", FORMAT_VERSION.to_string().as_str())?;
+                            tracing::info!(
+                                path = %self.path.display(),
+                                "Migrated the database file from format 1 to 2 (commit log)."
+                            );
+                        }
                         Ok(())
                     } else {
                         Err(StoreOpenError::WidthMismatch {
@@ -425,18 +451,17 @@ impl Store {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 
-    /// Upsert-and-increment: in one durable write transaction, for every bucket of the batch,
-    /// read the stored summary (if any), merge the batch's summary into it, and write it back;
-    /// record the batch's message fingerprints under the next commit sequence number. When this
-    /// returns `Ok`, the batch is on disk. After an error, [`Store::reopen`] and compare
-    /// [`Store::next_seq`] to learn whether it landed.
+    /// Appends the batch to the commit log, in one durable write transaction: its per-bucket
+    /// deltas and raw readings as one record, and its message fingerprints, under the next
+    /// commit sequence number. When this returns `Ok`, the batch is on disk and every reader
+    /// sees it; [`Store::checkpoint`] later folds it into the bucket documents. After an error,
+    /// [`Store::reopen`] and compare [`Store::next_seq`] to learn whether it landed.
     pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, CommitError> {
         let mut stats = CommitStats::default();
         if batch.is_empty() {
             return Ok(stats);
         }
         let seq = self.next_seq;
-        let trimmed = self.dedup_trim(batch.fingerprints.len());
         let mut tx = self.open_db()?.begin_write()?;
         // Acknowledgements wait for this commit, so it must be durable; say so explicitly.
         tx.set_durability(redb::Durability::Immediate)?;
@@ -444,13 +469,12 @@ impl Store {
         tx.set_quick_repair(self.settings.quick_repair);
         // Series first seen in this batch; joined to `self.series` only once the commit holds.
         let mut new_series: HashMap<Arc<str>, u64> = HashMap::new();
+        let fingerprints = crate::dedup::encode(&batch.fingerprints);
         {
             let mut by_name = tx.open_table(SERIES_BY_NAME)?;
             let mut by_id = tx.open_table(SERIES_BY_ID)?;
-            let mut buckets = tx.open_table(BUCKETS)?;
-            let mut pages = tx.open_table(PAGES)?;
             let first_new_id = self.series.len() as u64;
-            let mut buf = Vec::with_capacity(512);
+            let mut entries = Vec::with_capacity(batch.buckets.len());
             for ((series, start), delta) in &batch.buckets {
                 let id = if let Some(&id) = self.series.get(series).or(new_series.get(series)) {
                     id
@@ -461,36 +485,25 @@ impl Store {
                     new_series.insert(series.clone(), id);
                     id
                 };
-                let mut merged = if let Some(stored) = buckets.get((id, *start))? {
-                    let doc = BucketDoc::decode(stored.value()).map_err(|source| {
-                        CommitError::Decode {
-                            series_id: id,
-                            start: *start,
-                            source,
-                        }
-                    })?;
-                    let mut summary = doc.summary();
-                    summary.merge(delta);
-                    doc.with_summary(&summary)
-                } else {
-                    stats.buckets_created += 1;
-                    BucketDoc::new(series, *start, self.settings.bucket_width_secs, delta)
-                };
-                if let Some(raw) = batch.raw.get(&(series.clone(), *start)) {
-                    let cap = self.settings.page_capacity;
-                    merged.pages = append_pages(&mut pages, (id, *start), merged.pages, raw, cap)?;
-                }
-                buf.clear();
-                bson::serialize_to_buffer(&merged, &mut buf)
-                    .expect("a BucketDoc has only BSON-representable fields");
-                buckets.insert((id, *start), buf.as_slice())?;
-                stats.buckets_written += 1;
+                entries.push(crate::commitlog::EntryIn {
+                    series_id: id,
+                    start: *start,
+                    summary: delta,
+                    raw: batch.raw.get(&(series.clone(), *start)).map(Vec::as_slice),
+                });
             }
-            let mut dedup = tx.open_table(DEDUP)?;
-            dedup.insert(seq, crate::dedup::encode(&batch.fingerprints).as_slice())?;
-            for &old in &trimmed {
-                dedup.remove(old)?;
-            }
+            entries.sort_unstable_by_key(|e| (e.series_id, e.start));
+            let params = batch
+                .buckets
+                .values()
+                .next()
+                .map_or(crate::sketch::SketchParams::DEFAULT, |s| s.sketch.params());
+            self.record_buf.clear();
+            crate::commitlog::encode(&entries, params, &mut self.record_buf);
+            stats.buckets_written = entries.len();
+            tx.open_table(log::LOG)?
+                .insert(seq, self.record_buf.as_slice())?;
+            tx.open_table(DEDUP)?.insert(seq, fingerprints.as_slice())?;
             if !batch.applied.is_empty() {
                 let mut applied = tx.open_table(APPLIED)?;
                 for (gateway, at) in &batch.applied {
@@ -513,32 +526,37 @@ impl Store {
         tx.commit()?;
         drop(gate);
         stats.series_created = new_series.len();
+        stats.log_bytes = self.record_buf.len() + fingerprints.len();
+        self.log_bytes = self.log_bytes.saturating_add(stats.log_bytes as u64);
         self.series.extend(new_series);
-        self.dedup_log.retain(|(s, _)| !trimmed.contains(s));
         self.dedup_log.push_back((seq, batch.fingerprints.len()));
-        self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
+        self.dedup_total += batch.fingerprints.len();
         self.next_seq = seq + 1;
         Ok(stats)
     }
 
-    /// The dedup entries that go when an entry of `adding` fingerprints is added: the oldest
-    /// ones whose fingerprints all fall out of the window, and an empty entry, which is only
-    /// kept while it is the last (its key gives [`Store::next_seq`]).
-    fn dedup_trim(&self, adding: usize) -> Vec<u64> {
+    /// The dedup entries a checkpoint deletes, in key order: the oldest ones whose
+    /// fingerprints all fall out of the window, and empty ones; never the last entry (its key
+    /// gives [`Store::next_seq`]).
+    fn dedup_trim(&self) -> Vec<u64> {
         let window = self.settings.dedup_window;
-        let mut total = self.dedup_total + adding;
+        let mut total = self.dedup_total;
+        let last = self.dedup_log.back().map(|e| e.0);
         let mut out = Vec::new();
+        let mut oldest = true;
         for &(seq, n) in &self.dedup_log {
-            if total - n < window {
+            if Some(seq) == last {
                 break;
             }
-            total -= n;
-            out.push(seq);
-        }
-        if let Some(&(seq, 0)) = self.dedup_log.back()
-            && out.last() != Some(&seq)
-        {
-            out.push(seq);
+            if oldest && total - n >= window {
+                total -= n;
+                out.push(seq);
+                continue;
+            }
+            oldest = false;
+            if n == 0 {
+                out.push(seq);
+            }
         }
         out
     }

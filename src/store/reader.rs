@@ -1,11 +1,13 @@
 //! [`StoreReader`]: read access to the file, for `bucketd export` (a file no daemon holds) and
 //! the HTTP API (the daemon's own open database). Never writes.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable};
 
+use super::log::{Unfolded, bucket_doc, decode_bucket};
 use super::outbox::{self, OutboxDoc};
 use super::{
     BUCKETS, META, PAGES, SERIES_BY_ID, SERIES_BY_NAME, SharedDb, StoreOpenError, open_error,
@@ -114,7 +116,8 @@ impl StoreReader {
 
     /// Raw readings of `series` (every series when `None`) with `from <= ts < to` (ns), one
     /// bucket at a time in time order, each bucket's readings sorted by timestamp (equal
-    /// timestamps in arrival order). `visit` returns `false` to stop early.
+    /// timestamps in arrival order). Readings still in the commit log come after the pages'
+    /// (they arrived later). `visit` returns `false` to stop early.
     pub fn raw(
         &self,
         series: Option<&str>,
@@ -132,6 +135,17 @@ impl StoreReader {
         let ids = series_ids(&tx, series)?;
         let first_start = from.div_euclid(1_000_000_000).div_euclid(width) * width;
         let end_start = to.div_euclid(1_000_000_000) + 1; // buckets starting before `to`
+        let one = (series.is_some()).then(|| ids.first().copied());
+        let mut unfolded = Unfolded::read(
+            &tx,
+            |id, start| {
+                one.is_none_or(|o| o == Some(id)) && (first_start..end_start).contains(&start)
+            },
+            true,
+            |_, _| Ok(None),
+        )?
+        .raw;
+        let in_range = |r: &(i64, f64)| (from..to).contains(&r.0);
         for id in ids {
             let name = by_id
                 .get(id)?
@@ -139,17 +153,45 @@ impl StoreReader {
                 .ok_or_else(|| redb::Error::Corrupted(format!("series id {id} has no name")))?;
             let mut bucket: Option<i64> = None;
             let mut readings: Vec<(i64, f64)> = Vec::new();
-            let mut flush = |readings: &mut Vec<(i64, f64)>| {
-                readings.sort_by_key(|r| r.0); // stable: equal timestamps keep arrival order
-                let keep = !readings.is_empty() && !visit(&name, readings);
-                readings.clear();
-                keep
-            };
+            // Ends the current bucket (adding its readings from the log) and any log-only
+            // buckets before `next`; returns whether `visit` asked to stop.
+            let mut flush =
+                |bucket: Option<i64>, next: Option<i64>, readings: &mut Vec<(i64, f64)>| {
+                    let mut emit = |readings: &mut Vec<(i64, f64)>| {
+                        readings.sort_by_key(|r| r.0); // stable: equal timestamps keep arrival order
+                        let stop = !readings.is_empty() && !visit(&name, readings);
+                        readings.clear();
+                        stop
+                    };
+                    if let Some(start) = bucket {
+                        if let Some(logged) = unfolded.remove(&(id, start)) {
+                            readings.extend(logged.into_iter().filter(in_range));
+                        }
+                        if emit(readings) {
+                            return true;
+                        }
+                    }
+                    let before = next.unwrap_or(i64::MAX);
+                    while let Some(entry) = unfolded.first_entry() {
+                        let (key_id, start) = *entry.key();
+                        if key_id != id || (start >= before && next.is_some()) {
+                            break;
+                        }
+                        readings.extend(entry.remove().into_iter().filter(in_range));
+                        if emit(readings) {
+                            return true;
+                        }
+                    }
+                    false
+                };
+            if flush(None, Some(first_start), &mut readings) {
+                return Ok(());
+            }
             for entry in pages.range((id, first_start, 0)..(id, end_start, 0))? {
                 let (key, value) = entry?;
                 let (_, start, page_no) = key.value();
                 if bucket != Some(start) {
-                    if flush(&mut readings) {
+                    if flush(bucket, Some(start), &mut readings) {
                         return Ok(());
                     }
                     bucket = Some(start);
@@ -164,13 +206,9 @@ impl StoreReader {
                     continue;
                 }
                 let decoded = page.readings().ok_or_else(corrupt)?;
-                readings.extend(
-                    decoded
-                        .into_iter()
-                        .filter(|(ts, _)| (from..to).contains(ts)),
-                );
+                readings.extend(decoded.into_iter().filter(in_range));
             }
-            if flush(&mut readings) {
+            if flush(bucket, None, &mut readings) {
                 return Ok(());
             }
         }
@@ -178,33 +216,42 @@ impl StoreReader {
     }
 
     /// Buckets of `series` (all series when `None`) with `from <= start < to` (seconds), in
-    /// series-id then time order.
+    /// series-id then time order, with what the commit log holds for them merged in.
     pub fn buckets(
         &self,
         series: Option<&str>,
         from: i64,
         to: i64,
     ) -> Result<Vec<BucketDoc>, redb::Error> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
         let tx = self.db.begin_read()?;
         let buckets = tx.open_table(BUCKETS)?;
         let ids = series_ids(&tx, series)?;
-        let mut out = Vec::new();
-        if from >= to {
-            return Ok(out);
-        }
-        for id in ids {
+        let mut docs: BTreeMap<(u64, i64), BucketDoc> = BTreeMap::new();
+        for &id in &ids {
             for entry in buckets.range((id, from)..(id, to))? {
                 let (key, value) = entry?;
-                let doc = BucketDoc::decode(value.value()).map_err(|e| {
-                    redb::Error::Corrupted(format!(
-                        "bucket document {:?} is unreadable: {e}",
-                        key.value()
-                    ))
-                })?;
-                out.push(doc);
+                docs.insert(key.value(), decode_bucket(key.value(), value.value())?);
             }
         }
-        Ok(out)
+        let one = series.is_some().then(|| ids.first().copied());
+        let unfolded = Unfolded::read(
+            &tx,
+            |id, start| one.is_none_or(|o| o == Some(id)) && (from..to).contains(&start),
+            false,
+            |id, start| Ok(docs.get(&(id, start)).map(BucketDoc::summary)),
+        )?;
+        if !unfolded.deltas.is_empty() {
+            let by_id = tx.open_table(SERIES_BY_ID)?;
+            let width = self.bucket_width_secs()?;
+            for (key, summary) in unfolded.deltas {
+                let doc = bucket_doc(docs.remove(&key), &summary, key, width, &by_id)?;
+                docs.insert(key, doc);
+            }
+        }
+        Ok(docs.into_values().collect())
     }
 }
 

@@ -29,6 +29,8 @@ impl Store {
         max: usize,
     ) -> Result<ExpireStats, CommitError> {
         let mut stats = ExpireStats::default();
+        // Fold the log first: a bucket deleted here must not come back from a log entry.
+        self.checkpoint()?;
         let mut tx = self.open_db()?.begin_write()?;
         tx.set_durability(redb::Durability::Immediate)?;
         tx.set_quick_repair(self.settings.quick_repair);

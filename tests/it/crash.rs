@@ -1,7 +1,10 @@
-//! Crash safety: `kill -9` the daemon binary at random moments while a publisher streams QoS 1
-//! readings through a real broker, restart it each time, and at the end every bucket must equal
-//! the ground truth exactly: nothing lost (the broker redelivers what was not acknowledged), and
-//! nothing counted twice (redeliveries of what was already committed are recognised).
+//! Crash safety: `kill -9` the daemon binary while a publisher streams QoS 1 readings through a
+//! real broker, restart it each time, and at the end every bucket must equal the ground truth
+//! exactly: nothing lost (the broker redelivers what was not acknowledged), and nothing counted
+//! twice (redeliveries of what was already committed are recognised). Every other kill comes at
+//! a random moment (mid-batch, mid-commit, between commit and acknowledgement); the others the
+//! moment the daemon logs that a checkpoint starts (checkpoints every second here), so they
+//! land during the checkpoint's transaction or right after it.
 //!
 //! `BUCKETD_CRASH_CYCLES=N` sets the number of kill/restart cycles (default 5, fast enough for
 //! CI); a soak run uses 50 or more. Each run prints its figures on stderr
@@ -38,6 +41,7 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
     let mut raw = raw_config(&broker, protocol, &db, &topics);
     // Many small commits: many moments where a commit has landed and its acks have not.
     raw.batch.flush_interval = Duration::from_millis(20);
+    raw.store.checkpoint_interval = Duration::from_secs(1);
     let config = write_config(dir.path(), &raw);
     // Receive-time readings are recognised by DUP, which rumqttd does not set.
     let seed = 0xC4A5 + u64::from(cycles);
@@ -59,10 +63,22 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
     let mut logs = Vec::new();
     let mut rng = Rng::new(seed);
     let mut kills = 0;
+    let (mut at_checkpoint, mut mid_checkpoint) = (0, 0);
     while kills < cycles {
-        // A random moment: mid-batch, mid-commit, between commit and acknowledgement.
-        tokio::time::sleep(Duration::from_millis(50 + rng.below(400))).await;
+        let checkpointing = kills % 2 == 1;
+        if checkpointing {
+            logs.extend(daemon.wait_for_line("starting a checkpoint", |l| {
+                l.contains("Checkpoint starting.")
+            }));
+            at_checkpoint += 1;
+        } else {
+            // A random moment: mid-batch, mid-commit, between commit and acknowledgement.
+            tokio::time::sleep(Duration::from_millis(50 + rng.below(400))).await;
+        }
         let (status, lines) = daemon.kill();
+        // The checkpoint had not logged its end: the kill came during its transaction.
+        mid_checkpoint +=
+            usize::from(checkpointing && !lines.iter().any(|l| l.contains("Checkpoint: folded")));
         assert_eq!(
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(9)
@@ -97,9 +113,9 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
         .filter(|l| l.contains("Skipped a message already counted."))
         .count();
     eprintln!(
-        "crash test ({} {protocol:?}): {kills} kill -9 cycles, {} messages, {} readings \
-         published; counted {}; lost {lost}; counted twice {twice}; redeliveries recognised \
-         {skipped}",
+        "crash test ({} {protocol:?}): {kills} kill -9 cycles ({at_checkpoint} as a checkpoint \
+         started, {mid_checkpoint} of them before it logged its end), {} messages, {} readings published; counted {}; lost {lost}; counted twice \
+         {twice}; redeliveries recognised {skipped}",
         broker.name,
         work.messages.len(),
         work.readings.len(),
