@@ -24,7 +24,8 @@
 //! (`mosquitto` must be on PATH), or the one named by `BUCKETD_BENCH_MQTT=host:port`.
 //! Knobs: `BENCH_MESSAGES` (default 200000), `BENCH_SERIES` (1000), `BENCH_READINGS_PER_MESSAGE`
 //! (1 = `value` payloads; more = JSON arrays), `BENCH_RATE` (messages/s; 0 = flat out),
-//! `BENCH_RUNS` (3), `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
+//! `BENCH_RUNS` (3), `BENCH_CHECKPOINT_SECS` (10: bucketd's `store.checkpoint_interval` in the
+//! runs), `BENCH_QR=0` (the storage-alone store without quick repair), `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
 
@@ -312,6 +313,9 @@ impl Sqlite {
 
 // ---- Storage alone: the anchors, without MQTT, in this process. -------------------
 
+/// `store.checkpoint_bytes` of the default config.
+const CHECKPOINT_BYTES: u64 = 4 << 20;
+
 /// One storage-alone contender's figures.
 struct Anchor {
     name: &'static str,
@@ -357,7 +361,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             path: path.clone(),
             bucket_width_secs: 3600,
             durability: bucketd::config::Durability::Immediate,
-            quick_repair: true,
+            quick_repair: std::env::var("BENCH_QR").map_or(true, |v| v == "1"),
             cache_bytes: 16 << 20,
             page_capacity: 1000,
             dedup_window: 8192,
@@ -376,8 +380,15 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             batcher.push_reading(names[r % series].clone(), ts, value(r), raw, now);
             if (r + 1) % per_tx == 0 || r + 1 == readings {
                 store.commit(&batcher.take().0).unwrap();
+                // As the writer does flat out: a checkpoint once the log holds the default
+                // `store.checkpoint_bytes`.
+                if store.log_bytes() >= CHECKPOINT_BYTES {
+                    store.checkpoint().unwrap();
+                }
             }
         }
+        // And the one that folds the rest: its writes count too.
+        store.checkpoint().unwrap();
         drop(store);
         let docs = StoreReader::open(&path)
             .unwrap()
@@ -501,6 +512,10 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
     raw.store.path = dir.path().join("bench.redb");
     raw.http.bind = "127.0.0.1:0".into();
     raw.subscriptions = RawSubscription::defaults_under(prefix);
+    // Checkpoints more often than the default (60s), so that the runs (5-20 s) include them at
+    // a rate no lower than a steady stream would see; the run then also waits for the
+    // checkpoint that folds the rest of its log, so bytes written include all folding.
+    raw.store.checkpoint_interval = Duration::from_secs(env_or("BENCH_CHECKPOINT_SECS", 10u64));
     match variant {
         "bucketd-durable" => {
             raw.store.durability = bucketd::config::Durability::TwoPhase;
@@ -575,16 +590,23 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
             if done >= readings {
                 let took = start.elapsed();
                 let commits = metric(&text, "bucketd_flushes_total") as u64;
+                // Until the log is folded: the checkpoint's writes are the run's too.
+                let mut waits = 0;
+                while metric(&scrape(), "bucketd_commit_log_bytes") > 0.0 {
+                    waits += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 let mut used = usage(&pid);
                 // The polls cost bucketd CPU that ingest does not (500 scrapes/s at a fixed
                 // rate): measured on as many scrapes now that it is idle, and taken off.
-                let extra = polls.len().clamp(200, 2000);
+                let scrapes = polls.len() + waits;
+                let extra = scrapes.clamp(200, 2000);
                 let before = usage(&pid).cpu_s;
                 for _ in 0..extra {
                     scrape();
                 }
                 let per_poll = (usage(&pid).cpu_s - before) / extra as f64;
-                used.cpu_s = (used.cpu_s - per_poll * polls.len() as f64).max(0.0);
+                used.cpu_s = (used.cpu_s - per_poll * scrapes as f64).max(0.0);
                 return (took, used, Some(commits), polls);
             }
             std::thread::sleep(poll_every);

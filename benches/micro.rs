@@ -160,6 +160,21 @@ fn bench_batcher(c: &mut Criterion) {
     g.finish();
 }
 
+/// A store in `dir` with the daemon's defaults, but for durability and quick repair.
+fn open_store(dir: &std::path::Path, durability: Durability, quick_repair: bool) -> Store {
+    Store::open(&StoreSettings {
+        path: dir.join("bench.redb"),
+        bucket_width_secs: 3600,
+        durability,
+        quick_repair,
+        cache_bytes: 16 << 20,
+        page_capacity: 1000,
+        dedup_window: 8192,
+        outbox_max_entries: 0,
+    })
+    .unwrap()
+}
+
 /// A batch touching `n` buckets (one series each), one reading per bucket.
 fn batch_of(n: usize, second: i64) -> Batch {
     let mut b = Batcher::new(policy(), 3600);
@@ -182,17 +197,7 @@ fn bench_commit(c: &mut Criterion) {
     ] {
         for n in [100usize, 1_000, 10_000] {
             let dir = tempfile::tempdir().unwrap();
-            let mut store = Store::open(&StoreSettings {
-                path: dir.path().join("bench.redb"),
-                bucket_width_secs: 3600,
-                durability,
-                quick_repair,
-                cache_bytes: 16 << 20,
-                page_capacity: 1000,
-                dedup_window: 8192,
-                outbox_max_entries: 0,
-            })
-            .unwrap();
+            let mut store = open_store(dir.path(), durability, quick_repair);
             store.commit(&batch_of(n, 0)).unwrap();
             let mut second = 0;
             g.throughput(Throughput::Elements(n as u64));
@@ -220,17 +225,7 @@ fn bench_store_path(c: &mut Criterion) {
     g.throughput(Throughput::Elements(10_000));
     for raw in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&StoreSettings {
-            path: dir.path().join("bench.redb"),
-            bucket_width_secs: 3600,
-            durability: Durability::Immediate,
-            quick_repair: true,
-            cache_bytes: 16 << 20,
-            page_capacity: 1000,
-            dedup_window: 8192,
-            outbox_max_entries: 0,
-        })
-        .unwrap();
+        let mut store = open_store(dir.path(), Durability::Immediate, true);
         store.commit(&batch_of(1000, 0)).unwrap();
         let mut round = 0i64;
         let id = if raw {
@@ -247,10 +242,50 @@ fn bench_store_path(c: &mut Criterion) {
                     let ts = Timestamp::from_secs(NOW_S + (round * 10 + (i / 1000) as i64) % 3600);
                     batcher.push_reading(names[i % 1000].clone(), ts, 21.5, raw, now);
                 }
-                store.commit(&batcher.take().0).unwrap()
+                store.commit(&batcher.take().0).unwrap();
+                // Flat out, the writer checkpoints once the log holds the default
+                // `store.checkpoint_bytes`: its share is part of the path.
+                if store.log_bytes() >= 4 << 20 {
+                    store.checkpoint().unwrap();
+                }
             });
         });
     }
+    g.finish();
+}
+
+/// One checkpoint at 10,000 active series: a minute at 1,000 messages/s (60,000 readings, six
+/// per series, raw kept) in 60 commits, folded into buckets that already exist.
+fn bench_checkpoint(c: &mut Criterion) {
+    let names: Vec<Arc<str>> = (0..10_000).map(|i| Arc::from(format!("s{i}/t"))).collect();
+    let mut g = c.benchmark_group("checkpoint");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(10_000));
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open_store(dir.path(), Durability::Immediate, true);
+    let mut round = 0i64;
+    g.bench_function("fold_10000_series_60000_readings", |b| {
+        b.iter_custom(|iters| {
+            let mut took = std::time::Duration::ZERO;
+            for _ in 0..iters {
+                for commit in 0..60 {
+                    round += 1;
+                    let mut batcher = Batcher::new(policy(), 3600);
+                    let now = Instant::now();
+                    for i in 0..1000usize {
+                        let series = &names[(commit * 1000 + i) % 10_000];
+                        let ts = Timestamp::from_secs(NOW_S + round % 3600);
+                        batcher.push_reading(series.clone(), ts, 21.5, true, now);
+                    }
+                    store.commit(&batcher.take().0).unwrap();
+                }
+                let started = Instant::now();
+                store.checkpoint().unwrap();
+                took += started.elapsed();
+            }
+            took
+        });
+    });
     g.finish();
 }
 
@@ -260,6 +295,7 @@ criterion_group!(
     bench_merge,
     bench_batcher,
     bench_commit,
-    bench_store_path
+    bench_store_path,
+    bench_checkpoint
 );
 criterion_main!(benches);
