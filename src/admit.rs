@@ -176,8 +176,8 @@ impl Admitter {
             self.decoded.clear();
             return &mut self.out;
         }
-        for reading in self.decoded.readings.drain(..) {
-            match self.series.intern(&reading.series) {
+        for reading in self.decoded.readings() {
+            match self.series.intern(reading.series) {
                 Ok(series) => self.out.readings.push((series, reading.ts, reading.value)),
                 Err(e) => self.out.rejected.push(e),
             }

@@ -6,10 +6,9 @@
 //! reading; the message's other readings are kept.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::delta::{DeltaMessage, Position};
-use crate::reading::{Reading, Timestamp, validate_name};
+use crate::reading::{Timestamp, validate_name};
 pub use crate::reject::DecodeError;
 
 /// How a subscription's payloads are read.
@@ -156,9 +155,12 @@ pub struct DecodeContext {
 }
 
 /// The outcome of decoding one message: its good readings and its reading-level rejections.
-#[derive(Debug, Default, Clone, PartialEq)]
+/// Reused from message to message: once warm, decoding allocates nothing per reading.
+#[derive(Debug, Default, Clone)]
 pub struct Decoded {
-    pub readings: Vec<Reading>,
+    /// The readings' series names, back to back; each reading holds its range.
+    names: String,
+    readings: Vec<(std::ops::Range<usize>, Timestamp, f64)>,
     /// Bucket summaries of a [`Format::Delta`] message.
     pub deltas: Vec<Delta>,
     pub rejected: Vec<DecodeError>,
@@ -166,15 +168,34 @@ pub struct Decoded {
     pub receive_time: bool,
     /// A delta message's gateway and position in its stream (`fleet::applied`).
     pub delta_from: Option<(String, Position)>,
+    scratch: json::Scratch,
+}
+
+/// One decoded reading, borrowing its series name from the [`Decoded`] that holds it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReadingRef<'a> {
+    pub series: &'a str,
+    pub ts: Timestamp,
+    pub value: f64,
 }
 
 impl Decoded {
     pub fn clear(&mut self) {
+        self.names.clear();
         self.readings.clear();
         self.deltas.clear();
         self.rejected.clear();
         self.receive_time = false;
         self.delta_from = None;
+    }
+
+    /// The good readings, in payload order.
+    pub fn readings(&self) -> impl ExactSizeIterator<Item = ReadingRef<'_>> {
+        self.readings.iter().map(|(name, ts, value)| ReadingRef {
+            series: &self.names[name.clone()],
+            ts: *ts,
+            value: *value,
+        })
     }
 
     fn push(&mut self, ctx: &DecodeContext, sensor: &str, metric: &str, ts: Timestamp, value: f64) {
@@ -186,11 +207,16 @@ impl Decoded {
                 return Err(DecodeError::TimestampOutOfRange);
             }
             validate_name(sensor)?;
-            validate_name(metric)?;
-            Ok(Reading::new(sensor, metric, ts, value))
+            validate_name(metric)
         })();
         match result {
-            Ok(reading) => self.readings.push(reading),
+            Ok(()) => {
+                let start = self.names.len();
+                self.names.push_str(sensor);
+                self.names.push('/');
+                self.names.push_str(metric);
+                self.readings.push((start..self.names.len(), ts, value));
+            }
             Err(e) => self.rejected.push(e),
         }
     }
@@ -225,7 +251,7 @@ pub fn decode(
             out.receive_time = true;
             out.push(ctx, sensor, metric, ctx.received, value);
         }
-        Format::Json => decode_json(sub, sensor, payload, ctx, out)?,
+        Format::Json => json::decode(sub, sensor, payload, ctx, out)?,
         Format::Delta => decode_delta(payload, out)?,
     }
     if out.readings.is_empty() && out.deltas.is_empty() && out.rejected.is_empty() {
@@ -291,137 +317,8 @@ fn decode_value(payload: &[u8]) -> Result<f64, DecodeError> {
     Ok(value)
 }
 
-fn decode_json(
-    sub: &Subscription,
-    topic_sensor: Option<&str>,
-    payload: &[u8],
-    ctx: &DecodeContext,
-    out: &mut Decoded,
-) -> Result<(), DecodeError> {
-    let root: Value = serde_json::from_slice(payload).map_err(|e| {
-        if std::str::from_utf8(payload).is_err() {
-            DecodeError::InvalidUtf8
-        } else if e.to_string().starts_with("number out of range") {
-            DecodeError::NonFinite
-        } else {
-            DecodeError::InvalidJson
-        }
-    })?;
-    match &root {
-        Value::Object(object) => decode_object(sub, topic_sensor, object, ctx, out),
-        Value::Array(items) => {
-            for item in items {
-                let Value::Object(object) = item else {
-                    return Err(DecodeError::NotAnObject);
-                };
-                decode_object(sub, topic_sensor, object, ctx, out);
-            }
-        }
-        _ => return Err(DecodeError::NotAnObject),
-    }
-    Ok(())
-}
-
-fn decode_object(
-    sub: &Subscription,
-    topic_sensor: Option<&str>,
-    object: &serde_json::Map<String, Value>,
-    ctx: &DecodeContext,
-    out: &mut Decoded,
-) {
-    let sensor_owned;
-    let sensor = match &sub.sensor_field {
-        None => topic_sensor.expect("config validation requires {sensor} without sensor_field"),
-        Some(field) => match object.get(field) {
-            Some(Value::String(s)) => s.as_str(),
-            Some(Value::Number(n)) if n.is_u64() || n.is_i64() => {
-                sensor_owned = n.to_string();
-                sensor_owned.as_str()
-            }
-            _ => {
-                out.rejected.push(DecodeError::InvalidName);
-                return;
-            }
-        },
-    };
-    let ts = match sub.timestamp_field.as_ref().and_then(|f| object.get(f)) {
-        None => {
-            out.receive_time = true;
-            ctx.received
-        }
-        Some(value) => {
-            if let Some(ts) = parse_timestamp(value, sub.timestamp_unit) {
-                ts
-            } else {
-                out.rejected.push(DecodeError::InvalidTimestamp);
-                return;
-            }
-        }
-    };
-    for (key, value) in object {
-        let is_special =
-            Some(key) == sub.timestamp_field.as_ref() || Some(key) == sub.sensor_field.as_ref();
-        if is_special {
-            continue;
-        }
-        // Non-numeric fields (status strings, flags, nested objects) are not metrics.
-        if let Value::Number(n) = value {
-            let value = n.as_f64().expect("serde_json numbers are f64-convertible");
-            out.push(ctx, sensor, key, ts, value);
-        }
-    }
-}
-
-/// Parses a payload timestamp: a number in `unit` (or by magnitude), or an RFC 3339 string.
-pub fn parse_timestamp(value: &Value, unit: TimestampUnit) -> Option<Timestamp> {
-    match value {
-        Value::Number(n) => {
-            let v = n.as_f64()?;
-            if !v.is_finite() {
-                return None;
-            }
-            let unit = match unit {
-                TimestampUnit::Auto => {
-                    let magnitude = v.abs();
-                    if magnitude < 1e11 {
-                        TimestampUnit::S
-                    } else if magnitude < 1e14 {
-                        TimestampUnit::Ms
-                    } else if magnitude < 1e17 {
-                        TimestampUnit::Us
-                    } else {
-                        TimestampUnit::Ns
-                    }
-                }
-                unit => unit,
-            };
-            let nanos_per_unit = match unit {
-                TimestampUnit::S => 1_000_000_000_i64,
-                TimestampUnit::Ms => 1_000_000,
-                TimestampUnit::Us => 1_000,
-                TimestampUnit::Ns | TimestampUnit::Auto => 1,
-            };
-            // Integers are scaled exactly; fractional values (e.g. 1763719200.123 s) via f64.
-            if let Some(i) = n.as_i64() {
-                i.checked_mul(nanos_per_unit).map(Timestamp::from_nanos)
-            } else {
-                // Whole units exactly, the fraction separately, so that 1763719200.25 s keeps
-                // its quarter second instead of f64's ~256 ns steps at that magnitude.
-                let whole = v.trunc();
-                let fraction = ((v - whole) * nanos_per_unit as f64).round() as i64;
-                if whole.abs() >= 9.2e18 {
-                    return None;
-                }
-                (whole as i64)
-                    .checked_mul(nanos_per_unit)
-                    .and_then(|n| n.checked_add(fraction))
-                    .map(Timestamp::from_nanos)
-            }
-        }
-        Value::String(s) => Timestamp::parse_rfc3339(s),
-        _ => None,
-    }
-}
+mod json;
+pub use json::{Num, Scalar, parse_timestamp};
 
 #[cfg(test)]
 mod tests;

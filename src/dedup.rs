@@ -58,7 +58,13 @@ impl Window {
     /// A window holding the last `capacity` of `recent` (given oldest first).
     pub fn new(capacity: usize, recent: impl IntoIterator<Item = Fingerprint>) -> Window {
         let mut w = Window {
-            set: HashSet::with_capacity_and_hasher(capacity, BuildHasherDefault::default()),
+            // Twice the window: removals leave tombstones, and a table at most half full
+            // clears them in place; a fuller one would grow (allocate, copy) on the first
+            // cleanup, mid-run. The steady state is this size either way.
+            set: HashSet::with_capacity_and_hasher(
+                capacity.saturating_mul(2),
+                BuildHasherDefault::default(),
+            ),
             order: VecDeque::with_capacity(capacity),
             capacity,
         };

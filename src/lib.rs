@@ -40,6 +40,8 @@
 
 pub mod ack;
 pub mod admit;
+#[cfg(test)]
+mod alloc_count;
 pub mod batcher;
 pub mod commitlog;
 pub mod config;

@@ -231,3 +231,88 @@ fn claims_are_only_for_delta_messages() {
             .is_none()
     );
 }
+
+/// Decode -> admit -> batch once warm: admitting allocates nothing at all; a batch only when
+/// one of its vectors grows, never once per reading.
+#[test]
+fn once_warm_a_reading_costs_no_allocation_from_decode_to_batch() {
+    use crate::alloc_count::allocations;
+    use crate::batcher::{Batcher, FlushPolicy};
+
+    let mut a = admitter(100);
+    // Every timestamp in the hour before NOW: one bucket per series.
+    let one: Vec<String> = (0..8_000)
+        .map(|i| {
+            format!(
+                r#"{{"ts": {}, "temperature": {i}.5, "rh": 40}}"#,
+                NOW_S - 1 - i % 3_000
+            )
+        })
+        .collect();
+    let hundred: Vec<String> = (0..400)
+        .map(|i| {
+            let items: Vec<String> = (0..100)
+                .map(|j| {
+                    format!(
+                        r#"{{"ts": {}, "temperature": {i}.{j}}}"#,
+                        NOW_S - 1 - (i * 100 + j) % 3_000
+                    )
+                })
+                .collect();
+            format!("[{}]", items.join(","))
+        })
+        .collect();
+    let topic = "devices/d1/telemetry";
+    let now = std::time::Instant::now();
+    // (allocations, readings) of admitting `payloads`, and of batching them into a new batch.
+    let mut run = |payloads: &[String], batch: bool| {
+        let mut b = Batcher::new(
+            FlushPolicy {
+                flush_interval: Duration::from_secs(1),
+                max_pending_readings: usize::MAX,
+                window: 100,
+            },
+            3600,
+        );
+        let mut readings = 0;
+        let before = allocations();
+        for p in payloads {
+            let out = a.admit(&message(topic, p.as_bytes()));
+            assert_eq!(out.verdict, Verdict::New);
+            readings += out.readings.len();
+            if batch {
+                for (series, ts, value) in out.readings.drain(..) {
+                    b.push_reading(series, ts, value, true, now);
+                }
+                b.push_fingerprint(out.fingerprint.expect("device-timestamped"));
+            }
+        }
+        let allocated = allocations() - before;
+        drop(b);
+        (allocated, readings)
+    };
+    // Warm: the series exist, the dedup window is full, the buffers have grown. Each run
+    // below admits messages it has not seen (a copy would be skipped).
+    run(&one[7_900..], false);
+    run(&hundred[380..], false);
+
+    assert_eq!(run(&one[..2_000], false), (0, 2 * 2_000));
+    assert_eq!(run(&hundred[..100], false), (0, 100 * 100));
+
+    // Batches allocate when a vector (raw readings, fingerprints, a sketch's bins) doubles:
+    // twice the readings add a handful, not one per reading (that would be thousands).
+    let (half, _) = run(&one[2_000..4_000], true);
+    let (full, readings) = run(&one[4_000..], true);
+    assert_eq!(readings, 8_000);
+    assert!(
+        (full - half) * 100 < 4_000,
+        "{half} then {full} allocations"
+    );
+    let (half, _) = run(&hundred[100..200], true);
+    let (full, readings) = run(&hundred[200..], true);
+    assert_eq!(readings, 20_000);
+    assert!(
+        (full - half) * 100 < 10_000,
+        "{half} then {full} allocations"
+    );
+}

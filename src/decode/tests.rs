@@ -31,10 +31,24 @@ fn run(sub: &Subscription, topic: &str, payload: &[u8]) -> Result<Decoded, Decod
 fn readings(sub: &Subscription, topic: &str, payload: &str) -> Vec<(String, i64, f64)> {
     let d = run(sub, topic, payload.as_bytes()).unwrap();
     assert!(d.rejected.is_empty(), "{:?}", d.rejected);
-    d.readings
-        .into_iter()
-        .map(|r| (r.series, r.ts.as_nanos(), r.value))
+    d.readings()
+        .map(|r| (r.series.to_owned(), r.ts.as_nanos(), r.value))
         .collect()
+}
+
+/// A timestamp field's value as the streaming decoder would have read it.
+fn scalar(v: serde_json::Value) -> Scalar<'static> {
+    match v {
+        serde_json::Value::Number(n) => Scalar::Num(if let Some(u) = n.as_u64() {
+            Num::U(u)
+        } else if let Some(i) = n.as_i64() {
+            Num::I(i)
+        } else {
+            Num::F(n.as_f64().unwrap())
+        }),
+        serde_json::Value::String(s) => Scalar::Str(s.into()),
+        _ => Scalar::Other,
+    }
 }
 
 const NOW_NS: i64 = NOW_S * 1_000_000_000;
@@ -141,7 +155,7 @@ fn json_arrays_are_batches_and_each_reading_keeps_its_own_timestamp() {
 #[test]
 fn timestamp_units_by_magnitude_and_by_config() {
     let auto = TimestampUnit::Auto;
-    let n = |v: serde_json::Value, unit| parse_timestamp(&v, unit).map(Timestamp::as_nanos);
+    let n = |v: serde_json::Value, unit| parse_timestamp(&scalar(v), unit).map(Timestamp::as_nanos);
     let want = Some(NOW_NS);
     assert_eq!(n(serde_json::json!(NOW_S), auto), want);
     assert_eq!(n(serde_json::json!(NOW_S * 1000), auto), want);
@@ -196,7 +210,7 @@ fn json_rejections_are_per_message_or_per_reading() {
     // A bad timestamp rejects that object's readings, never replaced by the receive time.
     let d = run(s, t, br#"[{"ts": "yesterday", "a": 1}, {"a": 2}]"#).unwrap();
     assert_eq!(d.rejected, [DecodeError::InvalidTimestamp]);
-    assert_eq!(d.readings.len(), 1);
+    assert_eq!(d.readings().len(), 1);
 
     let too_old = NOW_S - 31 * 86_400;
     let too_new = NOW_S + 601;
@@ -211,7 +225,7 @@ fn json_rejections_are_per_message_or_per_reading() {
             DecodeError::InvalidName
         ]
     );
-    assert!(d.readings.is_empty());
+    assert!(d.readings().len() == 0);
 }
 
 #[test]
@@ -310,7 +324,7 @@ fn strings_booleans_and_nulls_are_not_readings() {
         );
     }
     let d = run(s, t, br#"{"temperature": "21.5", "humidity": 40}"#).unwrap();
-    assert_eq!(d.readings.len(), 1, "the numeric field still counts");
+    assert_eq!(d.readings().len(), 1, "the numeric field still counts");
     // Huge but finite numbers are readings, exactly.
     let d = run(
         s,
@@ -318,8 +332,11 @@ fn strings_booleans_and_nulls_are_not_readings() {
         br#"{"a": 1.7976931348623157e308, "b": -18446744073709551616}"#,
     )
     .unwrap();
-    assert_eq!(d.readings[0].value, f64::MAX);
-    assert_eq!(d.readings[1].value, -18_446_744_073_709_551_616.0);
+    assert_eq!(d.readings().next().unwrap().value, f64::MAX);
+    assert_eq!(
+        d.readings().nth(1).unwrap().value,
+        -18_446_744_073_709_551_616.0
+    );
 }
 
 #[test]
@@ -348,7 +365,7 @@ fn absurd_timestamps_are_rejected_with_a_reason() {
     for (payload, want) in cases {
         let d = run(s, t, payload.as_bytes()).unwrap();
         assert_eq!(d.rejected, [want], "{payload}");
-        assert!(d.readings.is_empty(), "{payload}");
+        assert!(d.readings().len() == 0, "{payload}");
     }
 }
 
@@ -414,8 +431,8 @@ fn fragments() -> impl Strategy<Value = Vec<u8>> {
 
 fn check_decoded(result: Result<(), DecodeError>, out: &Decoded, c: &DecodeContext) {
     if result.is_ok() {
-        assert!(!out.readings.is_empty() || !out.rejected.is_empty());
-        for r in &out.readings {
+        assert!(out.readings().len() > 0 || !out.rejected.is_empty());
+        for r in out.readings() {
             assert!(r.value.is_finite(), "{r:?}");
             assert!(c.oldest <= r.ts && r.ts <= c.newest, "{r:?}");
             let (sensor, metric) = r.series.split_once('/').expect("sensor/metric");
@@ -501,7 +518,7 @@ fn a_delta_message_becomes_bucket_summaries_under_the_gateway_prefix() {
         &delta_payload("gw-1", "d0/t", &s),
     )
     .unwrap();
-    assert!(d.readings.is_empty());
+    assert!(d.readings().len() == 0);
     assert_eq!(d.deltas.len(), 1);
     assert_eq!(d.deltas[0].series, "gw-1:d0/t");
     assert_eq!((d.deltas[0].start, d.deltas[0].width_secs), (NOW_S, 3600));
@@ -556,4 +573,213 @@ fn a_bad_delta_message_is_rejected_with_its_reason() {
     for (payload, want) in cases {
         assert_eq!(run(&sub, "bucketd/gw-1/deltas", payload).unwrap_err(), want);
     }
+}
+
+/// A verdict, the readings as (series, ns, value), the reading-level rejections.
+type Outcome = (
+    Result<(), DecodeError>,
+    Vec<(String, i64, f64)>,
+    Vec<DecodeError>,
+);
+
+/// How the decoder read JSON before it streamed: parse a `serde_json::Value` (with
+/// `preserve_order`), then walk it. The streaming decoder must agree with it on every payload.
+fn reference_json(sub: &Subscription, topic: &str, payload: &[u8]) -> Outcome {
+    use serde_json::Value;
+    let c = ctx();
+    let mut readings = Vec::new();
+    let mut rejected = Vec::new();
+    let topic_sensor = sub.template.capture(topic).and_then(|(s, _)| s);
+    if payload.iter().all(u8::is_ascii_whitespace) {
+        return (Err(DecodeError::EmptyPayload), readings, rejected); // checked before parsing
+    }
+    let root: Value = match serde_json::from_slice(payload) {
+        Ok(v) => v,
+        Err(e) => {
+            let e = if std::str::from_utf8(payload).is_err() {
+                DecodeError::InvalidUtf8
+            } else if e.to_string().starts_with("number out of range") {
+                DecodeError::NonFinite
+            } else {
+                DecodeError::InvalidJson
+            };
+            return (Err(e), readings, rejected);
+        }
+    };
+    let items: Vec<&Value> = match &root {
+        Value::Array(items) => items.iter().collect(),
+        other => vec![other],
+    };
+    let mut object = |o: &serde_json::Map<String, Value>| {
+        let sensor = match &sub.sensor_field {
+            None => topic_sensor.unwrap().to_owned(),
+            Some(f) => match o.get(f) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+                _ => return rejected.push(DecodeError::InvalidName),
+            },
+        };
+        let ts = match sub.timestamp_field.as_ref().and_then(|f| o.get(f)) {
+            None => c.received,
+            Some(v) => match parse_timestamp(&scalar(v.clone()), sub.timestamp_unit) {
+                Some(ts) => ts,
+                None => return rejected.push(DecodeError::InvalidTimestamp),
+            },
+        };
+        for (key, value) in o {
+            if Some(key) == sub.timestamp_field.as_ref() || Some(key) == sub.sensor_field.as_ref() {
+                continue;
+            }
+            let Value::Number(n) = value else { continue };
+            let mut d = Decoded::default();
+            d.push(&c, &sensor, key, ts, n.as_f64().unwrap());
+            readings.extend(
+                d.readings()
+                    .map(|r| (r.series.to_owned(), r.ts.as_nanos(), r.value)),
+            );
+            rejected.append(&mut d.rejected);
+        }
+    };
+    for item in items {
+        let Value::Object(o) = item else {
+            return (Err(DecodeError::NotAnObject), readings, rejected);
+        };
+        object(o);
+    }
+    if readings.is_empty() && rejected.is_empty() {
+        return (Err(DecodeError::NoReadings), readings, rejected);
+    }
+    (Ok(()), readings, rejected)
+}
+
+/// JSON objects whose keys repeat, escape, and name the timestamp and sensor fields; values of
+/// every kind; sometimes inside an array with non-objects, sometimes cut short.
+fn json_objects() -> impl Strategy<Value = String> {
+    let key = prop::sample::select(
+        &[
+            "\"a\"",
+            "\"b\"",
+            "\"a\"",
+            "\"\\u0061\"",
+            "\"ts\"",
+            "\"sensor\"",
+            "\"a/b\"",
+            "\"\"",
+            "\"t\\u00e9\"",
+            "\"k1\"",
+            "\"k2\"",
+            "\"k3\"",
+        ][..],
+    );
+    let value = prop::sample::select(
+        &[
+            "1",
+            "-2",
+            "0.5",
+            "1e308",
+            "18446744073709551615",
+            "-9223372036854775808",
+            "1763719200",
+            "1763719200.25",
+            "1763719200000",
+            "\"2025-11-21T10:00:00Z\"",
+            "\"x\"",
+            "\"s\\u0031\"",
+            "true",
+            "null",
+            "[1, {\"a\": 2}]",
+            "{\"a\": 1}",
+            "17",
+            "-17",
+        ][..],
+    );
+    let object = prop::collection::vec((key, value), 0..40).prop_map(|fields| {
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        format!("{{{}}}", body.join(", "))
+    });
+    let item =
+        prop_oneof![4 => object.clone(), 1 => Just("3".to_owned()), 1 => Just("[]".to_owned())];
+    let array =
+        prop::collection::vec(item, 0..4).prop_map(|items| format!("[{}]", items.join(",")));
+    (
+        prop_oneof![object, array],
+        0usize..8,
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(text, cut, at)| {
+            if cut == 0 && !text.is_empty() {
+                text[..at.index(text.len())].to_owned() // cut short: invalid JSON
+            } else {
+                text
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: fuzz_cases(), ..ProptestConfig::default() })]
+
+    /// The streaming JSON decoder reads every payload exactly as parsing a document tree did:
+    /// the same readings in the same order, the same rejections, the same verdict.
+    #[test]
+    fn streaming_json_agrees_with_the_document_tree(
+        payload in json_objects(),
+        sensor_field in any::<bool>(),
+    ) {
+        let s = json_sub(|s| {
+            s.timestamp_field = Some("ts".into());
+            if sensor_field { s.sensor_field = Some("sensor".into()) }
+        });
+        let topic = "devices/dev/telemetry";
+        let want = reference_json(&s, topic, payload.as_bytes());
+        let mut out = Decoded::default();
+        let mut c = ctx();
+        c.max_payload_bytes = 1 << 20;
+        let got = decode(&s, topic.as_bytes(), payload.as_bytes(), &c, &mut out);
+        let readings: Vec<_> = out.readings().map(|r| (r.series.to_owned(), r.ts.as_nanos(), r.value)).collect();
+        prop_assert_eq!(&got, &want.0, "{}", payload);
+        if got.is_ok() {
+            prop_assert_eq!(&readings, &want.1, "{}", payload);
+            prop_assert_eq!(&out.rejected, &want.2, "{}", payload);
+        }
+    }
+}
+
+#[test]
+fn a_repeated_name_keeps_its_first_place_and_its_last_value() {
+    let s = json_sub(|s| s.timestamp_field = Some("ts".into()));
+    let t = "devices/d/telemetry";
+    let got = readings(&s, t, r#"{"a": 1, "b": 2, "a": 3}"#);
+    let names: Vec<_> = got.iter().map(|r| (r.0.as_str(), r.2)).collect();
+    assert_eq!(names, [("d/a", 3.0), ("d/b", 2.0)]);
+    // The same with more names than the small-object path handles.
+    let mut fields: Vec<String> = (0..40).map(|i| format!(r#""k{i}": {i}"#)).collect();
+    fields.push(r#""k3": 99"#.into());
+    fields.push(r#""k\u0030": 98"#.into()); // "k0", escaped
+    let got = readings(&s, t, &format!("{{{}}}", fields.join(",")));
+    assert_eq!(got.len(), 40);
+    assert_eq!((got[0].0.as_str(), got[0].2), ("d/k0", 98.0));
+    assert_eq!((got[3].0.as_str(), got[3].2), ("d/k3", 99.0));
+    // A later non-number replaces a number: no reading.
+    assert_eq!(
+        run(&s, t, br#"{"a": 1, "a": "x"}"#).unwrap_err(),
+        DecodeError::NoReadings
+    );
+    // The last timestamp counts.
+    let got = readings(&s, t, &format!(r#"{{"ts": 5, "a": 1, "ts": {NOW_S}}}"#));
+    assert_eq!(got, [("d/a".to_owned(), NOW_NS, 1.0)]);
+}
+
+#[test]
+fn invalid_json_outranks_a_non_object_item() {
+    let s = &subs()[1];
+    let t = "devices/d/telemetry";
+    assert_eq!(
+        run(s, t, b"[1, {\"a\": 1}]").unwrap_err(),
+        DecodeError::NotAnObject
+    );
+    assert_eq!(
+        run(s, t, b"[1, {\"a\": ").unwrap_err(),
+        DecodeError::InvalidJson
+    );
+    assert_eq!(run(s, t, b"[[1], 2").unwrap_err(), DecodeError::InvalidJson);
 }
