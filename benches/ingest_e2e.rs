@@ -25,7 +25,8 @@
 //! Knobs: `BENCH_MESSAGES` (default 200000), `BENCH_SERIES` (1000), `BENCH_READINGS_PER_MESSAGE`
 //! (1 = `value` payloads; more = JSON arrays), `BENCH_RATE` (messages/s; 0 = flat out),
 //! `BENCH_RUNS` (3), `BENCH_CHECKPOINT_SECS` (10: bucketd's `store.checkpoint_interval` in the
-//! runs), `BENCH_QR=0` (the storage-alone store without quick repair), `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
+//! runs), `BENCH_QR=0` (the storage-alone store without quick repair),
+//! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
 
@@ -516,6 +517,9 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
     // a rate no lower than a steady stream would see; the run then also waits for the
     // checkpoint that folds the rest of its log, so bytes written include all folding.
     raw.store.checkpoint_interval = Duration::from_secs(env_or("BENCH_CHECKPOINT_SECS", 10u64));
+    if let Ok(mib) = std::env::var("BENCH_CACHE_MIB") {
+        raw.store.cache_size = bytesize::ByteSize::mib(mib.parse().unwrap());
+    }
     match variant {
         "bucketd-durable" => {
             raw.store.durability = bucketd::config::Durability::TwoPhase;

@@ -6,7 +6,8 @@
 //! `cargo bench --bench memory`. The daemon runs in this process (with nothing else of
 //! size: the publisher is a child process, the broker a Mosquitto the benchmark starts with
 //! unlimited queues), so this process's peak RSS (`VmHWM`) is the daemon's.
-//! Knobs: `MEM_SERIES` (10000), `MEM_MESSAGES` (100000), `MEM_SYNC_DELAY_MS` (0 and 50: each
+//! Knobs: `MEM_SERIES` (10000), `MEM_MESSAGES` (100000), `MEM_CHECKPOINT_SECS`
+//! (`store.checkpoint_interval`; default 60), `MEM_SYNC_DELAY_MS` (0 and 50: each
 //! value in a comma-separated list is one run, in a new process each).
 
 use std::io::{BufRead, BufReader};
@@ -80,6 +81,9 @@ async fn measure(addr: &str, messages: usize, series: usize, delay_ms: u64) {
     raw.store.path = dir.path().join("mem.redb");
     raw.http.bind = "127.0.0.1:0".into();
     raw.limits.max_series = series.max(1);
+    if let Ok(secs) = std::env::var("MEM_CHECKPOINT_SECS") {
+        raw.store.checkpoint_interval = Duration::from_secs(secs.parse().unwrap());
+    }
     let mut sub = RawSubscription::defaults_under("mem").remove(1);
     sub.format = Format::Json;
     sub.template = "mem/devices/{_}/telemetry".into();
@@ -116,15 +120,18 @@ async fn measure(addr: &str, messages: usize, series: usize, delay_ms: u64) {
     }
     let took = start.elapsed();
     assert!(child.wait().unwrap().success());
+    let ingest_peak_kib = proc_status_kib("VmHWM:");
     let flushes = Stats::get(&daemon.stats.flushes);
     let series_stored = Stats::get(&daemon.stats.series);
     daemon.stop().await.unwrap();
     println!(
         "memory: fsync delay {delay_ms} ms, {series_stored} series, {messages} readings in \
-         {:.1} s ({flushes} commits): idle RSS {:.1} MiB, peak RSS {:.1} MiB; at most \
-         {pending_max} readings pending, {unacked_max} messages unacknowledged",
+         {:.1} s ({flushes} commits): idle RSS {:.1} MiB, peak RSS {:.1} MiB while ingesting, \
+         {:.1} MiB after the final checkpoint; at most {pending_max} readings pending, \
+         {unacked_max} messages unacknowledged",
         took.as_secs_f64(),
         idle_kib as f64 / 1024.0,
+        ingest_peak_kib as f64 / 1024.0,
         proc_status_kib("VmHWM:") as f64 / 1024.0,
     );
 }

@@ -2,7 +2,8 @@
 //! merge, folding readings into the open batch, and one commit of N touched buckets at each
 //! durability setting.
 //!
-//! `cargo bench --bench micro` (criterion; `-- decode` etc. to pick some).
+//! `cargo bench --bench micro` (criterion; `-- decode` etc. to pick some). `MICRO_CACHE_MIB`
+//! sets the stores' redb cache (default 16, as config/default.toml).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -167,7 +168,12 @@ fn open_store(dir: &std::path::Path, durability: Durability, quick_repair: bool)
         bucket_width_secs: 3600,
         durability,
         quick_repair,
-        cache_bytes: 16 << 20,
+        // `MICRO_CACHE_MIB` compares redb cache sizes (default 16, as config/default.toml).
+        cache_bytes: std::env::var("MICRO_CACHE_MIB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(16)
+            << 20,
         page_capacity: 1000,
         dedup_window: 8192,
         outbox_max_entries: 0,
