@@ -181,8 +181,14 @@ pub struct ReadingRef<'a> {
 
 impl Decoded {
     pub fn clear(&mut self) {
+        // Kept for the next message up to a size ordinary payloads never need, so that one
+        // huge message does not hold its memory for the life of the process.
+        const KEEP_READINGS: usize = 4096;
         self.names.clear();
+        self.names.shrink_to(KEEP_READINGS * 32);
         self.readings.clear();
+        self.readings.shrink_to(KEEP_READINGS);
+        self.scratch.shrink();
         self.deltas.clear();
         self.rejected.clear();
         self.receive_time = false;

@@ -58,7 +58,14 @@ type Field<'de> = (Cow<'de, str>, Option<Num>, bool);
 /// The reusable part of decoding: an object's fields, kept between messages.
 #[derive(Debug, Default, Clone)]
 pub struct Scratch {
-    fields: Vec<Field<'static>>,
+    pub(super) fields: Vec<Field<'static>>,
+}
+
+impl Scratch {
+    /// Gives back memory a huge object left behind (see `Decoded::clear`).
+    pub(super) fn shrink(&mut self) {
+        self.fields.shrink_to(4096);
+    }
 }
 
 /// Reuses `v`'s allocation for a vector of another lifetime (the in-place collect of an empty

@@ -783,3 +783,23 @@ fn invalid_json_outranks_a_non_object_item() {
     );
     assert_eq!(run(s, t, b"[[1], 2").unwrap_err(), DecodeError::InvalidJson);
 }
+
+#[test]
+fn a_huge_message_does_not_keep_its_buffers() {
+    let s = json_sub(|_| {});
+    let mut c = ctx();
+    c.max_payload_bytes = 1 << 20;
+    let mut out = Decoded::default();
+    let huge = format!(
+        "{{{}}}",
+        (0..20_000)
+            .map(|i| format!(r#""m{i}": 1"#))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    decode(&s, b"devices/d/telemetry", huge.as_bytes(), &c, &mut out).unwrap();
+    assert_eq!(out.readings().len(), 20_000);
+    decode(&s, b"devices/d/telemetry", br#"{"a": 1}"#, &c, &mut out).unwrap();
+    assert!(out.readings.capacity() <= 4096 && out.names.capacity() <= 4096 * 32);
+    assert!(out.scratch.fields.capacity() <= 4096);
+}
