@@ -13,7 +13,8 @@
 //! Measured from the first publish to the last message received (null) or the last reading
 //! committed (the others): the sustained rate, CPU seconds per million readings, peak RSS and
 //! bytes written to disk per reading; for bucketd also each message's latency from publish to
-//! commit (p50, p99; meaningful at a fixed rate, `BENCH_RATE`, where nothing queues).
+//! commit (p50, p99; meaningful at a fixed rate, `BENCH_RATE`, where nothing queues), and the
+//! p99 of the messages whose commit waited for a checkpoint (with their share).
 //! Before them, the storage engines alone, without MQTT ("anchors"): SQLite and bucketd's store,
 //! one transaction per reading and batched. Every run checks what was ingested: the counts, and the sum
 //! of all values, of SQLite's table and bucketd's buckets (it panics otherwise), so a short run
@@ -448,6 +449,8 @@ struct Outcome {
     commits: Option<u64>,
     /// Publish -> commit latency of every message, sorted (bucketd only).
     latencies: Vec<Duration>,
+    /// Those of [`Outcome::latencies`] whose commit waited for a checkpoint, sorted.
+    checkpointed: Vec<Duration>,
 }
 
 /// Starts the bench binary itself as a `role` child and waits until it has subscribed.
@@ -496,6 +499,7 @@ async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) 
         sum: report["sum"].as_f64().unwrap(),
         commits: None,
         latencies: Vec::new(),
+        checkpointed: Vec::new(),
     }
 }
 
@@ -590,7 +594,8 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
         loop {
             let text = scrape();
             let done = metric(&text, "bucketd_readings_ingested_total") as u64;
-            polls.push((Instant::now(), done));
+            let checkpoints = metric(&text, "bucketd_checkpoints_total") as u64;
+            polls.push((Instant::now(), done, checkpoints));
             if done >= readings {
                 let took = start.elapsed();
                 let commits = metric(&text, "bucketd_flushes_total") as u64;
@@ -619,7 +624,7 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
     .await
     .unwrap();
     let sent = publisher.await.unwrap();
-    let latencies = commit_latencies(&sent, per_message, &polls);
+    let (latencies, checkpointed) = commit_latencies(&sent, per_message, &polls);
     // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     assert!(child.wait().unwrap().success(), "bucketd exits cleanly");
@@ -634,6 +639,7 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
         sum: docs.iter().map(|d| d.sum + d.sum_comp).sum(),
         commits,
         latencies,
+        checkpointed,
     }
 }
 
@@ -641,19 +647,34 @@ async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Work
 /// publishing client to the first poll of `/metrics` that counted its readings as committed.
 /// One publisher's messages reach bucketd in order and a commit takes every message received
 /// before it, so message `i` is committed once `(i + 1) * per_message` readings are. An upper
-/// bound, by at most the poll interval and one HTTP request.
-fn commit_latencies(sent: &[Instant], per_message: u64, polls: &[(Instant, u64)]) -> Vec<Duration> {
+/// bound, by at most the poll interval and one HTTP request. Second, the same for the messages
+/// whose commit waited for a checkpoint (one finished between the last poll before the message
+/// was published and the poll that saw it committed): the writer runs one at a time.
+fn commit_latencies(
+    sent: &[Instant],
+    per_message: u64,
+    polls: &[(Instant, u64, u64)],
+) -> (Vec<Duration>, Vec<Duration>) {
     let mut out = Vec::with_capacity(sent.len());
-    let mut p = 0;
+    let mut checkpointed = Vec::new();
+    let (mut p, mut before) = (0, 0);
     for (i, &at) in sent.iter().enumerate() {
         let needed = (i as u64 + 1) * per_message;
         while polls[p].1 < needed {
             p += 1;
         }
-        out.push(polls[p].0.saturating_duration_since(at));
+        while before + 1 < polls.len() && polls[before + 1].0 <= at {
+            before += 1;
+        }
+        let latency = polls[p].0.saturating_duration_since(at);
+        out.push(latency);
+        if polls[p].2 > polls[before].2 {
+            checkpointed.push(latency);
+        }
     }
     out.sort_unstable();
-    out
+    checkpointed.sort_unstable();
+    (out, checkpointed)
 }
 
 /// The `q` quantile of sorted durations, in milliseconds ("-" when there are none).
@@ -731,7 +752,7 @@ async fn main() {
         }
     }
     println!(
-        "{:<16} {:>4} {:>12} {:>10} {:>14} {:>12} {:>14} {:>8} {:>8} {:>8}",
+        "{:<16} {:>4} {:>12} {:>10} {:>14} {:>12} {:>14} {:>8} {:>8} {:>8} {:>18}",
         "contender",
         "run",
         "readings/s",
@@ -741,7 +762,8 @@ async fn main() {
         "written B/rd.",
         "commits",
         "p50 ms",
-        "p99 ms"
+        "p99 ms",
+        "ckpt p99 ms (msgs)"
     );
     let id = std::process::id();
     for run in 1..=runs {
@@ -773,7 +795,7 @@ async fn main() {
             let rate = readings as f64 / outcome.took.as_secs_f64();
             let null = *null_rate.get_or_insert(rate);
             println!(
-                "{:<16} {:>4} {:>12.0} {:>10.2} {:>14.2} {:>12.1} {:>14.1} {:>8} {:>8} {:>8}",
+                "{:<16} {:>4} {:>12.0} {:>10.2} {:>14.2} {:>12.1} {:>14.1} {:>8} {:>8} {:>8} {:>18}",
                 contender,
                 run,
                 rate,
@@ -786,6 +808,12 @@ async fn main() {
                     .map_or_else(|| "-".to_owned(), |c| c.to_string()),
                 quantile_ms(&outcome.latencies, 0.5),
                 quantile_ms(&outcome.latencies, 0.99),
+                format!(
+                    "{} ({:.1}%)",
+                    quantile_ms(&outcome.checkpointed, 0.99),
+                    100.0 * outcome.checkpointed.len() as f64
+                        / outcome.latencies.len().max(1) as f64
+                ),
             );
         }
     }

@@ -270,6 +270,7 @@ fn bench_checkpoint(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open_store(dir.path(), Durability::Immediate, true);
     let mut round = 0i64;
+    let mut checkpoint_bytes = Vec::new();
     g.bench_function("fold_10000_series_60000_readings", |b| {
         b.iter_custom(|iters| {
             let mut took = std::time::Duration::ZERO;
@@ -285,14 +286,35 @@ fn bench_checkpoint(c: &mut Criterion) {
                     }
                     store.commit(&batcher.take().0).unwrap();
                 }
+                let written = write_bytes();
                 let started = Instant::now();
                 store.checkpoint().unwrap();
                 took += started.elapsed();
+                checkpoint_bytes.push(write_bytes() - written);
             }
             took
         });
     });
     g.finish();
+    checkpoint_bytes.sort_unstable();
+    if let Some(median) = checkpoint_bytes.get(checkpoint_bytes.len() / 2) {
+        println!(
+            "checkpoint/fold_10000_series_60000_readings: {median} bytes written per checkpoint \
+             (median of {}; {:.1} per reading folded)",
+            checkpoint_bytes.len(),
+            *median as f64 / 60_000.0
+        );
+    }
+}
+
+/// Bytes this process has caused to be written to storage (`/proc/self/io`).
+fn write_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("write_bytes in /proc/self/io")
 }
 
 criterion_group!(
