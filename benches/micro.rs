@@ -3,7 +3,8 @@
 //! durability setting.
 //!
 //! `cargo bench --bench micro` (criterion; `-- decode` etc. to pick some). `MICRO_CACHE_MIB`
-//! sets the stores' redb cache (default 16, as config/default.toml).
+//! sets the stores' redb cache (default 16, as config/default.toml); `MICRO_CHECKPOINT_SERIES` the
+//! active series of the checkpoint benchmark (default 10,000).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -260,18 +261,26 @@ fn bench_store_path(c: &mut Criterion) {
     g.finish();
 }
 
-/// One checkpoint at 10,000 active series: a minute at 1,000 messages/s (60,000 readings, six
-/// per series, raw kept) in 60 commits, folded into buckets that already exist.
+/// One checkpoint at 10,000 active series (`MICRO_CHECKPOINT_SERIES` to change): a minute at
+/// 1,000 messages/s (60,000 readings, six per series, raw kept) in 60 commits, folded into
+/// buckets that already exist.
 fn bench_checkpoint(c: &mut Criterion) {
-    let names: Vec<Arc<str>> = (0..10_000).map(|i| Arc::from(format!("s{i}/t"))).collect();
+    let series: usize = std::env::var("MICRO_CHECKPOINT_SERIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 10)
+        .unwrap_or(10_000);
+    let per_commit = series / 10;
+    let names: Vec<Arc<str>> = (0..series).map(|i| Arc::from(format!("s{i}/t"))).collect();
+    let id = format!("fold_{series}_series_{}_readings", per_commit * 60);
     let mut g = c.benchmark_group("checkpoint");
     g.sample_size(10);
-    g.throughput(Throughput::Elements(10_000));
+    g.throughput(Throughput::Elements(series as u64));
     let dir = tempfile::tempdir().unwrap();
     let mut store = open_store(dir.path(), Durability::Immediate, true);
     let mut round = 0i64;
     let mut checkpoint_bytes = Vec::new();
-    g.bench_function("fold_10000_series_60000_readings", |b| {
+    g.bench_function(&id, |b| {
         b.iter_custom(|iters| {
             let mut took = std::time::Duration::ZERO;
             for _ in 0..iters {
@@ -279,8 +288,8 @@ fn bench_checkpoint(c: &mut Criterion) {
                     round += 1;
                     let mut batcher = Batcher::new(policy(), 3600);
                     let now = Instant::now();
-                    for i in 0..1000usize {
-                        let series = &names[(commit * 1000 + i) % 10_000];
+                    for i in 0..per_commit {
+                        let series = &names[(commit * per_commit + i) % series];
                         let ts = Timestamp::from_secs(NOW_S + round % 3600);
                         batcher.push_reading(series.clone(), ts, 21.5, true, now);
                     }
@@ -299,10 +308,10 @@ fn bench_checkpoint(c: &mut Criterion) {
     checkpoint_bytes.sort_unstable();
     if let Some(median) = checkpoint_bytes.get(checkpoint_bytes.len() / 2) {
         println!(
-            "checkpoint/fold_10000_series_60000_readings: {median} bytes written per checkpoint \
-             (median of {}; {:.1} per reading folded)",
+            "checkpoint/{id}: {median} bytes written per checkpoint (median of {}; {:.1} per \
+             reading folded)",
             checkpoint_bytes.len(),
-            *median as f64 / 60_000.0
+            *median as f64 / (per_commit * 60) as f64
         );
     }
 }
