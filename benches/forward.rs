@@ -227,6 +227,7 @@ async fn forward(
         flush_interval: Duration::from_hours(1),
         max_pending_readings: usize::MAX,
         window: 1,
+        broker_window: None,
     };
     for e in 0..entries {
         let mut b = Batcher::new(policy, 3600);

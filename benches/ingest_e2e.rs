@@ -374,6 +374,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             flush_interval: Duration::from_hours(1),
             max_pending_readings: usize::MAX,
             window: 1,
+            broker_window: None,
         };
         let mut batcher = Batcher::new(policy, 3600);
         let now = Instant::now();

@@ -133,6 +133,7 @@ fn policy() -> FlushPolicy {
         flush_interval: Duration::from_hours(1),
         max_pending_readings: usize::MAX,
         window: 1,
+        broker_window: None,
     }
 }
 

@@ -47,6 +47,7 @@ fn batch(chunk: &[(i64, f64)], raw: bool) -> Batch {
             flush_interval: std::time::Duration::from_hours(1),
             max_pending_readings: usize::MAX,
             window: 1,
+            broker_window: None,
         },
         3600,
     );

@@ -5,30 +5,32 @@
 //! The flush policy commits when the first of these holds:
 //! - `flush_interval` has passed since the batch's first message;
 //! - `max_pending_readings` readings are pending;
-//! - half of the broker's in-flight window (`receive_maximum`) is waiting for acknowledgement.
-//!   A strict broker sends nothing more once the window is full, so waiting for the interval
-//!   would cap throughput at `window / flush_interval`; flushing at half the window keeps the
-//!   other half flowing while the commit runs;
-//! - the broker has stalled on a window smaller than the configured one. Brokers may enforce a
-//!   smaller window than we ask for (rumqttd: 100 whatever the Receive Maximum; a v3.1.1 broker's
-//!   own limit, which the client cannot learn), so the policy also recognises the signature of a
-//!   full window: the batch's messages arrived right after our previous acknowledgements were
-//!   released (the broker was waiting for them), and then the stream went quiet for much longer
-//!   than the gaps between those messages. Ordinary traffic rarely shows both: a steady stream has
-//!   no quiet gap many times its own spacing, and a batch that began long after the last release
-//!   was not released by it. A broker window of 1 gives no spacing to judge by: set
-//!   `receive_maximum = 1` for such a broker.
+//! - half of the in-flight window we ask for (`receive_maximum`) is waiting for acknowledgement.
+//!   A broker that honours it sends nothing more once it is full, so waiting for the interval
+//!   would cap throughput at `window / flush_interval`; flushing at half keeps the other half
+//!   flowing while the commit runs;
+//! - the broker's own window is full ([`FlushReason::Stall`]). Brokers may enforce a smaller
+//!   window than we ask for (MQTT 3.1.1 has no way to ask: upstream Mosquitto stops at 20,
+//!   EMQX at 32, AWS IoT at 100, rumqttd at its `max_inflight_count`), and then send nothing
+//!   until we acknowledge. Once that window `W` is known (`mqtt.broker_window`, or learned), a
+//!   batch holding `W` unacknowledged messages of this connection is committed at once.
 //!
-//!   One ordinary delivery does show both: a broker with Nagle's algorithm on (Mosquitto's default,
-//!   `set_tcp_nodelay false`) holds small packets until our kernel acknowledges the previous ones,
-//!   and with acknowledgements batched we send nothing it could ride on, so the TCP delayed ACK
-//!   (40 ms and more on Linux) paces delivery into bursts with quiet gaps of 10-45 ms, and our
-//!   release ends a gap at once. Taking those gaps for stalls committed every burst (70 commits/s
-//!   of 14 readings at 1,000 messages/s, 5x the bytes written per reading). So a quiet period
-//!   proves a stall only when it outlasts any delayed ACK ([`QUIET_CONFIRM`]); the number of
-//!   unacknowledged messages at that stall is the broker's window, and from then on a batch that
-//!   reaches exactly that number stalls after the short quiet period. More messages than that
-//!   without a release prove the window larger, and it is learned again.
+//! Learning `W`: a full window shows as the broker going quiet while our acknowledgements are
+//! pending, right after a release (acknowledgements sent, or a new connection) let it send. A
+//! quiet gap alone is not proof. A broker with Nagle's algorithm on (Mosquitto's default,
+//! `set_tcp_nodelay false`) holds small packets until our kernel acknowledges the previous ones,
+//! and with acknowledgements batched we send nothing it could ride on, so the TCP delayed ACK
+//! (40 ms and more on Linux) paces delivery into bursts with quiet gaps of 10-45 ms, and our
+//! release ends a gap at once. Taking those gaps for stalls committed every burst (70 commits/s
+//! of 14 readings at 1,000 messages/s, 5x the bytes written per reading). So a stall is proven
+//! only by a quiet period that outlasts any delayed ACK ([`QUIET_CONFIRM`]) in a batch that began
+//! as the echo of a release (within [`ECHO_MAX`] plus the connection's handshake time, so a
+//! 150 ms round trip is no obstacle). The unacknowledged count at that stall is the broker's
+//! window: from then on a batch that reaches it commits without waiting. The count only covers
+//! QoS 1/2 messages of the current connection: QoS 0 messages flow past a full window, and
+//! tokens of an earlier connection are not the broker's to count. If the broker ever has more
+//! than `W` messages unacknowledged (it sent more while a commit ran), its window is larger and
+//! `W` is forgotten; a new connection forgets it too (it may be another broker).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,8 +48,10 @@ pub type BucketKey = (Arc<str>, i64);
 pub struct FlushPolicy {
     pub flush_interval: Duration,
     pub max_pending_readings: usize,
-    /// The broker's in-flight window for QoS 1/2 messages.
+    /// The in-flight window we ask the broker for (`mqtt.receive_maximum`).
     pub window: u16,
+    /// The window the broker enforces, when the operator states it (`mqtt.broker_window`).
+    pub broker_window: Option<u16>,
 }
 
 impl FlushPolicy {
@@ -57,16 +61,13 @@ impl FlushPolicy {
     }
 }
 
-/// A batch whose first message arrived within this time after the previous acknowledgements
-/// were released counts as released by them (an "echo").
+/// A batch whose first message arrived within this time (plus the connection's handshake time,
+/// about a round trip or two) after the previous acknowledgements were released counts as
+/// released by them (an "echo").
 pub const ECHO_MAX: Duration = Duration::from_millis(100);
-/// The shortest quiet period taken for a stalled window, once the window is known.
-pub const QUIET_MIN: Duration = Duration::from_millis(10);
-/// The quiet period that proves a stall while the broker's window is not known: longer than
-/// a TCP delayed ACK (Linux: 40-200 ms), which a broker using Nagle's algorithm waits for.
+/// The quiet period that proves a stall: longer than a TCP delayed ACK (Linux: 40-200 ms),
+/// which a broker using Nagle's algorithm waits for.
 pub const QUIET_CONFIRM: Duration = Duration::from_millis(250);
-/// The quiet period that marks a stall, in multiples of the batch's mean message spacing.
-pub const QUIET_SPACINGS: u32 = 8;
 
 /// Why a batch is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,12 +131,18 @@ pub struct Batcher {
     acks: Vec<AckToken>,
     opened_at: Option<Instant>,
     sketch: SketchParams,
-    /// Arrival times of the batch's first and last message, and how many messages it has.
+    /// Arrival times of the batch's first and last QoS 1/2 message.
     first_arrival: Option<Instant>,
     last_arrival: Option<Instant>,
-    arrivals: u32,
+    /// Acks at the front of `acks` that belong to an earlier connection.
+    stale_acks: usize,
+    /// Acks of this connection taken for commit and not released yet.
+    committing: usize,
     /// When acknowledgements (or a new connection) last let the broker send more.
     released_at: Option<Instant>,
+    /// The last connection's handshake time (TCP, TLS, CONNECT to CONNACK): a round trip or
+    /// more, which widens what counts as an echo.
+    handshake: Duration,
     /// The broker's window, as the last proven stall showed it: unacknowledged messages at
     /// which it stops sending.
     window_seen: Option<usize>,
@@ -165,29 +172,35 @@ impl Batcher {
             opened_at: None,
             first_arrival: None,
             last_arrival: None,
-            arrivals: 0,
+            stale_acks: 0,
+            committing: 0,
             released_at: None,
+            handshake: Duration::ZERO,
             window_seen: None,
         }
     }
 
-    /// Records that a message arrived (every message, whatever its fate).
+    /// Records that a QoS 1/2 message arrived (whatever its fate). QoS 0 messages do not count:
+    /// a broker sends them past a full window.
     pub fn arrived(&mut self, now: Instant) {
         self.first_arrival.get_or_insert(now);
         self.last_arrival = Some(now);
-        self.arrivals = self.arrivals.saturating_add(1);
     }
 
-    /// Records that the broker was allowed to send more: acknowledgements were queued, or a
-    /// connection was (re)established.
+    /// Records that the broker was allowed to send more: the acknowledgements of the batch
+    /// taken last were queued.
     pub fn released(&mut self, now: Instant) {
         self.released_at = Some(now);
+        self.committing = 0;
     }
 
-    /// A new connection: the broker may send its window at once, and it may be another broker
-    /// (or another configuration) whose window is still to be learned.
-    pub fn connected(&mut self, now: Instant) {
+    /// A new connection, whose handshake took `handshake`: the broker may send its window at
+    /// once, and it may be another broker (or another configuration) whose window is still to
+    /// be learned. Acks already pending belong to the old connection and are never sent.
+    pub fn connected(&mut self, now: Instant, handshake: Duration) {
         self.released(now);
+        self.handshake = handshake;
+        self.stale_acks = self.acks.len();
         self.window_seen = None;
     }
 
@@ -196,22 +209,52 @@ impl Batcher {
         self.window_seen
     }
 
-    /// When a stall would be recognised if nothing else arrives, for batches that qualify.
+    /// The window the broker enforces, as far as known: stated, or learned, whichever is
+    /// smaller.
+    fn broker_window(&self) -> Option<usize> {
+        let stated = self.policy.broker_window.map(usize::from);
+        match (stated, self.window_seen) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Acks of the open batch that the current connection will send.
+    fn current_acks(&self) -> usize {
+        self.acks.len() - self.stale_acks
+    }
+
+    /// When the broker's window counts as full, for batches that qualify: at once when the
+    /// batch holds the known window, else after [`QUIET_CONFIRM`] of quiet.
     fn stall_at(&self) -> Option<Instant> {
-        let (first, last, released) = (self.first_arrival?, self.last_arrival?, self.released_at?);
-        // A batch that began during the commit counts too: a broker whose window was not full
-        // at the flush fills it meanwhile, then waits for this release.
-        let echo = first.saturating_duration_since(released) <= ECHO_MAX;
-        if self.acks.is_empty() || self.arrivals < 2 || !echo {
+        let n = self.current_acks();
+        let (first, last) = (self.first_arrival?, self.last_arrival?);
+        if n == 0 {
             return None;
         }
-        let quiet = if self.window_seen == Some(self.acks.len()) {
-            let spacing = last.duration_since(first) / (self.arrivals - 1);
-            (spacing * QUIET_SPACINGS).max(QUIET_MIN)
-        } else {
-            QUIET_CONFIRM
-        };
-        Some(last + quiet.min(self.policy.flush_interval))
+        // A batch that began during the commit counts too: a broker whose window was not full
+        // at the flush fills it meanwhile, then waits for this release.
+        let echo = self
+            .released_at
+            .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
+        if let Some(w) = self.broker_window()
+            && n >= w
+            && (echo
+                || self
+                    .policy
+                    .broker_window
+                    .is_some_and(|s| usize::from(s) == w))
+        {
+            return Some(last);
+        }
+        echo.then(|| last + self.quiet_confirm())
+    }
+
+    /// The quiet period that proves a stall: [`QUIET_CONFIRM`], or with a shorter flush interval
+    /// three quarters of it, so that the stall shows before the interval ends (the window is
+    /// then learned, not waited for at every interval).
+    fn quiet_confirm(&self) -> Duration {
+        QUIET_CONFIRM.min(self.policy.flush_interval * 3 / 4)
     }
 
     /// Merges one reading into its bucket.
@@ -290,7 +333,10 @@ impl Batcher {
             "acks are pushed in arrival order"
         );
         self.acks.push(ack);
-        if self.window_seen.is_some_and(|w| self.acks.len() > w) {
+        if self
+            .window_seen
+            .is_some_and(|w| self.current_acks() + self.committing > w)
+        {
             // The broker sent more without a release: its window is larger.
             self.window_seen = None;
         }
@@ -315,10 +361,11 @@ impl Batcher {
             Some(FlushReason::Readings)
         } else if self.acks.len() >= self.policy.ack_threshold() {
             Some(FlushReason::AckWindow)
+        } else if self.stall_at().is_some_and(|at| now >= at) {
+            // Before the interval: a stall teaches the window.
+            Some(FlushReason::Stall)
         } else if now.duration_since(opened_at) >= self.policy.flush_interval {
             Some(FlushReason::Interval)
-        } else if self.stall_at().is_some_and(|at| now >= at) {
-            Some(FlushReason::Stall)
         } else {
             None
         }
@@ -341,21 +388,23 @@ impl Batcher {
             || self.acks.len() >= usize::from(self.policy.window)
     }
 
-    /// [`Batcher::take`] for a flush due for `reason`. A stall flush teaches the broker's
-    /// window: the messages it holds are what the broker sends without acknowledgements.
+    /// [`Batcher::take`] for a flush due for `reason`. A stall below the known window teaches
+    /// the broker's window: the messages the batch holds are what it sends unacknowledged.
     pub fn take_for(&mut self, reason: FlushReason) -> (Batch, Vec<AckToken>) {
-        if reason == FlushReason::Stall && self.window_seen.is_none() {
-            self.window_seen = Some(self.acks.len());
+        let n = self.current_acks();
+        if reason == FlushReason::Stall && self.broker_window().is_none_or(|w| n < w) {
+            self.window_seen = Some(n);
         }
         self.take()
     }
 
     /// Takes the batch and its acks, leaving an empty batch behind.
     pub fn take(&mut self) -> (Batch, Vec<AckToken>) {
+        self.committing = self.current_acks();
+        self.stale_acks = 0;
         self.opened_at = None;
         self.first_arrival = None;
         self.last_arrival = None;
-        self.arrivals = 0;
         (
             std::mem::take(&mut self.batch),
             std::mem::take(&mut self.acks),

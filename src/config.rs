@@ -244,6 +244,7 @@ pub struct RawMqtt {
     pub username: String,
     pub password_file: String,
     pub receive_maximum: u16,
+    pub broker_window: u16,
     pub max_packet_size: ByteSize,
     #[serde(with = "humantime_serde")]
     pub session_expiry: Duration,
@@ -421,6 +422,8 @@ pub struct MqttConfig {
     /// Username and the file holding the password; the password itself is read at connect time.
     pub credentials: Option<(String, Option<PathBuf>)>,
     pub receive_maximum: u16,
+    /// The in-flight window the broker enforces, when stated (`mqtt.broker_window`, 0: learn it).
+    pub broker_window: Option<u16>,
     pub max_packet_bytes: usize,
     pub session_expiry: Duration,
     pub reconnect_delay_min: Duration,
@@ -728,6 +731,7 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
         keep_alive: raw.keep_alive,
         credentials,
         receive_maximum: raw.receive_maximum,
+        broker_window: (raw.broker_window > 0).then_some(raw.broker_window),
         max_packet_bytes,
         session_expiry: raw.session_expiry,
         reconnect_delay_min: raw.reconnect_delay_min,

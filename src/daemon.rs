@@ -189,6 +189,7 @@ fn start_over(
         flush_interval: config.batch.flush_interval,
         max_pending_readings: config.batch.max_pending_readings,
         window: config.mqtt.receive_maximum,
+        broker_window: config.mqtt.broker_window,
     };
     let listener = std::net::TcpListener::bind(config.http.bind)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))

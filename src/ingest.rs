@@ -210,8 +210,9 @@ impl Ingest {
             info!(
                 window,
                 "The broker stops sending at {window} unacknowledged messages, fewer than \
-                 mqtt.receive_maximum; committing whenever it does. Raise its in-flight limit \
-                 (Mosquitto: max_inflight_messages) for fewer, larger commits."
+                 mqtt.receive_maximum; committing whenever its window is full. Set \
+                 mqtt.broker_window = {window} to skip learning it on every connection, or raise \
+                 the broker's limit (Mosquitto: max_inflight_messages) for fewer, larger commits."
             );
         }
         st.in_flight = Some(acks);
@@ -331,14 +332,17 @@ impl Ingest {
                 self.send_acks(st);
                 self.update_gauges(st);
             }
-            Ok(MqttEvent::Connected { session_present }) => {
+            Ok(MqttEvent::Connected {
+                session_present,
+                handshake,
+            }) => {
                 st.connection += 1;
                 st.connected = true;
                 st.acks_unwritten = 0;
                 st.ack_backlog.clear();
                 st.warned_window = false;
                 st.told_window = false;
-                self.batcher.connected(std::time::Instant::now());
+                self.batcher.connected(std::time::Instant::now(), handshake);
                 self.backoff.reset();
                 self.stats.connected.store(true, Ordering::Relaxed);
                 if session_present {
@@ -440,7 +444,9 @@ impl Ingest {
         let claimed_elsewhere = std::mem::take(&mut st.claimed_elsewhere);
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
-        self.batcher.arrived(now);
+        if qos > 0 {
+            self.batcher.arrived(now);
+        }
         let admitted = self.admit.admit(&Message {
             topic,
             payload,

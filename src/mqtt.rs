@@ -14,7 +14,12 @@ use crate::secret::Secret;
 #[derive(Debug)]
 pub enum MqttEvent {
     /// CONNACK: connected; `session_present` says whether the broker kept our session.
-    Connected { session_present: bool },
+    /// `handshake`: from the first poll of the attempt to the CONNACK (TCP, TLS, CONNECT): a
+    /// round trip or more.
+    Connected {
+        session_present: bool,
+        handshake: Duration,
+    },
     /// SUBACK: `refused` lists the filters the broker refused.
     Subscribed { refused: Vec<String> },
     Publish {
@@ -65,6 +70,10 @@ const OUTGOING_INFLIGHT: u16 = 8;
 pub struct Mqtt {
     client: Client,
     subscriptions: Vec<(String, u8)>,
+    /// Whether the connection is up (a CONNACK came and no error since).
+    up: bool,
+    /// When the first poll of the current connection attempt began.
+    attempt: Option<std::time::Instant>,
 }
 
 impl Mqtt {
@@ -126,6 +135,8 @@ impl Mqtt {
         };
         Mqtt {
             client,
+            up: false,
+            attempt: None,
             subscriptions: subscriptions
                 .iter()
                 .map(|s| (s.filter.clone(), s.qos))
@@ -136,12 +147,30 @@ impl Mqtt {
     /// Drives the connection and returns the next event. Cancel-safe: it may be dropped inside
     /// `select!` (rumqttc's `poll` keeps its state in the event loop).
     pub async fn poll(&mut self) -> Result<MqttEvent, PollError> {
+        if !self.up {
+            self.attempt.get_or_insert_with(std::time::Instant::now);
+        }
+        let event = self.poll_client().await;
+        match &event {
+            Ok(MqttEvent::Connected { .. }) => self.up = true,
+            Err(_) => {
+                self.up = false;
+                self.attempt = None;
+            }
+            Ok(_) => {}
+        }
+        event
+    }
+
+    async fn poll_client(&mut self) -> Result<MqttEvent, PollError> {
+        let attempt = &mut self.attempt;
         match &mut self.client {
             Client::V4 { eventloop, .. } => {
                 use rumqttc::{Event, Outgoing, Packet};
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
                         session_present: ack.session_present,
+                        handshake: attempt.take().map_or(Duration::ZERO, |t| t.elapsed()),
                     }),
                     Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
                         refused: self
@@ -178,6 +207,7 @@ impl Mqtt {
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
                         session_present: ack.session_present,
+                        handshake: attempt.take().map_or(Duration::ZERO, |t| t.elapsed()),
                     }),
                     Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
                         refused: self

@@ -271,6 +271,7 @@ fn once_warm_a_reading_costs_no_allocation_from_decode_to_batch() {
                 flush_interval: Duration::from_secs(1),
                 max_pending_readings: usize::MAX,
                 window: 100,
+                broker_window: None,
             },
             3600,
         );

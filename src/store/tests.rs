@@ -50,6 +50,7 @@ fn test_batcher() -> Batcher {
             flush_interval: std::time::Duration::from_secs(1),
             max_pending_readings: usize::MAX,
             window: 1,
+            broker_window: None,
         },
         3600,
     )
