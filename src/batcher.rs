@@ -13,7 +13,8 @@
 //!   window than we ask for (MQTT 3.1.1 has no way to ask: upstream Mosquitto stops at 20,
 //!   EMQX at 32, AWS IoT at 100, rumqttd at its `max_inflight_count`), and then send nothing
 //!   until we acknowledge. Once that window `W` is known (`mqtt.broker_window`, or learned), a
-//!   batch holding `W` unacknowledged messages of this connection is committed at once.
+//!   batch holding `W` unacknowledged messages of this connection is committed at once
+//!   ([`FlushReason::BrokerWindow`]).
 //!
 //! Learning `W`: a full window shows as the broker going quiet while our acknowledgements are
 //! pending, right after a release (acknowledgements sent, or a new connection) let it send. A
@@ -75,18 +76,23 @@ pub enum FlushReason {
     Interval,
     Readings,
     AckWindow,
-    /// The broker stopped sending right after releasing messages: its window is full.
+    /// The broker went quiet right after releasing messages, with our acknowledgements
+    /// pending: its window is full, and this is how large it is (learned).
     Stall,
+    /// The batch holds the broker's known window (`mqtt.broker_window`, or learned from a
+    /// stall): it sends nothing more until we acknowledge.
+    BrokerWindow,
     /// Asked for: `POST /api/v1/flush`, or shutdown.
     Request,
 }
 
 impl FlushReason {
-    pub const ALL: [FlushReason; 5] = [
+    pub const ALL: [FlushReason; 6] = [
         FlushReason::Interval,
         FlushReason::Readings,
         FlushReason::AckWindow,
         FlushReason::Stall,
+        FlushReason::BrokerWindow,
         FlushReason::Request,
     ];
 
@@ -97,6 +103,7 @@ impl FlushReason {
             FlushReason::Readings => "readings",
             FlushReason::AckWindow => "ack_window",
             FlushReason::Stall => "stall",
+            FlushReason::BrokerWindow => "broker_window",
             FlushReason::Request => "request",
         }
     }
@@ -224,9 +231,9 @@ impl Batcher {
         self.acks.len() - self.stale_acks
     }
 
-    /// When the broker's window counts as full, for batches that qualify: at once when the
-    /// batch holds the known window, else after [`QUIET_CONFIRM`] of quiet.
-    fn stall_at(&self) -> Option<Instant> {
+    /// When the broker's window counts as full, for batches that qualify, and why: at once when
+    /// the batch holds the known window, else after a quiet period that proves a stall.
+    fn window_full_at(&self) -> Option<(Instant, FlushReason)> {
         let n = self.current_acks();
         let (first, last) = (self.first_arrival?, self.last_arrival?);
         if n == 0 {
@@ -245,9 +252,9 @@ impl Batcher {
                     .broker_window
                     .is_some_and(|s| usize::from(s) == w))
         {
-            return Some(last);
+            return Some((last, FlushReason::BrokerWindow));
         }
-        echo.then(|| last + self.quiet_confirm())
+        echo.then(|| (last + self.quiet_confirm(), FlushReason::Stall))
     }
 
     /// The quiet period that proves a stall: [`QUIET_CONFIRM`], or with a shorter flush interval
@@ -361,9 +368,11 @@ impl Batcher {
             Some(FlushReason::Readings)
         } else if self.acks.len() >= self.policy.ack_threshold() {
             Some(FlushReason::AckWindow)
-        } else if self.stall_at().is_some_and(|at| now >= at) {
+        } else if let Some((at, reason)) = self.window_full_at()
+            && now >= at
+        {
             // Before the interval: a stall teaches the window.
-            Some(FlushReason::Stall)
+            Some(reason)
         } else if now.duration_since(opened_at) >= self.policy.flush_interval {
             Some(FlushReason::Interval)
         } else {
@@ -376,8 +385,8 @@ impl Batcher {
     pub fn deadline(&self) -> Option<Instant> {
         let interval = self.opened_at? + self.policy.flush_interval;
         Some(
-            self.stall_at()
-                .map_or(interval, |stall| stall.min(interval)),
+            self.window_full_at()
+                .map_or(interval, |(full, _)| full.min(interval)),
         )
     }
 
@@ -388,11 +397,11 @@ impl Batcher {
             || self.acks.len() >= usize::from(self.policy.window)
     }
 
-    /// [`Batcher::take`] for a flush due for `reason`. A stall below the known window teaches
-    /// the broker's window: the messages the batch holds are what it sends unacknowledged.
+    /// [`Batcher::take`] for a flush due for `reason`. A stall teaches the broker's window: the
+    /// messages the batch holds are what it sends unacknowledged.
     pub fn take_for(&mut self, reason: FlushReason) -> (Batch, Vec<AckToken>) {
         let n = self.current_acks();
-        if reason == FlushReason::Stall && self.broker_window().is_none_or(|w| n < w) {
+        if reason == FlushReason::Stall {
             self.window_seen = Some(n);
         }
         self.take()

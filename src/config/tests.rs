@@ -33,6 +33,7 @@ fn default_toml_alone_is_a_valid_config_with_documented_defaults() {
     assert_eq!(c.mqtt.port, 1883);
     assert_eq!(c.mqtt.protocol, Protocol::V5);
     assert_eq!(c.mqtt.receive_maximum, 1024);
+    assert_eq!(c.mqtt.broker_window, None, "learned unless stated");
     assert_eq!(c.batch.flush_interval, Duration::from_secs(1));
     assert_eq!(c.store.bucket_width, Duration::from_hours(1));
     assert_eq!(c.store.cache_bytes, 16 << 20);
@@ -94,6 +95,8 @@ fn bad_values_are_errors_that_name_the_key() {
         ("[mqtt]\nprotocol = \"v4\"\n", "protocol"),
         ("[mqtt]\nreceive_maximum = 0\n", "mqtt.receive_maximum"),
         ("[mqtt]\nreceive_maximum = 70000\n", "receive_maximum"),
+        ("[mqtt]\nbroker_window = 70000\n", "broker_window"),
+        ("[mqtt]\nbroker_window = -1\n", "broker_window"),
         ("[mqtt]\nport = \"x\"\n", "port"),
         ("[mqtt]\npassword_file = \"/p\"\n", "mqtt.username"),
         ("[mqtt.tls]\nca_file = \"/ca.pem\"\n", "mqtt.tls.enabled"),
@@ -320,4 +323,12 @@ fn a_setting_this_build_left_out_names_the_feature() {
             }
         }
     }
+}
+
+#[test]
+fn a_stated_broker_window_reaches_the_config() {
+    let c = load("[mqtt]\nprotocol = \"v311\"\nbroker_window = 20\n").unwrap();
+    assert_eq!(c.mqtt.broker_window, Some(20));
+    let c = Config::load(None, env(&[("BUCKETD__MQTT__BROKER_WINDOW", "100")])).unwrap();
+    assert_eq!(c.mqtt.broker_window, Some(100));
 }

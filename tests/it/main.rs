@@ -29,6 +29,8 @@ mod regression;
 /// TLS, passwords, client certificates, credentials and HTTP tokens, against Mosquitto.
 #[cfg(feature = "tls")]
 mod security;
+/// Strict broker windows: one commit per window, against a scripted broker that enforces one.
+mod windows;
 
 /// Runs an async scenario `fn(Broker, Protocol)` against every broker, as one test per broker
 /// and protocol. Against the external broker, the test passes without running when

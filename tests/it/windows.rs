@@ -1,0 +1,205 @@
+//! Strict broker windows, end to end: a scripted broker that stops at `W` unacknowledged QoS 1
+//! messages (as upstream Mosquitto, EMQX and AWS IoT do) must be served one commit per window,
+//! none waiting for the flush interval, over MQTT 3.1.1 and 5, with a round trip, QoS 0 mixed
+//! in, a reconnect mid-stream, and a window of 1. The throughput bound is counted, not timed:
+//! after the one stall that teaches the window (per connection), every window must be committed
+//! the moment it is full (`bucketd_flushes_total{reason="broker_window"}`), so a policy that
+//! waits for a quiet period or the interval per window fails the counts. The simulation in
+//! `batcher::tests` checks the same policy against time bounds.
+
+use std::time::Duration;
+
+use bucketd::batcher::FlushReason;
+use bucketd::config::Protocol;
+use bucketd::daemon;
+use bucketd::stats::Stats;
+use bucketd::store::StoreReader;
+
+use crate::support::*;
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    protocol: Protocol,
+    window: usize,
+    /// Windows' worth of QoS 1 messages.
+    windows: usize,
+    flush: Duration,
+    round_trip: Duration,
+    /// Every third message is QoS 0 (sent past the full window, through the stalls).
+    qos0: bool,
+    /// Cut the connection once this many messages are acknowledged.
+    cut_after: Option<usize>,
+    /// `mqtt.broker_window`.
+    stated: u16,
+}
+
+impl Case {
+    fn new(protocol: Protocol, window: usize) -> Case {
+        Case {
+            protocol,
+            window,
+            windows: 40,
+            flush: Duration::from_secs(1),
+            round_trip: Duration::ZERO,
+            qos0: false,
+            cut_after: None,
+            stated: 0,
+        }
+    }
+}
+
+async fn strict_window(case: Case) {
+    let broker = StrictBroker::start(case.window, case.round_trip).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let target = Broker {
+        name: "strict",
+        host: "127.0.0.1".into(),
+        v311_port: broker.port,
+        v5_port: broker.port,
+        sets_dup: true,
+    };
+    let mut raw = raw_config(&target, case.protocol, &db, &topics);
+    raw.batch.flush_interval = case.flush;
+    raw.mqtt.broker_window = case.stated;
+    let cfg = config(&raw);
+    // QoS 0 at every third place, so the last message is QoS 1 and every window is whole.
+    let is_qos0 = |i: usize| case.qos0 && i % 3 == 1;
+    let mut messages = Vec::new();
+    let mut qos1 = 0;
+    while qos1 < case.windows * case.window {
+        qos1 += usize::from(!is_qos0(messages.len()));
+        let i = messages.len();
+        messages.push((topics.value("w", "x"), format!("{i}").into_bytes()));
+    }
+    let total = messages.len() as u64;
+
+    let d = daemon::start(&cfg).unwrap();
+    wait_subscribed(&d).await;
+    broker.publish(&messages, |i| if is_qos0(i) { 0 } else { 1 });
+    if let Some(n) = case.cut_after {
+        eventually(WAIT, "acknowledgements before the cut", || {
+            broker.seen().acked >= n
+        })
+        .await;
+        broker.cut();
+    }
+    let stats = d.stats.clone();
+    eventually(WAIT, "every message committed and acknowledged", || {
+        Stats::get(&stats.readings_ingested) >= total && broker.drained()
+    })
+    .await;
+    d.stop().await.unwrap();
+    let seen = broker.seen();
+    let by = |r| stats.flushes_by(r);
+    let flushes: Vec<_> = FlushReason::ALL
+        .iter()
+        .map(|r| (r.label(), by(*r)))
+        .collect();
+    let ctx = format!("{case:?}: {seen:?}, flushes {flushes:?}");
+    assert!(seen.max_in_flight <= case.window, "{ctx}");
+    // No window waited for the interval; at most one stall per connection taught the window,
+    // and every other window was committed the moment it was full.
+    let connections = seen.connections as u64;
+    let learning = if case.stated > 0 { 0 } else { connections };
+    // After a reconnect the broker resends what was in flight, so the last window can come
+    // out partial: a stall (or, in a batch holding only acks of the old connection, the
+    // interval) commits it. QoS 0 messages left after the last window may make a batch of
+    // their own, without acks: the interval commits it.
+    let cut = u64::from(case.cut_after.is_some());
+    let qos0_tail = u64::from(case.qos0);
+    assert!(by(FlushReason::Interval) <= cut + qos0_tail, "{ctx}");
+    assert!(by(FlushReason::Stall) <= learning + cut, "{ctx}");
+    let windows = case.windows as u64;
+    assert!(
+        by(FlushReason::BrokerWindow) + learning + 2 * cut >= windows,
+        "{ctx}"
+    );
+    let commits: u64 = flushes.iter().map(|f| f.1).sum();
+    assert!(commits <= windows + 1 + 2 * cut + qos0_tail, "{ctx}");
+    // Everything landed exactly once (redeliveries carry DUP and are recognised).
+    let docs = StoreReader::open(&db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    let count: i64 = docs.iter().map(|d| d.count).sum();
+    assert_eq!(count, total as i64, "{ctx}");
+    let sum: f64 = docs.iter().map(|d| d.summary().total()).sum();
+    assert_eq!(sum, (0..total).sum::<u64>() as f64, "{ctx}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_20_v311_default_interval() {
+    strict_window(Case::new(Protocol::V311, 20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_20_v5_broker_smaller_than_receive_maximum() {
+    strict_window(Case::new(Protocol::V5, 20)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_20_flush_interval_200ms() {
+    strict_window(Case {
+        flush: Duration::from_millis(200),
+        ..Case::new(Protocol::V311, 20)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_20_with_qos0_mixed_in() {
+    strict_window(Case {
+        qos0: true,
+        ..Case::new(Protocol::V311, 20)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_20_reconnect_mid_stream() {
+    strict_window(Case {
+        cut_after: Some(300),
+        ..Case::new(Protocol::V5, 20)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_20_round_trip_150ms() {
+    strict_window(Case {
+        round_trip: Duration::from_millis(150),
+        windows: 12,
+        ..Case::new(Protocol::V311, 20)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_1() {
+    strict_window(Case {
+        windows: 60,
+        ..Case::new(Protocol::V311, 1)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_1_round_trip_150ms() {
+    strict_window(Case {
+        windows: 12,
+        round_trip: Duration::from_millis(150),
+        ..Case::new(Protocol::V5, 1)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_20_stated_needs_no_learning() {
+    strict_window(Case {
+        stated: 20,
+        ..Case::new(Protocol::V311, 20)
+    })
+    .await;
+}
