@@ -11,7 +11,7 @@
 //!   flowing while the commit runs;
 //! - the broker's own window is full ([`FlushReason::Stall`]). Brokers may enforce a smaller
 //!   window than we ask for (MQTT 3.1.1 has no way to ask: upstream Mosquitto stops at 20,
-//!   EMQX at 32, AWS IoT at 100, rumqttd at its `max_inflight_count`), and then send nothing
+//!   EMQX at 32, AWS `IoT` Core at 100, rumqttd at its `max_inflight_count`), and then send nothing
 //!   until we acknowledge. Once that window `W` is known (`mqtt.broker_window`, or learned), a
 //!   batch holding `W` unacknowledged messages of this connection is committed at once
 //!   ([`FlushReason::BrokerWindow`]).

@@ -308,7 +308,7 @@ fn a_strict_broker_window_never_stalls_ingestion() {
 }
 
 /// The broker enforces a smaller window than the one asked for (upstream Mosquitto's v3.1.1
-/// default: 20; EMQX: 32; AWS IoT and rumqttd: 100). The half-window rule never triggers: the
+/// default: 20; EMQX: 32; AWS `IoT` Core and rumqttd: 100). The half-window rule never triggers: the
 /// first window is learned from a stall, and from then on every window is committed the moment
 /// it is full. One commit per window (plus the tail), none waiting for the interval, whatever
 /// the interval, the round trip, or QoS 0 messages mixed in; and the time is the physical

@@ -77,7 +77,7 @@ async fn strict_window(case: Case) {
 
     let d = daemon::start(&cfg).unwrap();
     wait_subscribed(&d).await;
-    broker.publish(&messages, |i| if is_qos0(i) { 0 } else { 1 });
+    broker.publish(&messages, |i| u8::from(!is_qos0(i)));
     if let Some(n) = case.cut_after {
         eventually(WAIT, "acknowledgements before the cut", || {
             broker.seen().acked >= n
