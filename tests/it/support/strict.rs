@@ -395,15 +395,10 @@ fn pingresp(v5: bool) -> BytesMut {
 fn publish(v5: bool, topic: &str, payload: Bytes, qos: u8, pkid: u16, dup: bool) -> BytesMut {
     let mut out = BytesMut::new();
     if v5 {
-        use rumqttc::v5::mqttbytes::QoS;
         use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
         Packet::Publish(Publish {
             dup,
-            qos: if qos == 0 {
-                QoS::AtMostOnce
-            } else {
-                QoS::AtLeastOnce
-            },
+            qos: rumqttc::v5::mqttbytes::qos(qos).expect("QoS 0 or 1"),
             retain: false,
             topic: Bytes::copy_from_slice(topic.as_bytes()),
             pkid,
@@ -413,15 +408,10 @@ fn publish(v5: bool, topic: &str, payload: Bytes, qos: u8, pkid: u16, dup: bool)
         .write(&mut out, None)
         .unwrap();
     } else {
-        use rumqttc::mqttbytes::QoS;
         use rumqttc::mqttbytes::v4::{Packet, Publish};
         Packet::Publish(Publish {
             dup,
-            qos: if qos == 0 {
-                QoS::AtMostOnce
-            } else {
-                QoS::AtLeastOnce
-            },
+            qos: rumqttc::mqttbytes::qos(qos).expect("QoS 0 or 1"),
             retain: false,
             topic: topic.to_owned(),
             pkid,
