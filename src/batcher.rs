@@ -66,6 +66,8 @@ impl FlushPolicy {
 /// about a round trip or two) after the previous acknowledgements were released counts as
 /// released by them (an "echo").
 pub const ECHO_MAX: Duration = Duration::from_millis(100);
+/// The most a connection's handshake time widens the echo window.
+pub const HANDSHAKE_MAX: Duration = Duration::from_secs(1);
 /// The quiet period that proves a stall: longer than a TCP delayed ACK (Linux: 40-200 ms),
 /// which a broker using Nagle's algorithm waits for.
 pub const QUIET_CONFIRM: Duration = Duration::from_millis(250);
@@ -206,7 +208,9 @@ impl Batcher {
     /// be learned. Acks already pending belong to the old connection and are never sent.
     pub fn connected(&mut self, now: Instant, handshake: Duration) {
         self.released(now);
-        self.handshake = handshake;
+        // A handshake that crawled (a broker under load, a slow TLS peer) says little about the
+        // round trip; capped so that it cannot make every batch an echo.
+        self.handshake = handshake.min(HANDSHAKE_MAX);
         self.stale_acks = self.acks.len();
         self.window_seen = None;
     }

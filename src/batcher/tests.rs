@@ -498,3 +498,31 @@ fn steady_and_bursty_traffic_do_not_trigger_stall_flushes() {
     let run = simulate(p, Net::strict(4096), &bursty, commit);
     assert!(run.commits <= 2 * seconds + 1, "bursty: {run:?}");
 }
+
+/// A connection whose handshake crawled (5 s: a broker under load) widens the echo window by at
+/// most [`HANDSHAKE_MAX`]: a batch that began 2 s after the release was not released by it, so
+/// its quiet proves nothing and teaches no window.
+#[test]
+fn a_slow_handshake_widens_the_echo_window_only_so_far() {
+    let t0 = Instant::now();
+    let mut b = Batcher::new(policy(1024), 3600);
+    b.connected(t0, Duration::from_secs(5));
+    let late = t0 + Duration::from_secs(2);
+    b.arrived(late);
+    b.push_ack(token(1), late);
+    assert_eq!(
+        b.deadline(),
+        Some(late + Duration::from_secs(1)),
+        "the interval only"
+    );
+    let near = t0 + ECHO_MAX + HANDSHAKE_MAX;
+    let mut b = Batcher::new(policy(1024), 3600);
+    b.connected(t0, Duration::from_secs(5));
+    b.arrived(near);
+    b.push_ack(token(1), near);
+    assert_eq!(
+        b.deadline(),
+        Some(near + QUIET_CONFIRM),
+        "an echo: the stall rule"
+    );
+}
