@@ -265,7 +265,7 @@ impl Batcher {
     /// three quarters of it, so that the stall shows before the interval ends (the window is
     /// then learned, not waited for at every interval).
     fn quiet_confirm(&self) -> Duration {
-        QUIET_CONFIRM.min(self.policy.flush_interval * 3 / 4)
+        QUIET_CONFIRM.min(self.policy.flush_interval / 4 * 3)
     }
 
     /// Merges one reading into its bucket.

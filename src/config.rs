@@ -20,6 +20,12 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of environment overrides: `BUCKETD__MQTT__HOST=...`.
 pub const ENV_PREFIX: &str = "BUCKETD";
 
+/// The longest `batch.flush_interval`.
+pub const FLUSH_INTERVAL_MAX: Duration = Duration::from_hours(24);
+
+/// The largest `limits.dedup_window`: its hash table is allocated up front, at twice the window.
+pub const DEDUP_WINDOW_MAX: usize = 1 << 20;
+
 /// A configuration that cannot be used. The message names the key and says what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -562,8 +568,12 @@ impl TryFrom<RawConfig> for Config {
         let mqtt = validate_mqtt(&raw.mqtt)?;
         let store = validate_store(&raw.store)?;
 
-        if raw.batch.flush_interval.is_zero() {
-            return Err(invalid("batch.flush_interval", "must be greater than 0"));
+        // Deadlines are instants `flush_interval` ahead: an absurd interval must not overflow them.
+        if raw.batch.flush_interval.is_zero() || raw.batch.flush_interval > FLUSH_INTERVAL_MAX {
+            return Err(invalid(
+                "batch.flush_interval",
+                "must be greater than 0 and at most 1d (readings wait that long for a commit)",
+            ));
         }
         if raw.batch.max_pending_readings == 0 {
             return Err(invalid("batch.max_pending_readings", "must be at least 1"));
@@ -591,6 +601,12 @@ impl TryFrom<RawConfig> for Config {
                     "must be smaller than mqtt.max_packet_size ({} bytes), which also carries the topic",
                     mqtt.max_packet_bytes
                 ),
+            ));
+        }
+        if raw.limits.dedup_window > DEDUP_WINDOW_MAX {
+            return Err(invalid(
+                "limits.dedup_window",
+                "must be at most 1048576 (fingerprints are held in memory, ~40 bytes each)",
             ));
         }
         if raw.limits.dedup_window < usize::from(mqtt.receive_maximum) {

@@ -89,6 +89,19 @@ fn bad_values_are_errors_that_name_the_key() {
     let cases = [
         ("[batch]\nflush_interval = \"soon\"\n", "flush_interval"),
         ("[batch]\nflush_interval = \"0s\"\n", "batch.flush_interval"),
+        (
+            "[batch]\nflush_interval = \"25h\"\n",
+            "batch.flush_interval",
+        ),
+        (
+            "[batch]\nflush_interval = \"500000000000y\"\n",
+            "flush_interval",
+        ),
+        (
+            "[limits]\ndedup_window = 9223372036854775807\n",
+            "limits.dedup_window",
+        ),
+        ("[limits]\ndedup_window = 1048577\n", "limits.dedup_window"),
         ("[store]\nbucket_width = \"7m\"\n", "store.bucket_width"),
         ("[store]\ncache_size = \"lots\"\n", "cache_size"),
         ("[store]\ndurability = \"none\"\n", "durability"),
