@@ -5,7 +5,8 @@
 //! after the one stall that teaches the window (per connection), every window must be committed
 //! the moment it is full (`bucketd_flushes_total{reason="broker_window"}`), so a policy that
 //! waits for a quiet period or the interval per window fails the counts. The simulation in
-//! `batcher::tests` checks the same policy against time bounds.
+//! `batcher::tests` checks the same policy against time bounds. The same counts hold against a
+//! real broker: rumqttd with its outgoing window set to 1, 20 and 100.
 
 use std::time::Duration;
 
@@ -93,10 +94,7 @@ async fn strict_window(case: Case) {
     d.stop().await.unwrap();
     let seen = broker.seen();
     let by = |r| stats.flushes_by(r);
-    let flushes: Vec<_> = FlushReason::ALL
-        .iter()
-        .map(|r| (r.label(), by(*r)))
-        .collect();
+    let flushes = flushes(&stats);
     let ctx = format!("{case:?}: {seen:?}, flushes {flushes:?}");
     assert!(seen.max_in_flight <= case.window, "{ctx}");
     // No window waited for the interval; at most one stall per connection taught the window,
@@ -119,14 +117,7 @@ async fn strict_window(case: Case) {
     let commits: u64 = flushes.iter().map(|f| f.1).sum();
     assert!(commits <= windows + 1 + 2 * cut + qos0_tail, "{ctx}");
     // Everything landed exactly once (redeliveries carry DUP and are recognised).
-    let docs = StoreReader::open(&db)
-        .unwrap()
-        .buckets(None, i64::MIN, i64::MAX)
-        .unwrap();
-    let count: i64 = docs.iter().map(|d| d.count).sum();
-    assert_eq!(count, total as i64, "{ctx}");
-    let sum: f64 = docs.iter().map(|d| d.summary().total()).sum();
-    assert_eq!(sum, (0..total).sum::<u64>() as f64, "{ctx}");
+    assert_stored_once(&db, total, &ctx);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,4 +193,80 @@ async fn window_20_stated_needs_no_learning() {
         ..Case::new(Protocol::V311, 20)
     })
     .await;
+}
+
+/// rumqttd with its outgoing window set to `window`: a backlog queued for the daemon's session
+/// while it was stopped is delivered through the window, one commit per window.
+async fn rumqttd_window(window: usize, protocol: Protocol) {
+    let broker = Broker::strict_rumqttd(window);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, protocol, &db, &topics);
+    raw.batch.flush_interval = Duration::from_secs(1);
+    let cfg = config(&raw);
+    // The session exists (subscribed) before the backlog is published.
+    let d = daemon::start(&cfg).unwrap();
+    wait_subscribed(&d).await;
+    d.stop().await.unwrap();
+    let windows = if window == 1 { 40 } else { 20 };
+    let total = (windows * window) as u64;
+    let messages: Vec<(String, Vec<u8>)> = (0..total)
+        .map(|i| (topics.value("w", "x"), format!("{i}").into_bytes()))
+        .collect();
+    publish_all(&broker, &messages, 1).await;
+
+    let d = daemon::start(&cfg).unwrap();
+    let stats = d.stats.clone();
+    wait_ingested(&d, total, 0).await;
+    d.stop().await.unwrap();
+    let by = |r| stats.flushes_by(r);
+    let flushes = flushes(&stats);
+    let ctx = format!("rumqttd window {window}, {protocol:?}: flushes {flushes:?}");
+    assert_eq!(by(FlushReason::Interval), 0, "{ctx}");
+    assert!(by(FlushReason::Stall) <= 1, "{ctx}");
+    assert!(by(FlushReason::BrokerWindow) + 1 >= windows as u64, "{ctx}");
+    let commits: u64 = flushes.iter().map(|f| f.1).sum();
+    assert!(commits <= windows as u64 + 1, "{ctx}");
+    assert_stored_once(&db, total, &ctx);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rumqttd_window_1_v311() {
+    rumqttd_window(1, Protocol::V311).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rumqttd_window_20_v311() {
+    rumqttd_window(20, Protocol::V311).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rumqttd_window_20_v5() {
+    rumqttd_window(20, Protocol::V5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rumqttd_window_100_v311() {
+    rumqttd_window(100, Protocol::V311).await;
+}
+
+/// Commits by flush reason.
+fn flushes(stats: &Stats) -> Vec<(&'static str, u64)> {
+    FlushReason::ALL
+        .iter()
+        .map(|r| (r.label(), stats.flushes_by(*r)))
+        .collect()
+}
+
+/// The store at `db` holds the values 0..total, each once.
+fn assert_stored_once(db: &std::path::Path, total: u64, ctx: &str) {
+    let docs = StoreReader::open(db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    let count: i64 = docs.iter().map(|d| d.count).sum();
+    assert_eq!(count, total as i64, "{ctx}");
+    let sum: f64 = docs.iter().map(|d| d.summary().total()).sum();
+    assert_eq!(sum, (0..total).sum::<u64>() as f64, "{ctx}");
 }

@@ -1,9 +1,9 @@
 //! Brokers the tests reach: the in-process rumqttd (started once per test binary) and the
 //! external broker named by `BUCKETD_TEST_MQTT`; and a TCP proxy that can cut the connection.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::TcpListener;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use bucketd::config::Protocol;
@@ -24,10 +24,22 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// The in-process rumqttd, started once per test binary (it has no shutdown API).
+    /// The in-process rumqttd, started once per test binary (it has no shutdown API). It sends
+    /// a client at most 100 QoS 1 messages unacknowledged, as upstream rumqttd does.
     pub fn hermetic() -> Broker {
         static BROKER: OnceLock<Broker> = OnceLock::new();
-        BROKER.get_or_init(start_rumqttd).clone()
+        BROKER.get_or_init(|| start_rumqttd(None)).clone()
+    }
+
+    /// An in-process rumqttd that sends a client at most `window` QoS 1 messages
+    /// unacknowledged (vendor/rumqttd/PATCHED.md), started once per window and test binary.
+    pub fn strict_rumqttd(window: usize) -> Broker {
+        static BROKERS: Mutex<BTreeMap<usize, Broker>> = Mutex::new(BTreeMap::new());
+        let mut brokers = BROKERS.lock().unwrap();
+        brokers
+            .entry(window)
+            .or_insert_with(|| start_rumqttd(Some(window)))
+            .clone()
     }
 
     /// The broker named by `BUCKETD_TEST_MQTT=host:port`, if set.
@@ -61,9 +73,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn start_rumqttd() -> Broker {
+fn start_rumqttd(window: Option<usize>) -> Broker {
     use rumqttd::{ConnectionSettings, RouterConfig, ServerSettings};
-    if let Ok(path) = std::env::var("BUCKETD_TEST_BROKER_LOG") {
+    // The log is the default broker's (one tracing subscriber per process).
+    if let Some(path) = std::env::var_os("BUCKETD_TEST_BROKER_LOG").filter(|_| window.is_none()) {
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::util::SubscriberInitExt;
         let file = std::fs::File::create(&path).expect("creating the broker log");
@@ -90,6 +103,7 @@ fn start_rumqttd() -> Broker {
             auth: None,
             external_auth: None,
             dynamic_filters: true,
+            max_outgoing_inflight: window,
         },
     };
     let config = rumqttd::Config {

@@ -153,6 +153,10 @@ pub struct ConnectionSettings {
     pub external_auth: Option<AuthHandler>,
     #[serde(default)]
     pub dynamic_filters: bool,
+    /// bucketd patch: the most QoS 1/2 publishes the broker sends a client unacknowledged
+    /// (upstream: 100, fixed).
+    #[serde(default)]
+    pub max_outgoing_inflight: Option<usize>,
 }
 
 impl ConnectionSettings {
@@ -178,6 +182,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("auth", &self.auth)
             .field("external_auth", &self.external_auth.is_some())
             .field("dynamic_filters", &self.dynamic_filters)
+            .field("max_outgoing_inflight", &self.max_outgoing_inflight)
             .finish()
     }
 }

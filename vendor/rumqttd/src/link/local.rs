@@ -49,6 +49,8 @@ pub struct LinkBuilder<'a> {
     dynamic_filters: bool,
     // default to 0, indicating to not use topic alias
     topic_alias_max: u16,
+    // bucketd patch: the outgoing window, `MAX_INFLIGHT` (100) by default
+    max_inflight: usize,
 }
 
 impl<'a> LinkBuilder<'a> {
@@ -62,6 +64,7 @@ impl<'a> LinkBuilder<'a> {
             last_will_properties: None,
             dynamic_filters: false,
             topic_alias_max: 0,
+            max_inflight: crate::router::iobufs::MAX_INFLIGHT,
         }
     }
 
@@ -93,6 +96,12 @@ impl<'a> LinkBuilder<'a> {
         self
     }
 
+    /// bucketd patch: the most publishes sent to this link unacknowledged.
+    pub fn max_inflight(mut self, max_inflight: usize) -> Self {
+        self.max_inflight = max_inflight;
+        self
+    }
+
     pub fn dynamic_filters(mut self, dynamic_filters: bool) -> Self {
         self.dynamic_filters = dynamic_filters;
         self
@@ -112,7 +121,7 @@ impl<'a> LinkBuilder<'a> {
             .last_will(self.last_will, self.last_will_properties)
             .topic_alias_max(self.topic_alias_max);
         let incoming = Incoming::new(connection.client_id.to_owned());
-        let (outgoing, link_rx) = Outgoing::new(connection.client_id.to_owned());
+        let (outgoing, link_rx) = Outgoing::new(connection.client_id.to_owned(), self.max_inflight);
         let outgoing_data_buffer = outgoing.buffer();
         let incoming_data_buffer = incoming.buffer();
 

@@ -68,6 +68,7 @@ impl<P: Protocol> RemoteLink<P> {
         connect_packet: Packet,
         dynamic_filters: bool,
         assigned_client_id: Option<String>,
+        max_inflight: usize,
     ) -> Result<RemoteLink<P>, Error> {
         let Packet::Connect(connect, props, lastwill, lastwill_props, _) = connect_packet else {
             return Err(Error::NotConnectPacket(connect_packet));
@@ -100,6 +101,7 @@ impl<P: Protocol> RemoteLink<P> {
             .last_will_properties(lastwill_props)
             .dynamic_filters(dynamic_filters)
             .topic_alias_max(topic_alias_max.unwrap_or(0))
+            .max_inflight(max_inflight)
             .build()?;
 
         let id = link_rx.id();
@@ -280,6 +282,7 @@ mod tests {
             connection_timeout_ms: 0,
             max_payload_size: 0,
             max_inflight_count: 0,
+            max_outgoing_inflight: None,
             auth: None,
             external_auth: None,
             dynamic_filters: false,

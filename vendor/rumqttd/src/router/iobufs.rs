@@ -15,8 +15,9 @@ use crate::{
 
 use super::{Forward, IncomingMeter, OutgoingMeter};
 
-const MAX_INFLIGHT: usize = 100;
-const MAX_PKID: u16 = MAX_INFLIGHT as u16;
+/// The default outgoing window (bucketd patch: `ConnectionSettings::max_outgoing_inflight`
+/// overrides it per listener).
+pub(crate) const MAX_INFLIGHT: usize = 100;
 
 #[derive(Debug)]
 pub struct Incoming {
@@ -64,20 +65,23 @@ pub struct Outgoing {
     pub(crate) unacked_pubrels: VecDeque<u16>,
     /// Last packet id
     last_pkid: u16,
+    /// The most publishes in flight (bucketd patch: was the constant `MAX_INFLIGHT`).
+    max_inflight: usize,
     /// Metrics of outgoing messages of this connection
     pub(crate) meter: OutgoingMeter,
 }
 
 impl Outgoing {
     #[inline]
-    pub(crate) fn new(client_id: String) -> (Self, Receiver<()>) {
+    pub(crate) fn new(client_id: String, max_inflight: usize) -> (Self, Receiver<()>) {
+        let max_inflight = max_inflight.clamp(1, usize::from(u16::MAX));
         let (handle, rx) = flume::bounded(MAX_CHANNEL_CAPACITY);
         let data_buffer = VecDeque::with_capacity(MAX_CHANNEL_CAPACITY);
-        let inflight_buffer = VecDeque::with_capacity(MAX_INFLIGHT);
-        let unacked_pubrels = VecDeque::with_capacity(MAX_INFLIGHT);
+        let inflight_buffer = VecDeque::with_capacity(max_inflight);
+        let unacked_pubrels = VecDeque::with_capacity(max_inflight);
 
         // Ensure that there won't be any new allocations
-        assert!(MAX_INFLIGHT <= inflight_buffer.capacity());
+        assert!(max_inflight <= inflight_buffer.capacity());
         assert!(MAX_CHANNEL_CAPACITY <= data_buffer.capacity());
 
         let outgoing = Self {
@@ -87,6 +91,7 @@ impl Outgoing {
             unacked_pubrels,
             handle,
             last_pkid: 0,
+            max_inflight,
             meter: Default::default(),
         };
 
@@ -99,7 +104,7 @@ impl Outgoing {
     }
 
     pub fn free_slots(&self) -> usize {
-        MAX_INFLIGHT - self.inflight_buffer.len()
+        self.max_inflight - self.inflight_buffer.len()
     }
 
     pub fn push_notification(&mut self, notification: Notification) -> usize {
@@ -140,7 +145,7 @@ impl Outgoing {
                 .push_back((self.last_pkid, filter_idx, p.cursor));
 
             // Place max pkid packet at index 0
-            if self.last_pkid == MAX_PKID {
+            if usize::from(self.last_pkid) == self.max_inflight {
                 self.last_pkid = 0;
             }
 
@@ -152,10 +157,10 @@ impl Outgoing {
         let buffer_count = buffer.len();
         let inflight_count = self.inflight_buffer.len();
 
-        if inflight_count > MAX_INFLIGHT {
+        if inflight_count > self.max_inflight {
             warn!(
                 "More inflight publishes than max allowed, inflight count = {}, max allowed = {}",
-                inflight_count, MAX_INFLIGHT
+                inflight_count, self.max_inflight
             );
         }
 
@@ -219,7 +224,7 @@ mod test {
 
     #[test]
     fn retransmission_map_is_calculated_accurately() {
-        let (mut outgoing, _) = Outgoing::new("retransmission-test".to_string());
+        let (mut outgoing, _) = Outgoing::new("retransmission-test".to_string(), MAX_INFLIGHT);
         let mut result = HashMap::new();
 
         result.insert(0, (0, 8));

@@ -505,6 +505,10 @@ async fn remote<P: Protocol>(
     );
 
     let dynamic_filters = config.dynamic_filters;
+    // bucketd patch: the outgoing window, per listener
+    let max_outgoing_inflight = config
+        .max_outgoing_inflight
+        .unwrap_or(crate::router::iobufs::MAX_INFLIGHT);
 
     let connect_packet = match mqtt_connect(config, &mut network).await {
         Ok(p) => p,
@@ -558,6 +562,7 @@ async fn remote<P: Protocol>(
         connect_packet,
         dynamic_filters,
         assigned_client_id,
+        max_outgoing_inflight,
     )
     .await
     {
