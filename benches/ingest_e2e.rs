@@ -27,7 +27,10 @@
 //! (1 = `value` payloads; more = JSON arrays), `BENCH_RATE` (messages/s; 0 = flat out),
 //! `BENCH_RUNS` (3), `BENCH_CHECKPOINT_SECS` (10: bucketd's `store.checkpoint_interval` in the
 //! runs), `BENCH_QR=0` (the storage-alone store without quick repair),
-//! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
+//! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_WINDOW` (a strict
+//! broker instead: an in-process rumqttd that sends each subscriber at most that many messages
+//! unacknowledged), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
+//! `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
 
@@ -508,12 +511,20 @@ async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) 
 mod prom;
 use prom::metric;
 
-async fn run_bucketd(host: &str, port: u16, prefix: &str, variant: &str, w: Workload) -> Outcome {
+/// bucketd as `variant`, connected to `bucketd_port`; the publisher to `port`.
+async fn run_bucketd(
+    host: &str,
+    port: u16,
+    bucketd_port: u16,
+    prefix: &str,
+    variant: &str,
+    w: Workload,
+) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
     let mut raw = RawConfig::load(None, Vec::new()).unwrap();
     raw.mqtt.host = host.to_owned();
-    raw.mqtt.port = port;
-    raw.mqtt.protocol = Protocol::V5;
+    raw.mqtt.port = bucketd_port;
+    raw.mqtt.protocol = bench_protocol();
     raw.mqtt.client_id = format!("bench-bucketd-{prefix}");
     raw.store.path = dir.path().join("bench.redb");
     raw.http.bind = "127.0.0.1:0".into();
@@ -689,6 +700,16 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> String {
 
 #[path = "../tests/shared/own_mosquitto.rs"]
 mod own_mosquitto;
+#[path = "../tests/shared/own_rumqttd.rs"]
+mod own_rumqttd;
+
+/// bucketd's protocol in the runs: `BENCH_PROTOCOL=v311`, or MQTT 5.
+fn bench_protocol() -> Protocol {
+    match std::env::var("BENCH_PROTOCOL").as_deref() {
+        Ok("v311") => Protocol::V311,
+        _ => Protocol::V5,
+    }
+}
 
 const CONTENDERS: [&str; 6] = [
     "null",
@@ -705,16 +726,30 @@ async fn main() {
         child(&role).await;
         return;
     }
-    let (_broker, addr) = if let Ok(addr) = std::env::var("BUCKETD_BENCH_MQTT") {
-        (None, addr)
+    let window: Option<usize> = std::env::var("BENCH_WINDOW")
+        .ok()
+        .map(|w| w.parse().expect("BENCH_WINDOW is a number"));
+    // The publisher and the null subscriber speak MQTT 3.1.1; bucketd `bench_protocol()`.
+    let (_broker, addr, bucketd_port) = if let Some(window) = window {
+        // A broker that enforces its window, as upstream Mosquitto, EMQX and AWS IoT do.
+        let (v4, v5) = own_rumqttd::start(Some(window));
+        let bucketd_port = if bench_protocol() == Protocol::V311 {
+            v4
+        } else {
+            v5
+        };
+        (None, format!("127.0.0.1:{v4}"), Some(bucketd_port))
+    } else if let Ok(addr) = std::env::var("BUCKETD_BENCH_MQTT") {
+        (None, addr, None)
     } else {
         // Unlimited in-flight too: every subscriber here acknowledges late.
         let broker = own_mosquitto::OwnMosquitto::start(false, "max_inflight_messages 0\n");
         let addr = broker.addr();
-        (Some(broker), addr)
+        (Some(broker), addr, None)
     };
     let (host, port) = addr.rsplit_once(':').expect("host:port");
     let port: u16 = port.parse().expect("port");
+    let bucketd_port = bucketd_port.unwrap_or(port);
     let messages = env_or("BENCH_MESSAGES", 200_000usize);
     let series = env_or("BENCH_SERIES", 1000usize);
     let per_message = env_or("BENCH_READINGS_PER_MESSAGE", 1usize);
@@ -730,9 +765,18 @@ async fn main() {
     } else {
         "flat out".to_owned()
     };
+    let broker = window.map_or_else(
+        || format!("broker {addr}"),
+        |w| {
+            format!(
+                "rumqttd with an in-flight window of {w}, bucketd over {:?}",
+                bench_protocol()
+            )
+        },
+    );
     println!(
         "workload: {messages} QoS 1 messages ({pace}), {series} series, {per_message} \
-         reading(s)/message, broker {addr}, {runs} run(s)"
+         reading(s)/message, {broker}, {runs} run(s)"
     );
     if only.is_empty() || only.split(',').any(|o| o == "anchors") {
         let readings = env_or(
@@ -780,7 +824,7 @@ async fn main() {
                 "null" | "sqlite" | "sqlite-1000" => {
                     run_role(contender, host, port, &prefix, w).await
                 }
-                bucketd => run_bucketd(host, port, &prefix, bucketd, w).await,
+                bucketd => run_bucketd(host, port, bucketd_port, &prefix, bucketd, w).await,
             };
             // What was ingested is right, however fast.
             if *contender == "null" {

@@ -5,6 +5,9 @@
 /// A Mosquitto of the test's own (shared with the benchmarks).
 #[path = "../shared/own_mosquitto.rs"]
 mod own_mosquitto;
+/// The in-process rumqttd (shared with the benchmarks).
+#[path = "../shared/own_rumqttd.rs"]
+mod own_rumqttd;
 /// Reading `/metrics` text (shared with the benchmarks).
 #[path = "../shared/prom.rs"]
 mod prom;

@@ -1,14 +1,12 @@
 //! Brokers the tests reach: the in-process rumqttd (started once per test binary) and the
 //! external broker named by `BUCKETD_TEST_MQTT`; and a TCP proxy that can cut the connection.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::TcpListener;
+use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 use bucketd::config::Protocol;
 
-use super::eventually_sync;
+use crate::own_rumqttd;
 
 /// A broker the tests can reach.
 #[derive(Debug, Clone)]
@@ -66,15 +64,7 @@ impl Broker {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("binding an ephemeral port")
-        .port()
-}
-
 fn start_rumqttd(window: Option<usize>) -> Broker {
-    use rumqttd::{ConnectionSettings, RouterConfig, ServerSettings};
     // The log is the default broker's (one tracing subscriber per process).
     if let Some(path) = std::env::var_os("BUCKETD_TEST_BROKER_LOG").filter(|_| window.is_none()) {
         use tracing_subscriber::layer::SubscriberExt;
@@ -89,46 +79,7 @@ fn start_rumqttd(window: Option<usize>) -> Broker {
             .with(filter)
             .try_init();
     }
-    let v4 = free_port();
-    let v5 = free_port();
-    let server = |name: &str, port: u16| ServerSettings {
-        name: name.to_owned(),
-        listen: format!("127.0.0.1:{port}").parse().unwrap(),
-        tls: None,
-        next_connection_delay_ms: 1,
-        connections: ConnectionSettings {
-            connection_timeout_ms: 60_000,
-            max_payload_size: 1 << 20,
-            max_inflight_count: 500,
-            auth: None,
-            external_auth: None,
-            dynamic_filters: true,
-            max_outgoing_inflight: window,
-        },
-    };
-    let config = rumqttd::Config {
-        id: 0,
-        router: RouterConfig {
-            max_connections: 10_000,
-            max_outgoing_packet_count: 200,
-            max_segment_size: 100 << 20,
-            max_segment_count: 10,
-            ..Default::default()
-        },
-        v4: Some(HashMap::from([("1".to_owned(), server("v4", v4))])),
-        v5: Some(HashMap::from([("1".to_owned(), server("v5", v5))])),
-        ..Default::default()
-    };
-    std::thread::spawn(move || {
-        rumqttd::Broker::new(config)
-            .start()
-            .expect("rumqttd starts");
-    });
-    for port in [v4, v5] {
-        eventually_sync(Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-    }
+    let (v4, v5) = own_rumqttd::start(window);
     Broker {
         name: "rumqttd",
         host: "127.0.0.1".into(),
