@@ -228,6 +228,7 @@ async fn forward(
         max_pending_readings: usize::MAX,
         window: 1,
         broker_window: None,
+        sessions: 1,
     };
     for e in 0..entries {
         let mut b = Batcher::new(policy, 3600);

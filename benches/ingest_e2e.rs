@@ -378,6 +378,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             max_pending_readings: usize::MAX,
             window: 1,
             broker_window: None,
+            sessions: 1,
         };
         let mut batcher = Batcher::new(policy, 3600);
         let now = Instant::now();

@@ -134,6 +134,7 @@ fn policy() -> FlushPolicy {
         max_pending_readings: usize::MAX,
         window: 1,
         broker_window: None,
+        sessions: 1,
     }
 }
 

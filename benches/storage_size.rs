@@ -48,6 +48,7 @@ fn batch(chunk: &[(i64, f64)], raw: bool) -> Batch {
             max_pending_readings: usize::MAX,
             window: 1,
             broker_window: None,
+            sessions: 1,
         },
         3600,
     );

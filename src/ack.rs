@@ -9,6 +9,9 @@ pub struct AckToken {
     /// The connection the message came on. A packet id means nothing on a later connection
     /// (the broker may reuse it), so tokens of an older connection are never sent.
     pub connection: u64,
+    /// The session (`mqtt.sessions`, 0-based) the message came on, whose connection sends the
+    /// ack; `connection` counts that session's connections.
+    pub session: u16,
     pub pkid: u16,
     /// 1 or 2.
     pub qos: u8,

@@ -37,6 +37,8 @@ pub struct Message<'a> {
     pub qos: u8,
     /// The broker marks it as a redelivery (MQTT DUP).
     pub dup: bool,
+    /// The session it came on (`mqtt.sessions`, 0-based): packet ids are per session.
+    pub session: u16,
     pub received: Timestamp,
     /// Another central instance claimed this delta message (`fleet::claims`): a copy here.
     pub claimed_elsewhere: bool,
@@ -160,7 +162,14 @@ impl Admitter {
             _ if self.decoded.delta_from.is_some() => None, // told apart by position instead
             (false, _) => Some(dedup::fingerprint(m.topic, m.payload, None)),
             (true, 0) => None, // never redelivered, and identical copies are distinct
-            (true, _) => Some(dedup::fingerprint(m.topic, m.payload, Some(m.pkid))),
+            (true, _) => Some(dedup::fingerprint(
+                m.topic,
+                m.payload,
+                Some(dedup::PacketId {
+                    session: m.session,
+                    pkid: m.pkid,
+                }),
+            )),
         };
         let copy = m.claimed_elsewhere
             || match &self.decoded.delta_from {

@@ -32,6 +32,13 @@
 //! tokens of an earlier connection are not the broker's to count. If the broker ever has more
 //! than `W` messages unacknowledged (it sent more while a commit ran), its window is larger and
 //! `W` is forgotten; a new connection forgets it too (it may be another broker).
+//!
+//! With several sessions (`mqtt.sessions = N`, one shared subscription) each session has its own
+//! window `W`, and the counts above are per session. A broker that hands a shared group's
+//! messages out in turn (rumqttd, Mosquitto) stops the whole group when the next session in turn
+//! is full, so the sessions fill together. A batch is then due when any session's window is
+//! full, or when half of the `N x W` in flight is in the batch: the commit of one half overlaps
+//! the arrival of the other, so the broker need not stop at all while commits keep up.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,6 +60,8 @@ pub struct FlushPolicy {
     pub window: u16,
     /// The window the broker enforces, when the operator states it (`mqtt.broker_window`).
     pub broker_window: Option<u16>,
+    /// Sessions sharing the subscriptions (`mqtt.sessions`), each with its own window.
+    pub sessions: u16,
 }
 
 impl FlushPolicy {
@@ -143,10 +152,11 @@ pub struct Batcher {
     /// Arrival times of the batch's first and last QoS 1/2 message.
     first_arrival: Option<Instant>,
     last_arrival: Option<Instant>,
-    /// Acks at the front of `acks` that belong to an earlier connection.
-    stale_acks: usize,
-    /// Acks of this connection taken for commit and not released yet.
-    committing: usize,
+    /// Per session: acks of the open batch that its current connection will send (the others
+    /// belong to an earlier connection).
+    current: Vec<usize>,
+    /// Per session: acks of its current connection taken for commit and not released yet.
+    committing: Vec<usize>,
     /// When acknowledgements (or a new connection) last let the broker send more.
     released_at: Option<Instant>,
     /// The last connection's handshake time (TCP, TLS, CONNECT to CONNACK): a round trip or
@@ -181,8 +191,8 @@ impl Batcher {
             opened_at: None,
             first_arrival: None,
             last_arrival: None,
-            stale_acks: 0,
-            committing: 0,
+            current: vec![0; usize::from(policy.sessions.max(1))],
+            committing: vec![0; usize::from(policy.sessions.max(1))],
             released_at: None,
             handshake: Duration::ZERO,
             window_seen: None,
@@ -200,18 +210,24 @@ impl Batcher {
     /// taken last were queued.
     pub fn released(&mut self, now: Instant) {
         self.released_at = Some(now);
-        self.committing = 0;
+        self.committing.fill(0);
     }
 
-    /// A new connection, whose handshake took `handshake`: the broker may send its window at
-    /// once, and it may be another broker (or another configuration) whose window is still to
-    /// be learned. Acks already pending belong to the old connection and are never sent.
-    pub fn connected(&mut self, now: Instant, handshake: Duration) {
-        self.released(now);
+    /// A new connection of `session`, whose handshake took `handshake`: the broker may send its
+    /// window at once, and it may be another broker (or another configuration) whose window is
+    /// still to be learned. Acks of the session already pending belong to the old connection
+    /// and are never sent.
+    pub fn connected(&mut self, session: u16, now: Instant, handshake: Duration) {
+        self.released_at = Some(now);
         // A handshake that crawled (a broker under load, a slow TLS peer) says little about the
         // round trip; capped so that it cannot make every batch an echo.
         self.handshake = handshake.min(HANDSHAKE_MAX);
-        self.stale_acks = self.acks.len();
+        if let Some(n) = self.current.get_mut(usize::from(session)) {
+            *n = 0;
+        }
+        if let Some(n) = self.committing.get_mut(usize::from(session)) {
+            *n = 0;
+        }
         self.window_seen = None;
     }
 
@@ -230,17 +246,24 @@ impl Batcher {
         }
     }
 
-    /// Acks of the open batch that the current connection will send.
-    fn current_acks(&self) -> usize {
-        self.acks.len() - self.stale_acks
+    /// Acks of the open batch that the fullest session's current connection will send.
+    fn fullest(&self) -> usize {
+        self.current.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Whether the open batch holds the known window `w`: one session's, or with several
+    /// sessions half of all of theirs (see the module docs).
+    fn holds_window(&self, w: usize) -> bool {
+        let sessions = self.current.len();
+        self.fullest() >= w
+            || (sessions > 1 && self.current.iter().sum::<usize>() >= (sessions * w / 2).max(1))
     }
 
     /// When the broker's window counts as full, for batches that qualify, and why: at once when
     /// the batch holds the known window, else after a quiet period that proves a stall.
     fn window_full_at(&self) -> Option<(Instant, FlushReason)> {
-        let n = self.current_acks();
         let (first, last) = (self.first_arrival?, self.last_arrival?);
-        if n == 0 {
+        if self.fullest() == 0 {
             return None;
         }
         // A batch that began during the commit counts too: a broker whose window was not full
@@ -249,7 +272,7 @@ impl Batcher {
             .released_at
             .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
         if let Some(w) = self.broker_window()
-            && n >= w
+            && self.holds_window(w)
             && (echo
                 || self
                     .policy
@@ -344,10 +367,14 @@ impl Batcher {
             "acks are pushed in arrival order"
         );
         self.acks.push(ack);
-        if self
-            .window_seen
-            .is_some_and(|w| self.current_acks() + self.committing > w)
-        {
+        let s = usize::from(ack.session);
+        let (Some(current), Some(committing)) = (self.current.get_mut(s), self.committing.get(s))
+        else {
+            debug_assert!(false, "session {s} out of range");
+            return;
+        };
+        *current += 1;
+        if self.window_seen.is_some_and(|w| *current + committing > w) {
             // The broker sent more without a release: its window is larger.
             self.window_seen = None;
         }
@@ -359,6 +386,13 @@ impl Batcher {
 
     pub fn pending_acks(&self) -> usize {
         self.acks.len()
+    }
+
+    /// Messages of `session`'s current connection in the open batch or taken for commit and
+    /// not released yet.
+    pub fn unacked_of(&self, session: usize) -> usize {
+        self.current.get(session).copied().unwrap_or(0)
+            + self.committing.get(session).copied().unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -404,17 +438,16 @@ impl Batcher {
     /// [`Batcher::take`] for a flush due for `reason`. A stall teaches the broker's window: the
     /// messages the batch holds are what it sends unacknowledged.
     pub fn take_for(&mut self, reason: FlushReason) -> (Batch, Vec<AckToken>) {
-        let n = self.current_acks();
         if reason == FlushReason::Stall {
-            self.window_seen = Some(n);
+            self.window_seen = Some(self.fullest());
         }
         self.take()
     }
 
     /// Takes the batch and its acks, leaving an empty batch behind.
     pub fn take(&mut self) -> (Batch, Vec<AckToken>) {
-        self.committing = self.current_acks();
-        self.stale_acks = 0;
+        self.committing.copy_from_slice(&self.current);
+        self.current.fill(0);
         self.opened_at = None;
         self.first_arrival = None;
         self.last_arrival = None;

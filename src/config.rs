@@ -26,6 +26,9 @@ pub const FLUSH_INTERVAL_MAX: Duration = Duration::from_hours(24);
 /// The largest `limits.dedup_window`: its hash table is allocated up front, at twice the window.
 pub const DEDUP_WINDOW_MAX: usize = 1 << 20;
 
+/// The most `mqtt.sessions`: each is a connection with its own client state and window.
+pub const SESSIONS_MAX: u16 = 16;
+
 /// A configuration that cannot be used. The message names the key and says what is wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -251,6 +254,7 @@ pub struct RawMqtt {
     pub password_file: String,
     pub receive_maximum: u16,
     pub broker_window: u16,
+    pub sessions: u16,
     pub max_packet_size: ByteSize,
     #[serde(with = "humantime_serde")]
     pub session_expiry: Duration,
@@ -430,6 +434,8 @@ pub struct MqttConfig {
     pub receive_maximum: u16,
     /// The in-flight window the broker enforces, when stated (`mqtt.broker_window`, 0: learn it).
     pub broker_window: Option<u16>,
+    /// Persistent sessions sharing the subscriptions (`mqtt.sessions`), each with its own window.
+    pub sessions: u16,
     pub max_packet_bytes: usize,
     pub session_expiry: Duration,
     pub reconnect_delay_min: Duration,
@@ -437,6 +443,29 @@ pub struct MqttConfig {
     pub connect_timeout: Duration,
     /// TLS to the broker, when `mqtt.tls.enabled`.
     pub tls: Option<TlsFiles>,
+}
+
+impl MqttConfig {
+    /// The client id of session `i` (0-based): the configured id with one session, so that
+    /// a single-session daemon keeps the session it always had; `<client_id>-<i>` with more.
+    pub fn session_client_id(&self, i: usize) -> String {
+        if self.sessions > 1 {
+            format!("{}-{i}", self.client_id)
+        } else {
+            self.client_id.clone()
+        }
+    }
+
+    /// The filter a session subscribes to for a configured `filter`: with several sessions, a
+    /// shared subscription (`$share/<client_id>/<filter>`) so that the broker hands each message
+    /// to one of them; a filter that is already shared is left as the operator wrote it.
+    pub fn session_filter(&self, filter: &str) -> String {
+        if self.sessions > 1 && !filter.starts_with("$share/") {
+            format!("$share/{}/{filter}", self.client_id)
+        } else {
+            filter.to_owned()
+        }
+    }
 }
 
 /// Where the TLS material is. Read at start ([`crate::tls`]); a relative `key_file` is looked
@@ -609,13 +638,13 @@ impl TryFrom<RawConfig> for Config {
                 "must be at most 1048576 (fingerprints are held in memory, ~40 bytes each)",
             ));
         }
-        if raw.limits.dedup_window < usize::from(mqtt.receive_maximum) {
+        let redeliverable = usize::from(mqtt.receive_maximum) * usize::from(mqtt.sessions);
+        if raw.limits.dedup_window < redeliverable {
             return Err(invalid(
                 "limits.dedup_window",
                 format!(
-                    "must be at least mqtt.receive_maximum ({}): every message the broker may \
-                     redeliver must fit in it",
-                    mqtt.receive_maximum
+                    "must be at least mqtt.receive_maximum x mqtt.sessions ({redeliverable}): \
+                     every message the broker may redeliver must fit in it"
                 ),
             ));
         }
@@ -707,6 +736,19 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
     if raw.receive_maximum == 0 {
         return Err(invalid("mqtt.receive_maximum", "must be 1..=65535"));
     }
+    if !(1..=SESSIONS_MAX).contains(&raw.sessions) {
+        return Err(invalid(
+            "mqtt.sessions",
+            format!("must be 1..={SESSIONS_MAX} (each session is a connection to the broker)"),
+        ));
+    }
+    if raw.sessions > 1 && raw.client_id.contains(['/', '+', '#']) {
+        return Err(invalid(
+            "mqtt.client_id",
+            "must not contain '/', '+' or '#' when mqtt.sessions > 1: it names the shared \
+             subscription's group ($share/<client_id>/...)",
+        ));
+    }
     if raw.keep_alive < Duration::from_secs(5) {
         return Err(invalid("mqtt.keep_alive", "must be at least 5s"));
     }
@@ -748,6 +790,7 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
         credentials,
         receive_maximum: raw.receive_maximum,
         broker_window: (raw.broker_window > 0).then_some(raw.broker_window),
+        sessions: raw.sessions,
         max_packet_bytes,
         session_expiry: raw.session_expiry,
         reconnect_delay_min: raw.reconnect_delay_min,

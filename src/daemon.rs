@@ -15,7 +15,7 @@ use tracing::info;
 use crate::admit::Admitter;
 use crate::batcher::{Batcher, FlushPolicy};
 use crate::config::Config;
-use crate::ingest::Ingest;
+use crate::ingest::{Ingest, Session};
 use crate::limits::TASKS_STOP_MAX;
 use crate::metrics::Metrics;
 use crate::mqtt::{Backoff, Mqtt};
@@ -190,6 +190,7 @@ fn start_over(
         max_pending_readings: config.batch.max_pending_readings,
         window: config.mqtt.receive_maximum,
         broker_window: config.mqtt.broker_window,
+        sessions: config.mqtt.sessions,
     };
     let listener = std::net::TcpListener::bind(config.http.bind)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
@@ -267,13 +268,25 @@ fn start_over(
         },
         cancel.clone(),
     );
+    let sessions = (0..usize::from(config.mqtt.sessions))
+        .map(|i| {
+            Session::new(
+                Mqtt::new(
+                    &config.mqtt,
+                    i,
+                    password.as_ref(),
+                    tls.as_ref(),
+                    &config.subscriptions,
+                ),
+                Backoff::new(
+                    config.mqtt.reconnect_delay_min,
+                    config.mqtt.reconnect_delay_max,
+                ),
+            )
+        })
+        .collect();
     let ingest = Ingest {
-        mqtt: Mqtt::new(
-            &config.mqtt,
-            password.as_ref(),
-            tls.as_ref(),
-            &config.subscriptions,
-        ),
+        sessions,
         subscriptions: config.subscriptions.len(),
         admit: Admitter::new(
             config.subscriptions.clone(),
@@ -285,10 +298,6 @@ fn start_over(
         ),
         batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
         stats: stats.clone(),
-        backoff: Backoff::new(
-            config.mqtt.reconnect_delay_min,
-            config.mqtt.reconnect_delay_max,
-        ),
         writer,
         window: config.mqtt.receive_maximum,
         flush_requests: flush_rx,
@@ -297,6 +306,7 @@ fn start_over(
     info!(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
         client_id = %config.mqtt.client_id,
+        sessions = config.mqtt.sessions,
         protocol = ?config.mqtt.protocol,
         tls = config.mqtt.tls.is_some(),
         window = config.mqtt.receive_maximum,

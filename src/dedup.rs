@@ -13,8 +13,9 @@
 //!   payload. The same payload on the same topic is the same readings, so any copy within the
 //!   window is a duplicate, whatever the broker does with packet ids or the DUP flag.
 //! - **Receive-time** (some reading took the time of arrival): identical payloads are distinct
-//!   readings, so the fingerprint adds the packet id, and only a copy the broker marks as a
-//!   redelivery (DUP = 1, MQTT 3.1.1 §3.3.1.1 / 5.0 §3.3.1.1) is dropped.
+//!   readings, so the fingerprint adds the packet id (and, with `mqtt.sessions` > 1, the session:
+//!   packet ids are per session), and only a copy the broker marks as a redelivery (DUP = 1,
+//!   MQTT 3.1.1 §3.3.1.1 / 5.0 §3.3.1.1) is dropped.
 //!
 //! See docs/RELIABILITY.md for the resulting guarantee.
 
@@ -28,15 +29,27 @@ pub type Fingerprint = u128;
 /// Bytes of one stored fingerprint.
 pub const FINGERPRINT_BYTES: usize = 16;
 
-/// The fingerprint of a message. `pkid` is `Some` for receive-time messages (see the module
-/// docs).
-pub fn fingerprint(topic: &[u8], payload: &[u8], pkid: Option<u16>) -> Fingerprint {
+/// Where a receive-time message came from: its session (0-based) and packet id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketId {
+    pub session: u16,
+    pub pkid: u16,
+}
+
+/// The fingerprint of a message. `id` is `Some` for receive-time messages (see the module docs).
+pub fn fingerprint(topic: &[u8], payload: &[u8], id: Option<PacketId>) -> Fingerprint {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    match pkid {
+    match id {
         None => h.update(&[0]),
-        Some(id) => {
+        // Session 0 hashes as before sessions existed: stored windows stay valid.
+        Some(PacketId { session: 0, pkid }) => {
             h.update(&[1]);
-            h.update(&id.to_le_bytes());
+            h.update(&pkid.to_le_bytes());
+        }
+        Some(PacketId { session, pkid }) => {
+            h.update(&[2]);
+            h.update(&session.to_le_bytes());
+            h.update(&pkid.to_le_bytes());
         }
     }
     // Length-prefixed so that topic/payload boundaries cannot shift.
@@ -154,10 +167,20 @@ mod tests {
             fingerprint(b"a/b1", b"", None),
             fingerprint(b"a/b", b"1", None)
         );
-        assert_ne!(base, fingerprint(b"a/b", b"1", Some(0)));
+        let id = |session, pkid| Some(PacketId { session, pkid });
+        assert_ne!(base, fingerprint(b"a/b", b"1", id(0, 0)));
         assert_ne!(
-            fingerprint(b"a/b", b"1", Some(1)),
-            fingerprint(b"a/b", b"1", Some(2))
+            fingerprint(b"a/b", b"1", id(0, 1)),
+            fingerprint(b"a/b", b"1", id(0, 2))
+        );
+        // Packet ids are per session: the same id on two sessions is two messages.
+        assert_ne!(
+            fingerprint(b"a/b", b"1", id(0, 1)),
+            fingerprint(b"a/b", b"1", id(1, 1))
+        );
+        assert_ne!(
+            fingerprint(b"a/b", b"1", id(1, 2)),
+            fingerprint(b"a/b", b"1", id(2, 1))
         );
     }
 

@@ -1,4 +1,4 @@
-//! The ingest task: owns the MQTT connection and the [`Batcher`]. It decodes every PUBLISH,
+//! The ingest task: owns the MQTT sessions and the [`Batcher`]. It decodes every PUBLISH,
 //! merges its readings into the open batch, hands due batches to the writer thread, and sends the
 //! acknowledgements of a batch, in arrival order, once the writer reports it committed.
 //!
@@ -6,9 +6,16 @@
 //! thread, and acks go through `try_ack` into a request channel sized for two full windows. When
 //! the open batch is full while a commit runs, the loop stops reading from the broker until the
 //! commit ends (backpressure: the broker holds the rest).
+//!
+//! With `mqtt.sessions = N` the loop drives N connections (one shared subscription) the same
+//! way: one batch and one commit for all of them; each ack goes back on the session, and the
+//! connection, its message came on.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -49,8 +56,68 @@ pub struct ClaimRequest {
     pub reply: oneshot::Sender<bool>,
 }
 
+/// One MQTT session (`mqtt.sessions`) and the state of its connection.
+#[allow(clippy::struct_excessive_bools)] // connection facts, each read on its own
+pub struct Session {
+    mqtt: Mqtt,
+    backoff: Backoff,
+    /// Counts CONNACKs; a token from an older connection is never sent.
+    connection: u64,
+    connected: bool,
+    /// The broker has this session's subscriptions (on this connection).
+    subscribed: bool,
+    /// The session had its subscriptions at least once (readiness).
+    ever_subscribed: bool,
+    /// Acks queued to the client and not yet written to the socket.
+    acks_unwritten: usize,
+    /// Acks waiting for room in the client's request channel, in arrival order. rumqttc writes
+    /// one request per poll, so a broker that sends past its window (Mosquitto before 2.0.13
+    /// does) can fill the channel; nothing is dropped, the rest waits here. Bounded by what the
+    /// broker sends unacknowledged.
+    ack_backlog: VecDeque<AckToken>,
+    /// Whether the "broker exceeds its window" warning was logged on this connection.
+    warned_window: bool,
+    /// While the connection is down: when to try again.
+    reconnect_at: Option<Instant>,
+}
+
+impl Session {
+    pub fn new(mqtt: Mqtt, backoff: Backoff) -> Session {
+        Session {
+            mqtt,
+            backoff,
+            connection: 0,
+            connected: false,
+            subscribed: false,
+            ever_subscribed: false,
+            acks_unwritten: 0,
+            ack_backlog: VecDeque::new(),
+            warned_window: false,
+            reconnect_at: None,
+        }
+    }
+
+    /// Messages of this session acknowledged but not yet written to the socket.
+    fn acks_owed(&self) -> usize {
+        self.acks_unwritten + self.ack_backlog.len()
+    }
+
+    /// Moves acks from the backlog into the client's request channel, in order, while it has
+    /// room.
+    fn send_acks(&mut self) {
+        while let Some(ack) = self.ack_backlog.front() {
+            if self.mqtt.try_ack(ack).is_err() {
+                break; // Full: the next AckSent event makes room.
+            }
+            self.ack_backlog.pop_front();
+            self.acks_unwritten += 1;
+        }
+    }
+}
+
 pub struct Ingest {
-    pub mqtt: Mqtt,
+    /// The sessions (`mqtt.sessions`, at least one), indexed by [`AckToken::session`].
+    pub sessions: Vec<Session>,
     /// Configured subscriptions, for the log and readiness.
     pub subscriptions: usize,
     /// Decides what each message becomes ([`crate::admit`]).
@@ -58,8 +125,7 @@ pub struct Ingest {
     pub batcher: Batcher,
     pub stats: Arc<Stats>,
     pub writer: Writer,
-    pub backoff: Backoff,
-    /// The broker's in-flight window (`mqtt.receive_maximum`).
+    /// The broker's in-flight window (`mqtt.receive_maximum`), per session.
     pub window: u16,
     /// `POST /api/v1/flush`: commit everything pending now.
     pub flush_requests: mpsc::Receiver<FlushRequest>,
@@ -78,11 +144,8 @@ struct FlushWaiter {
 }
 
 /// The loop's state besides its parts.
-#[allow(clippy::struct_excessive_bools)] // connection facts, each read on its own
+#[allow(clippy::struct_excessive_bools)] // each read on its own
 struct State {
-    /// Counts CONNACKs; a token from an older connection is never sent.
-    connection: u64,
-    connected: bool,
     /// Next arrival sequence number.
     arrival: u64,
     /// Acks of the batch at the writer, sent when it reports the commit.
@@ -92,24 +155,15 @@ struct State {
     /// Commit the open batch as soon as the writer is idle, whatever the policy says.
     force_flush: bool,
     flush_waiters: Vec<FlushWaiter>,
-    /// Acks queued to the client and not yet written to the socket.
-    acks_unwritten: usize,
-    /// Acks waiting for room in the client's request channel, in arrival order. rumqttc writes
-    /// one request per poll, so a broker that sends past its window (Mosquitto before 2.0.13
-    /// does) can fill the channel; nothing is dropped, the rest waits here. Bounded by what the
-    /// broker sends unacknowledged.
-    ack_backlog: VecDeque<AckToken>,
-    /// Whether the "broker exceeds its window" warning was logged on this connection.
-    warned_window: bool,
-    /// Whether the window learned from a stall was logged on this connection.
+    /// Whether the window learned from a stall was logged since the last connection.
     told_window: bool,
-    /// While the connection is down: when to try again.
-    reconnect_at: Option<Instant>,
+    /// The session polled first next time (the loop takes turns, so that none starves).
+    turn: usize,
     /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
     ready_sent: bool,
-    /// A delta message waiting for its claim, and the answer to come; no other message is
-    /// read from the broker meanwhile (messages are handled in arrival order).
-    claim_wait: Option<(Result<MqttEvent, PollError>, oneshot::Receiver<bool>)>,
+    /// A delta message waiting for its claim (with its session), and the answer to come; no
+    /// other message is read from the broker meanwhile (messages are handled in arrival order).
+    claim_wait: Option<(Polled, oneshot::Receiver<bool>)>,
     /// The message being handled is a delta message another central instance claimed.
     claimed_elsewhere: bool,
 }
@@ -118,18 +172,13 @@ impl Ingest {
     /// Runs until `cancel`, then commits what is pending, acknowledges it and disconnects.
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), IngestError> {
         let mut st = State {
-            connection: 0,
-            connected: false,
             arrival: 0,
             in_flight: None,
             sent_seq: 0,
             force_flush: false,
             flush_waiters: Vec::new(),
-            acks_unwritten: 0,
-            ack_backlog: VecDeque::new(),
-            warned_window: false,
             told_window: false,
-            reconnect_at: None,
+            turn: 0,
             ready_sent: false,
             claim_wait: None,
             claimed_elsewhere: false,
@@ -146,9 +195,11 @@ impl Ingest {
         loop {
             self.hand_over_due_batch(&mut st, Instant::now())?;
             let deadline = self.batcher.deadline().map(Instant::from_std);
-            let reconnect_at = st.reconnect_at;
-            let can_poll =
-                reconnect_at.is_none() && !self.batcher.is_full() && st.claim_wait.is_none();
+            let reconnect_at = self.sessions.iter().filter_map(|s| s.reconnect_at).min();
+            let can_poll = self.sessions.iter().any(|s| s.reconnect_at.is_none())
+                && !self.batcher.is_full()
+                && st.claim_wait.is_none();
+            st.turn = st.turn.wrapping_add(1);
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
@@ -156,7 +207,10 @@ impl Ingest {
                     self.on_commit(&mut st, result)?;
                 }
                 () = sleep_until_opt(reconnect_at), if reconnect_at.is_some() => {
-                    st.reconnect_at = None;
+                    let now = Instant::now();
+                    for s in &mut self.sessions {
+                        s.reconnect_at = s.reconnect_at.filter(|at| *at > now);
+                    }
                 }
                 () = sleep_until_opt(deadline), if deadline.is_some() && st.in_flight.is_none() => {}
                 Some(reply) = self.flush_requests.recv() => self.on_flush_request(&mut st, reply),
@@ -165,14 +219,16 @@ impl Ingest {
                     crate::notify::watchdog();
                 }
                 claimed = claim_answer(&mut st.claim_wait), if st.claim_wait.is_some() => {
-                    let (event, _) = st.claim_wait.take().expect("guarded by the branch");
+                    let ((session, event), _) = st.claim_wait.take().expect("guarded by the branch");
                     st.claimed_elsewhere = claimed.map_err(|_| IngestError::ClaimsGone)?;
-                    self.on_event(&mut st, event, true);
+                    self.on_event(&mut st, session, event, true);
                 }
-                event = self.mqtt.poll(), if can_poll => match self.claim_for(&event) {
-                    Some(answer) => st.claim_wait = Some((event, answer)),
-                    None => self.on_event(&mut st, event, true),
-                },
+                (session, event) = poll_any(&mut self.sessions, st.turn, |_, s| s.reconnect_at.is_none()), if can_poll => {
+                    match self.claim_for(&event) {
+                        Some(answer) => st.claim_wait = Some(((session, event), answer)),
+                        None => self.on_event(&mut st, session, event, true),
+                    }
+                }
             }
         }
         self.shut_down(&mut st).await
@@ -246,11 +302,17 @@ impl Ingest {
         );
         // A packet id from an earlier connection may name another message now; the broker
         // redelivers those messages instead.
-        let current = acks
-            .into_iter()
-            .filter(|ack| st.connected && ack.connection == st.connection);
-        st.ack_backlog.extend(current);
-        self.send_acks(st);
+        for ack in acks {
+            if let Some(s) = self.sessions.get_mut(usize::from(ack.session))
+                && s.connected
+                && ack.connection == s.connection
+            {
+                s.ack_backlog.push_back(ack);
+            }
+        }
+        for s in &mut self.sessions {
+            s.send_acks();
+        }
         self.batcher.released(std::time::Instant::now());
         self.update_gauges(st);
         Ok(())
@@ -286,18 +348,6 @@ impl Ingest {
         }
     }
 
-    /// Moves acks from the backlog into the client's request channel, in order, while it has
-    /// room.
-    fn send_acks(&mut self, st: &mut State) {
-        while let Some(ack) = st.ack_backlog.front() {
-            if self.mqtt.try_ack(ack).is_err() {
-                break; // Full: the next AckSent event makes room.
-            }
-            st.ack_backlog.pop_front();
-            st.acks_unwritten += 1;
-        }
-    }
-
     /// With claims: asks who applies `event` when it is a delta message that needs a claim
     /// (see [`Admitter::claim_needed`]); the answer comes through the returned channel.
     fn claim_for(&self, event: &Result<MqttEvent, PollError>) -> Option<oneshot::Receiver<bool>> {
@@ -313,7 +363,13 @@ impl Ingest {
         Some(answer)
     }
 
-    fn on_event(&mut self, st: &mut State, event: Result<MqttEvent, PollError>, accept: bool) {
+    fn on_event(
+        &mut self,
+        st: &mut State,
+        session: usize,
+        event: Result<MqttEvent, PollError>,
+        accept: bool,
+    ) {
         match event {
             Ok(MqttEvent::Publish {
                 topic,
@@ -323,88 +379,116 @@ impl Ingest {
                 dup,
             }) => {
                 if accept {
-                    self.on_publish(st, &topic, &payload, pkid, qos, dup);
+                    self.on_publish(st, session, &topic, &payload, pkid, qos, dup);
                 }
             }
             Ok(MqttEvent::AckSent) => {
-                st.acks_unwritten = st.acks_unwritten.saturating_sub(1);
+                let s = &mut self.sessions[session];
+                s.acks_unwritten = s.acks_unwritten.saturating_sub(1);
+                s.send_acks();
                 self.stats.acks_sent.fetch_add(1, Ordering::Relaxed);
-                self.send_acks(st);
                 self.update_gauges(st);
             }
             Ok(MqttEvent::Connected {
                 session_present,
                 handshake,
             }) => {
-                st.connection += 1;
-                st.connected = true;
-                st.acks_unwritten = 0;
-                st.ack_backlog.clear();
-                st.warned_window = false;
+                let s = &mut self.sessions[session];
+                s.connection += 1;
+                s.connected = true;
+                s.subscribed = session_present;
+                s.acks_unwritten = 0;
+                s.ack_backlog.clear();
+                s.warned_window = false;
+                s.backoff.reset();
                 st.told_window = false;
-                self.batcher.connected(std::time::Instant::now(), handshake);
-                self.backoff.reset();
-                self.stats.connected.store(true, Ordering::Relaxed);
+                let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
+                self.batcher
+                    .connected(id, std::time::Instant::now(), handshake);
                 if session_present {
-                    info!("Connected to the MQTT broker; it kept our session and subscriptions.");
-                    self.stats.subscribed.store(true, Ordering::Relaxed);
-                    Self::on_ready(st);
+                    info!(
+                        session,
+                        "Connected to the MQTT broker; it kept our session and subscriptions."
+                    );
+                    self.on_subscribed(st, session);
                 } else {
-                    info!("Connected to the MQTT broker with a new session; subscribing.");
-                    if let Err(e) = self.mqtt.subscribe_all() {
-                        error!(error = %e, "Could not queue the subscription request.");
+                    info!(
+                        session,
+                        "Connected to the MQTT broker with a new session; subscribing."
+                    );
+                    if let Err(e) = self.sessions[session].mqtt.subscribe_all() {
+                        error!(session, error = %e, "Could not queue the subscription request.");
                     }
                 }
+                self.update_link_gauges();
             }
             Ok(MqttEvent::Subscribed { refused }) => {
                 if refused.is_empty() {
                     info!(
+                        session,
                         filters = self.subscriptions,
                         "Subscribed to every configured filter."
                     );
-                    self.stats.subscribed.store(true, Ordering::Relaxed);
-                    Self::on_ready(st);
+                    self.on_subscribed(st, session);
                 } else {
                     error!(
+                        session,
                         refused = ?refused,
                         "The broker refused subscriptions; check the filters and the broker's ACL."
                     );
-                    let any_ok = refused.len() < self.subscriptions;
-                    self.stats.subscribed.store(any_ok, Ordering::Relaxed);
-                    if any_ok {
-                        Self::on_ready(st); // degraded, but ingesting what it may
+                    if refused.len() < self.subscriptions {
+                        // Degraded, but ingesting what it may.
+                        self.on_subscribed(st, session);
                     }
                 }
             }
             Ok(MqttEvent::Other | MqttEvent::DisconnectSent) => {}
-            Err(e) => self.on_connection_lost(st, &e),
+            Err(e) => self.on_connection_lost(session, &e),
         }
     }
 
-    /// The store is open (the daemon opened it before ingesting) and the broker has our
-    /// subscriptions: tell systemd, once.
-    fn on_ready(st: &mut State) {
-        if !st.ready_sent {
+    /// The broker has (some of) `session`'s subscriptions. Once every session has had them and
+    /// the store is open (the daemon opened it before ingesting): tell systemd, once.
+    fn on_subscribed(&mut self, st: &mut State, session: usize) {
+        let s = &mut self.sessions[session];
+        s.subscribed = true;
+        s.ever_subscribed = true;
+        self.update_link_gauges();
+        if !st.ready_sent && self.sessions.iter().all(|s| s.ever_subscribed) {
             st.ready_sent = true;
             crate::notify::ready();
         }
     }
 
-    fn on_connection_lost(&mut self, st: &mut State, e: &PollError) {
-        let was_connected = st.connected;
+    /// `connected` and `subscribed` (readiness) hold when they hold for every session.
+    fn update_link_gauges(&self) {
+        let all = |f: fn(&Session) -> bool| self.sessions.iter().all(f);
+        self.stats
+            .connected
+            .store(all(|s| s.connected), Ordering::Relaxed);
+        self.stats
+            .subscribed
+            .store(all(|s| s.connected && s.subscribed), Ordering::Relaxed);
+    }
+
+    fn on_connection_lost(&mut self, session: usize, e: &PollError) {
+        let s = &mut self.sessions[session];
+        let was_connected = s.connected;
+        s.connected = false;
+        s.subscribed = false;
+        s.acks_unwritten = 0;
+        s.ack_backlog.clear();
+        let delay = s.backoff.next_delay();
+        let attempt = s.backoff.attempts;
+        s.reconnect_at = Some(Instant::now() + delay);
         self.stats.connection_errors.fetch_add(1, Ordering::Relaxed);
-        st.connected = false;
-        st.acks_unwritten = 0;
-        st.ack_backlog.clear();
-        self.stats.connected.store(false, Ordering::Relaxed);
-        self.stats.subscribed.store(false, Ordering::Relaxed);
+        self.update_link_gauges();
         if was_connected {
             self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
         }
-        let delay = self.backoff.next_delay();
-        let attempt = self.backoff.attempts;
         if e.refused {
             error!(
+                session,
                 error = %e,
                 retry_in = ?delay,
                 attempt,
@@ -413,6 +497,7 @@ impl Ingest {
             );
         } else if e.tls && (attempt == 1 || attempt.is_power_of_two()) {
             error!(
+                session,
                 error = %e,
                 retry_in = ?delay,
                 attempt,
@@ -422,19 +507,21 @@ impl Ingest {
             );
         } else if was_connected || attempt == 1 {
             warn!(
+                session,
                 error = %e,
                 retry_in = ?delay,
                 "MQTT connection lost; reconnecting. Unacknowledged messages will be redelivered."
             );
         } else {
-            warn!(error = %e, retry_in = ?delay, attempt, "MQTT broker still unreachable.");
+            warn!(session, error = %e, retry_in = ?delay, attempt, "MQTT broker still unreachable.");
         }
-        st.reconnect_at = Some(Instant::now() + delay);
     }
 
+    #[allow(clippy::too_many_arguments)] // one PUBLISH, taken apart
     fn on_publish(
         &mut self,
         st: &mut State,
+        session: usize,
         topic: &Bytes,
         payload: &Bytes,
         pkid: u16,
@@ -453,6 +540,7 @@ impl Ingest {
             pkid,
             qos,
             dup,
+            session: u16::try_from(session).expect("at most SESSIONS_MAX sessions"),
             received: Timestamp::now(),
             claimed_elsewhere,
         });
@@ -485,9 +573,11 @@ impl Ingest {
             }
         }
         if qos > 0 {
-            if !st.warned_window && self.unacked(st) >= usize::from(self.window) {
-                st.warned_window = true;
+            let s = &self.sessions[session];
+            if !s.warned_window && self.unacked_on(session) >= usize::from(self.window) {
+                self.sessions[session].warned_window = true;
                 warn!(
+                    session,
                     window = self.window,
                     "The broker sent more unacknowledged messages than the in-flight window \
                      (mqtt.receive_maximum). It does not honour the window (Mosquitto before \
@@ -500,7 +590,8 @@ impl Ingest {
             self.batcher.push_ack(
                 AckToken {
                     arrival: st.arrival,
-                    connection: st.connection,
+                    connection: self.sessions[session].connection,
+                    session: u16::try_from(session).expect("at most SESSIONS_MAX sessions"),
                     pkid,
                     qos,
                 },
@@ -514,8 +605,13 @@ impl Ingest {
     fn unacked(&self, st: &State) -> usize {
         self.batcher.pending_acks()
             + st.in_flight.as_ref().map_or(0, Vec::len)
-            + st.ack_backlog.len()
-            + st.acks_unwritten
+            + self.sessions.iter().map(Session::acks_owed).sum::<usize>()
+    }
+
+    /// Messages of `session`'s current connection received and not yet acknowledged on the
+    /// wire.
+    fn unacked_on(&self, session: usize) -> usize {
+        self.batcher.unacked_of(session) + self.sessions[session].acks_owed()
     }
 
     fn update_gauges(&self, st: &State) {
@@ -545,38 +641,50 @@ impl Ingest {
                 self.stats.flush_started(FlushReason::Request);
                 self.send_batch(st, FlushReason::Request)?;
             }
-            // Keep polling while the commit runs so the connection stays alive.
+            // Keep polling while the commit runs so the connections stay alive.
+            let any_connected = self.sessions.iter().any(|s| s.connected);
             tokio::select! {
                 result = self.writer.results.recv() => self.on_commit(st, result)?,
-                event = self.mqtt.poll(), if st.connected => self.on_event(st, event, false),
+                (session, event) = poll_any(&mut self.sessions, st.turn, |_, s| s.connected), if any_connected => {
+                    self.on_event(st, session, event, false);
+                }
             }
         }
-        while st.connected && (st.acks_unwritten > 0 || !st.ack_backlog.is_empty()) {
-            if let Ok(event) = tokio::time::timeout_at(deadline, self.mqtt.poll()).await {
-                self.on_event(st, event, false);
+        let owes = |s: &Session| s.connected && s.acks_owed() > 0;
+        while self.sessions.iter().any(owes) {
+            if let Ok((session, event)) =
+                tokio::time::timeout_at(deadline, poll_any(&mut self.sessions, 0, |_, s| owes(s)))
+                    .await
+            {
+                self.on_event(st, session, event, false);
             } else {
                 warn!(
-                    unwritten = st.acks_unwritten,
+                    unwritten = self.sessions.iter().map(Session::acks_owed).sum::<usize>(),
                     "Gave up waiting for acknowledgements to reach the broker; it will \
                      redeliver those messages."
                 );
                 break;
             }
         }
-        if st.connected && self.mqtt.try_disconnect().is_ok() {
-            // Poll until the DISCONNECT is written (the event loop then reports an error or
-            // goes quiet).
-            let written = tokio::time::timeout_at(deadline, async {
-                while let Ok(event) = self.mqtt.poll().await {
-                    if matches!(event, MqttEvent::DisconnectSent) {
-                        break;
-                    }
+        // Poll each session until its DISCONNECT is written (its event loop then reports an
+        // error or goes quiet).
+        let mut closing: Vec<bool> = self
+            .sessions
+            .iter()
+            .map(|s| s.connected && s.mqtt.try_disconnect().is_ok())
+            .collect();
+        let written = tokio::time::timeout_at(deadline, async {
+            while closing.iter().any(|c| *c) {
+                let open = closing.clone();
+                let (session, event) = poll_any(&mut self.sessions, 0, |i, _| open[i]).await;
+                if matches!(event, Err(_) | Ok(MqttEvent::DisconnectSent)) {
+                    closing[session] = false;
                 }
-            })
-            .await;
-            if written.is_err() {
-                warn!("Timed out sending DISCONNECT to the broker.");
             }
+        })
+        .await;
+        if written.is_err() {
+            warn!("Timed out sending DISCONNECT to the broker.");
         }
         self.stats.connected.store(false, Ordering::Relaxed);
         info!("Shut down cleanly.");
@@ -584,8 +692,48 @@ impl Ingest {
     }
 }
 
+/// An event and the session it came from.
+type Polled = (usize, Result<MqttEvent, PollError>);
+
+/// Polls the sessions that `pick(index, session)` selects and returns
+/// the first event, with its session. Turns rotate with `turn`, so a busy session cannot starve
+/// the others. With one session, its poll alone (no allocation on the hot path).
+async fn poll_any(
+    sessions: &mut [Session],
+    turn: usize,
+    mut pick: impl FnMut(usize, &Session) -> bool,
+) -> Polled {
+    if let [only] = sessions {
+        if pick(0, only) {
+            return (0, only.mqtt.poll().await);
+        }
+        return std::future::pending().await;
+    }
+    type Poll1<'a> = Pin<Box<dyn Future<Output = Polled> + Send + 'a>>;
+    let mut polls: Vec<Poll1<'_>> = sessions
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, s)| pick(*i, s))
+        .map(|(i, s)| -> Poll1<'_> { Box::pin(async move { (i, s.mqtt.poll().await) }) })
+        .collect();
+    if polls.is_empty() {
+        return std::future::pending().await;
+    }
+    let start = turn % polls.len();
+    polls.rotate_left(start);
+    std::future::poll_fn(|cx| {
+        for p in &mut polls {
+            if let Poll::Ready(event) = p.as_mut().poll(cx) {
+                return Poll::Ready(event);
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 async fn claim_answer(
-    wait: &mut Option<(Result<MqttEvent, PollError>, oneshot::Receiver<bool>)>,
+    wait: &mut Option<(Polled, oneshot::Receiver<bool>)>,
 ) -> Result<bool, oneshot::error::RecvError> {
     match wait {
         Some((_, answer)) => answer.await,

@@ -50,7 +50,7 @@ pub struct PollError {
     pub tls: bool,
 }
 
-// Boxed event loops: the two differ in size by kilobytes and only one exists per daemon.
+// Boxed event loops: the two differ in size by kilobytes and one exists per session.
 enum Client {
     V4 {
         client: rumqttc::AsyncClient,
@@ -77,9 +77,12 @@ pub struct Mqtt {
 }
 
 impl Mqtt {
-    /// Builds the client. Nothing connects until the first [`Mqtt::poll`].
+    /// Builds the client of session `session` (0-based, below `cfg.sessions`): its client id
+    /// and filters are [`MqttConfig::session_client_id`] and [`MqttConfig::session_filter`].
+    /// Nothing connects until the first [`Mqtt::poll`].
     pub fn new(
         cfg: &MqttConfig,
+        session: usize,
         password: Option<&Secret>,
         tls: Option<&TlsClientConfig>,
         subscriptions: &[Subscription],
@@ -87,9 +90,10 @@ impl Mqtt {
         let cap = crate::limits::ack_request_capacity(cfg.receive_maximum);
         let password = password.map(|p| p.expose().to_owned()).unwrap_or_default();
         let transport = || transport(tls);
+        let client_id = cfg.session_client_id(session);
         let client = match cfg.protocol {
             Protocol::V311 => {
-                let mut o = rumqttc::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
+                let mut o = rumqttc::MqttOptions::new(&client_id, &cfg.host, cfg.port);
                 o.set_clean_session(false)
                     .set_inflight(OUTGOING_INFLIGHT)
                     .set_manual_acks(true)
@@ -109,7 +113,7 @@ impl Mqtt {
                 }
             }
             Protocol::V5 => {
-                let mut o = rumqttc::v5::MqttOptions::new(&cfg.client_id, &cfg.host, cfg.port);
+                let mut o = rumqttc::v5::MqttOptions::new(&client_id, &cfg.host, cfg.port);
                 o.set_clean_start(false)
                     .set_outgoing_inflight_upper_limit(OUTGOING_INFLIGHT)
                     .set_manual_acks(true)
@@ -139,7 +143,7 @@ impl Mqtt {
             attempt: None,
             subscriptions: subscriptions
                 .iter()
-                .map(|s| (s.filter.clone(), s.qos))
+                .map(|s| (cfg.session_filter(&s.filter), s.qos))
                 .collect(),
         }
     }

@@ -70,6 +70,7 @@ fn message<'a>(topic: &'a str, payload: &'a [u8]) -> Message<'a> {
         pkid: 7,
         qos: 1,
         dup: false,
+        session: 0,
         received: NOW,
         claimed_elsewhere: false,
     }
@@ -272,6 +273,7 @@ fn once_warm_a_reading_costs_no_allocation_from_decode_to_batch() {
                 max_pending_readings: usize::MAX,
                 window: 100,
                 broker_window: None,
+                sessions: 1,
             },
             3600,
         );

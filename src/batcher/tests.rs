@@ -7,6 +7,7 @@ fn token(arrival: u64) -> AckToken {
     AckToken {
         arrival,
         connection: 1,
+        session: 0,
         pkid: (arrival % 65_535 + 1) as u16,
         qos: 1,
     }
@@ -18,6 +19,7 @@ fn policy(window: u16) -> FlushPolicy {
         max_pending_readings: 1000,
         window,
         broker_window: None,
+        sessions: 1,
     }
 }
 
@@ -158,7 +160,7 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
     let mut b = Batcher::new(p, 3600);
     let start = Instant::now();
     let mut now = start;
-    b.connected(now, net.rtt);
+    b.connected(0, now, net.rtt);
     let mut sent = 0u64;
     // QoS 1 messages the broker sent and has not had acknowledged.
     let mut unacked = 0u64;
@@ -293,6 +295,7 @@ fn a_strict_broker_window_never_stalls_ingestion() {
             max_pending_readings: 1_000_000,
             window,
             broker_window: None,
+            sessions: 1,
         };
         let total = (4 * usize::from(window)).max(10_000);
         let commit = Duration::from_millis(5);
@@ -325,6 +328,7 @@ fn a_broker_window_smaller_than_asked_for_commits_once_per_window() {
                         max_pending_readings: 1_000_000,
                         window: 4096,
                         broker_window: None,
+                        sessions: 1,
                     };
                     let net = Net {
                         rtt: Duration::from_millis(rtt_ms),
@@ -367,6 +371,7 @@ fn a_stated_broker_window_commits_from_the_first_window_on() {
             max_pending_readings: 1_000_000,
             window: 4096,
             broker_window: Some(broker_window),
+            sessions: 1,
         };
         let windows = 50u32;
         let total = windows as usize * usize::from(broker_window);
@@ -389,9 +394,10 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
         max_pending_readings: 1_000_000,
         window: 1024,
         broker_window: None,
+        sessions: 1,
     };
     let mut b = Batcher::new(p, 3600);
-    b.connected(t0, Duration::ZERO);
+    b.connected(0, t0, Duration::ZERO);
     for i in 1..=5 {
         b.arrived(t0);
         b.push_ack(token(i), t0);
@@ -419,15 +425,16 @@ fn acks_of_an_earlier_connection_do_not_count_towards_the_window() {
         max_pending_readings: 1_000_000,
         window: 1024,
         broker_window: Some(20),
+        sessions: 1,
     };
     let mut b = Batcher::new(p, 3600);
-    b.connected(t0, Duration::ZERO);
+    b.connected(0, t0, Duration::ZERO);
     for i in 1..=7 {
         b.arrived(t0);
         b.push_ack(token(i), t0);
     }
     let t1 = t0 + Duration::from_millis(50);
-    b.connected(t1, Duration::from_millis(3));
+    b.connected(0, t1, Duration::from_millis(3));
     for i in 8..27 {
         b.arrived(t1);
         b.push_ack(token(i), t1);
@@ -449,6 +456,7 @@ fn bursts_paced_by_delayed_acks_are_not_stalls() {
         max_pending_readings: 1_000_000,
         window: 1024,
         broker_window: None,
+        sessions: 1,
     };
     let seconds = 20u32;
     let steady: Vec<Duration> = (0..seconds * 1000)
@@ -477,6 +485,7 @@ fn steady_and_bursty_traffic_do_not_trigger_stall_flushes() {
         max_pending_readings: 1_000_000,
         window: 4096,
         broker_window: None,
+        sessions: 1,
     };
     let commit = Duration::from_millis(5);
     let seconds = 30u32;
@@ -506,7 +515,7 @@ fn steady_and_bursty_traffic_do_not_trigger_stall_flushes() {
 fn a_slow_handshake_widens_the_echo_window_only_so_far() {
     let t0 = Instant::now();
     let mut b = Batcher::new(policy(1024), 3600);
-    b.connected(t0, Duration::from_secs(5));
+    b.connected(0, t0, Duration::from_secs(5));
     let late = t0 + Duration::from_secs(2);
     b.arrived(late);
     b.push_ack(token(1), late);
@@ -517,7 +526,7 @@ fn a_slow_handshake_widens_the_echo_window_only_so_far() {
     );
     let near = t0 + ECHO_MAX + HANDSHAKE_MAX;
     let mut b = Batcher::new(policy(1024), 3600);
-    b.connected(t0, Duration::from_secs(5));
+    b.connected(0, t0, Duration::from_secs(5));
     b.arrived(near);
     b.push_ack(token(1), near);
     assert_eq!(

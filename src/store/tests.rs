@@ -51,6 +51,7 @@ fn test_batcher() -> Batcher {
             max_pending_readings: usize::MAX,
             window: 1,
             broker_window: None,
+            sessions: 1,
         },
         3600,
     )
