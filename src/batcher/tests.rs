@@ -133,6 +133,9 @@ struct Net {
     qos0_every: Option<u64>,
     /// The time one message takes on the wire: a burst arrives spread out, not at one instant.
     per_message: Duration,
+    /// Sessions on one shared subscription, served in turn as rumqttd and Mosquitto do: the
+    /// broker stops when the session whose turn it is has `broker_window` unacknowledged.
+    sessions: u16,
 }
 
 impl Net {
@@ -143,6 +146,7 @@ impl Net {
             delayed_ack: None,
             qos0_every: None,
             per_message: Duration::from_micros(50),
+            sessions: 1,
         }
     }
 }
@@ -156,18 +160,24 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
     let total = schedule.len() as u64;
     let is_qos0 = |i: u64| net.qos0_every.is_some_and(|k| i % k == k - 1);
     let qos1_total = (0..total).filter(|&i| !is_qos0(i)).count() as u64;
+    assert_eq!(p.sessions, net.sessions, "the policy knows the sessions");
     let half = net.rtt / 2;
     let mut b = Batcher::new(p, 3600);
     let start = Instant::now();
     let mut now = start;
-    b.connected(0, now, net.rtt);
+    for session in 0..net.sessions {
+        b.connected(session, now, net.rtt);
+    }
+    let sessions = usize::from(net.sessions);
+    let turn_of = |i: u64| (i % u64::from(net.sessions)) as usize;
     let mut sent = 0u64;
-    // QoS 1 messages the broker sent and has not had acknowledged.
-    let mut unacked = 0u64;
+    // Per session: QoS 1 messages the broker sent and has not had acknowledged.
+    let mut unacked = vec![0u64; sessions];
     let mut acked = 0u64;
     let mut committing: Option<(Instant, Vec<AckToken>)> = None;
     let mut arriving: VecDeque<(Instant, u64)> = VecDeque::new(); // on the way to us
-    let mut acks_arriving: VecDeque<(Instant, u64)> = VecDeque::new(); // on the way to the broker
+    // On the way to the broker: acks per session.
+    let mut acks_arriving: VecDeque<(Instant, Vec<u64>)> = VecDeque::new();
     let mut run = Run {
         elapsed: Duration::ZERO,
         commits: 0,
@@ -177,19 +187,21 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
     };
     // What the final batch holds when it is not a whole half window or broker window: that
     // waits for the interval.
-    let tail = qos1_total % (p.ack_threshold() as u64).min(net.broker_window);
+    let tail = qos1_total % (p.ack_threshold() as u64).min(net.broker_window * u64::from(net.sessions));
     // When the broker's socket last sent, and whether our acks just gave it a TCP ACK.
     let mut last_send = start;
     let mut ack_came = true;
     let done = qos1_total - tail;
     while acked < qos1_total {
         // Acknowledgements reach the broker.
-        while let Some(&(at, n)) = acks_arriving.front()
-            && at <= now
+        while let Some((at, _)) = acks_arriving.front()
+            && *at <= now
         {
-            acks_arriving.pop_front();
-            unacked -= n;
-            acked += n;
+            let (_, n) = acks_arriving.pop_front().unwrap();
+            for (u, n) in unacked.iter_mut().zip(n) {
+                *u -= n;
+                acked += n;
+            }
             ack_came = true;
         }
         if acked >= done && run.elapsed.is_zero() {
@@ -202,12 +214,12 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
         let may_send = ack_came || net.delayed_ack.is_none_or(|d| now >= last_send + d);
         while may_send
             && sent < total
-            && (is_qos0(sent) || unacked < net.broker_window)
+            && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window)
             && start + schedule[sent as usize] <= now
         {
             let on_wire = arriving.back().map_or(now, |a| a.0.max(now));
             arriving.push_back((on_wire.max(now + half) + net.per_message, sent));
-            unacked += u64::from(!is_qos0(sent));
+            unacked[turn_of(sent)] += u64::from(!is_qos0(sent));
             sent += 1;
             last_send = now;
             ack_came = false;
@@ -224,12 +236,17 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
             b.push(Arc::from("s/m"), Timestamp::from_secs(0), 1.0, now);
             if !is_qos0(i) {
                 b.arrived(now);
-                b.push_ack(token(i + 1), now);
+                let session = u16::try_from(turn_of(i)).unwrap();
+                b.push_ack(AckToken { session, ..token(i + 1) }, now);
             }
         }
         // A finished commit releases its acks.
         if let Some((_, acks)) = committing.take_if(|(done_at, _)| *done_at <= now) {
-            acks_arriving.push_back((now + half, acks.len() as u64));
+            let mut per_session = vec![0u64; sessions];
+            for a in &acks {
+                per_session[usize::from(a.session)] += 1;
+            }
+            acks_arriving.push_back((now + half, per_session));
             b.released(now);
             continue;
         }
@@ -247,7 +264,7 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
         // message or acks arriving, or the next message becoming available while the window
         // has room.
         let next_message =
-            (sent < total && (is_qos0(sent) || unacked < net.broker_window)).then(|| {
+            (sent < total && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window)).then(|| {
                 let available = start + schedule[sent as usize];
                 net.delayed_ack
                     .filter(|_| !ack_came)
@@ -268,7 +285,7 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
         .unwrap_or_else(|| {
             panic!(
                 "with messages outstanding, some event is always ahead: sent {sent}, acked \
-                 {acked}, unacked {unacked}, arriving {}, pending {}, {run:?}",
+                 {acked}, unacked {unacked:?}, arriving {}, pending {}, {run:?}",
                 arriving.len(),
                 b.pending_acks()
             )
@@ -353,6 +370,61 @@ fn a_broker_window_smaller_than_asked_for_commits_once_per_window() {
                     let learning = QUIET_CONFIRM.min(p.flush_interval);
                     let on_wire = net.per_message * u32::try_from(total).unwrap();
                     let limit = learning + (net.rtt + commit) * (windows + 1) + on_wire;
+                    assert!(run.elapsed <= limit, "{case}: over {limit:?}");
+                }
+            }
+        }
+    }
+}
+
+/// `mqtt.sessions = 4` on a broker that serves a shared group in turn and stops at the window
+/// of the session whose turn it is (rumqttd, Mosquitto): the four windows fill together. After
+/// the one learning pause, every commit takes half of the four windows, so that the other half
+/// arrives while it runs: at most two commits per four windows and none for the interval; and the
+/// time is within four windows per round trip plus two commits (one session: one window).
+#[test]
+fn four_sessions_commit_half_of_their_windows_at_a_time() {
+    let commit = Duration::from_millis(2);
+    let sessions = 4u16;
+    for broker_window in [1u64, 20, 32, 100] {
+        for flush_ms in [200, 1000] {
+            for rtt_ms in [0, 150] {
+                for qos0_every in [None, Some(3)] {
+                    let p = FlushPolicy {
+                        flush_interval: Duration::from_millis(flush_ms),
+                        max_pending_readings: 1_000_000,
+                        window: 4096,
+                        broker_window: None,
+                        sessions,
+                    };
+                    let net = Net {
+                        rtt: Duration::from_millis(rtt_ms),
+                        qos0_every,
+                        sessions,
+                        ..Net::strict(broker_window)
+                    };
+                    let groups = 50u32; // of four windows each
+                    let group = broker_window * u64::from(sessions);
+                    let mut total = u64::from(groups) * group;
+                    if let Some(k) = qos0_every {
+                        total = total * k / (k - 1);
+                    }
+                    let run = simulate(p, net, &flat_out(total as usize), commit);
+                    let case = format!(
+                        "window {broker_window} x {sessions} sessions, flush {flush_ms} ms, rtt \
+                         {rtt_ms} ms, qos0 {qos0_every:?}: {run:?}"
+                    );
+                    assert!(run.intervals == 0, "{case}");
+                    assert!(run.stalls <= 1, "{case}");
+                    // A window of 1 is full at every message: what arrives during a commit
+                    // is the next batch, however small.
+                    let most = if broker_window == 1 { group } else { 2 } * u64::from(groups);
+                    assert!(u64::from(run.commits) <= most + 2, "{case}");
+                    assert!(run.full + 2 >= run.commits, "{case}");
+                    let learning = QUIET_CONFIRM.min(p.flush_interval);
+                    let on_wire = net.per_message * u32::try_from(total).unwrap();
+                    let limit =
+                        learning + (net.rtt + commit * 2) * (groups + 1) + on_wire;
                     assert!(run.elapsed <= limit, "{case}: over {limit:?}");
                 }
             }
