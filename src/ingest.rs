@@ -12,8 +12,6 @@
 //! connection, its message came on.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::sync::atomic::Ordering;
@@ -209,7 +207,10 @@ impl Ingest {
                 () = sleep_until_opt(reconnect_at), if reconnect_at.is_some() => {
                     let now = Instant::now();
                     for s in &mut self.sessions {
-                        s.reconnect_at = s.reconnect_at.filter(|at| *at > now);
+                        if s.reconnect_at.is_some_and(|at| at <= now) {
+                            s.reconnect_at = None;
+                            s.mqtt.resume();
+                        }
                     }
                 }
                 () = sleep_until_opt(deadline), if deadline.is_some() && st.in_flight.is_none() => {}
@@ -695,36 +696,22 @@ impl Ingest {
 /// An event and the session it came from.
 type Polled = (usize, Result<MqttEvent, PollError>);
 
-/// Polls the sessions that `pick(index, session)` selects and returns
-/// the first event, with its session. Turns rotate with `turn`, so a busy session cannot starve
-/// the others. With one session, its poll alone (no allocation on the hot path).
+/// The first event of the sessions that `pick(index, session)` selects, with its session.
+/// Turns rotate with `turn`, so that a busy session cannot starve the others. Cancel-safe.
 async fn poll_any(
     sessions: &mut [Session],
     turn: usize,
     mut pick: impl FnMut(usize, &Session) -> bool,
 ) -> Polled {
-    if let [only] = sessions {
-        if pick(0, only) {
-            return (0, only.mqtt.poll().await);
-        }
-        return std::future::pending().await;
-    }
-    type Poll1<'a> = Pin<Box<dyn Future<Output = Polled> + Send + 'a>>;
-    let mut polls: Vec<Poll1<'_>> = sessions
-        .iter_mut()
-        .enumerate()
-        .filter(|(i, s)| pick(*i, s))
-        .map(|(i, s)| -> Poll1<'_> { Box::pin(async move { (i, s.mqtt.poll().await) }) })
-        .collect();
-    if polls.is_empty() {
-        return std::future::pending().await;
-    }
-    let start = turn % polls.len();
-    polls.rotate_left(start);
+    let n = sessions.len();
     std::future::poll_fn(|cx| {
-        for p in &mut polls {
-            if let Poll::Ready(event) = p.as_mut().poll(cx) {
-                return Poll::Ready(event);
+        for k in 0..n {
+            let i = (turn + k) % n;
+            let s = &mut sessions[i];
+            if pick(i, s)
+                && let Poll::Ready(event) = s.mqtt.poll_event(cx)
+            {
+                return Poll::Ready((i, event));
             }
         }
         Poll::Pending

@@ -1,10 +1,19 @@
 //! [`Mqtt`]: one rumqttc client (MQTT 5 or 3.1.1) behind one type, with the events bucketd cares
 //! about normalised into [`MqttEvent`]. Sets up the persistent session, manual acknowledgements,
 //! the in-flight window and packet size limits. Knows nothing about decoding or storage.
+//!
+//! The event loop runs in a task of its own that hands events over one at a time: rumqttc's
+//! `poll` is not cancel-safe while it connects, and a connect dropped after the broker took the
+//! CONNECT leaves a session behind that the next attempt finds "present", without the
+//! subscriptions bucketd never got to send (a daemon that never subscribes). The task polls only
+//! when the last event was taken, so backpressure is as if the ingest loop polled itself.
 
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::{Notify, mpsc};
 
 use crate::ack::AckToken;
 use crate::config::{MqttConfig, Protocol, Subscription};
@@ -67,13 +76,40 @@ enum Client {
 /// of the 21 MB idle RSS before this was set).
 const OUTGOING_INFLIGHT: u16 = 8;
 
+/// The request side of a client (both rumqttc handles are cheap clones).
+enum Requests {
+    V4(rumqttc::AsyncClient),
+    V5(rumqttc::v5::AsyncClient),
+}
+
+/// One session's client: requests go out through it, events come from its event loop's task.
 pub struct Mqtt {
+    requests: Requests,
+    subscriptions: Vec<(String, u8)>,
+    /// The event loop, until the first poll moves it into its task.
+    driver: Option<Driver>,
+    events: Option<mpsc::Receiver<Result<MqttEvent, PollError>>>,
+    /// Lets the task reconnect after it reported a lost connection (the caller's backoff).
+    resume: Arc<Notify>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The event loop, driven by its own task ([`Driver::run`]).
+struct Driver {
     client: Client,
     subscriptions: Vec<(String, u8)>,
     /// Whether the connection is up (a CONNACK came and no error since).
     up: bool,
     /// When the first poll of the current connection attempt began.
     attempt: Option<std::time::Instant>,
+}
+
+impl Drop for Mqtt {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
 }
 
 impl Mqtt {
@@ -137,20 +173,82 @@ impl Mqtt {
                 }
             }
         };
+        let subscriptions: Vec<(String, u8)> = subscriptions
+            .iter()
+            .map(|s| (cfg.session_filter(&s.filter), s.qos))
+            .collect();
+        let requests = match &client {
+            Client::V4 { client, .. } => Requests::V4(client.clone()),
+            Client::V5 { client, .. } => Requests::V5(client.clone()),
+        };
         Mqtt {
-            client,
-            up: false,
-            attempt: None,
-            subscriptions: subscriptions
-                .iter()
-                .map(|s| (cfg.session_filter(&s.filter), s.qos))
-                .collect(),
+            requests,
+            subscriptions: subscriptions.clone(),
+            driver: Some(Driver {
+                client,
+                up: false,
+                attempt: None,
+                subscriptions,
+            }),
+            events: None,
+            resume: Arc::new(Notify::new()),
+            task: None,
         }
     }
 
-    /// Drives the connection and returns the next event. Cancel-safe: it may be dropped inside
-    /// `select!` (rumqttc's `poll` keeps its state in the event loop).
+    /// The next event. Cancel-safe. After an error (the connection is down) the next event
+    /// comes only after [`Mqtt::resume`]: the caller decides when to reconnect.
     pub async fn poll(&mut self) -> Result<MqttEvent, PollError> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// [`Mqtt::poll`] as a poll function, for waiting on several sessions at once. Starts the
+    /// event loop's task on the first call (inside the runtime).
+    pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<MqttEvent, PollError>> {
+        if let Some(driver) = self.driver.take() {
+            // One event handed over at a time: the task polls again only once it is taken.
+            let (tx, rx) = mpsc::channel(1);
+            self.task = Some(tokio::spawn(driver.run(tx, self.resume.clone())));
+            self.events = Some(rx);
+        }
+        let Some(events) = self.events.as_mut() else {
+            return Poll::Pending;
+        };
+        events.poll_recv(cx).map(|event| {
+            event.unwrap_or_else(|| {
+                Err(PollError {
+                    message: "the MQTT event loop's task stopped".into(),
+                    refused: false,
+                    tls: false,
+                })
+            })
+        })
+    }
+
+    /// Lets the event loop reconnect after the error it reported.
+    pub fn resume(&self) {
+        self.resume.notify_one();
+    }
+}
+
+impl Driver {
+    /// Polls the event loop and hands each event over, waiting for `resume` after an error.
+    async fn run(mut self, events: mpsc::Sender<Result<MqttEvent, PollError>>, resume: Arc<Notify>) {
+        loop {
+            let event = self.poll().await;
+            let failed = event.is_err();
+            if events.send(event).await.is_err() {
+                return; // The session is gone.
+            }
+            if failed {
+                resume.notified().await;
+            }
+        }
+    }
+
+    /// Drives the connection and returns the next event. Not cancel-safe while connecting
+    /// (see the module docs): only [`Driver::run`] calls it.
+    async fn poll(&mut self) -> Result<MqttEvent, PollError> {
         if !self.up {
             self.attempt.get_or_insert_with(std::time::Instant::now);
         }
@@ -244,10 +342,13 @@ impl Mqtt {
         }
     }
 
+}
+
+impl Mqtt {
     /// Queues one SUBSCRIBE carrying every configured filter.
     pub fn subscribe_all(&self) -> Result<(), String> {
-        match &self.client {
-            Client::V4 { client, .. } => {
+        match &self.requests {
+            Requests::V4(client) => {
                 let filters = self.subscriptions.iter().map(|(f, q)| {
                     rumqttc::SubscribeFilter::new(f.clone(), rumqttc::qos(*q).expect("validated"))
                 });
@@ -255,7 +356,7 @@ impl Mqtt {
                     .try_subscribe_many(filters)
                     .map_err(|e| e.to_string())
             }
-            Client::V5 { client, .. } => {
+            Requests::V5(client) => {
                 use rumqttc::v5::mqttbytes::v5::Filter;
                 let filters = self.subscriptions.iter().map(|(f, q)| {
                     Filter::new(
@@ -272,8 +373,8 @@ impl Mqtt {
 
     /// Queues the acknowledgement for one message. It is written by a later [`Mqtt::poll`].
     pub fn try_ack(&self, token: &AckToken) -> Result<(), String> {
-        match &self.client {
-            Client::V4 { client, .. } => {
+        match &self.requests {
+            Requests::V4(client) => {
                 let publish = rumqttc::Publish {
                     dup: false,
                     qos: rumqttc::qos(token.qos).expect("tokens are made for QoS 1/2"),
@@ -284,7 +385,7 @@ impl Mqtt {
                 };
                 client.try_ack(&publish).map_err(|e| e.to_string())
             }
-            Client::V5 { client, .. } => {
+            Requests::V5(client) => {
                 let mut publish = rumqttc::v5::mqttbytes::v5::Publish::new(
                     "",
                     rumqttc::v5::mqttbytes::qos(token.qos).expect("tokens are made for QoS 1/2"),
@@ -299,9 +400,9 @@ impl Mqtt {
 
     /// Queues a DISCONNECT.
     pub fn try_disconnect(&self) -> Result<(), String> {
-        match &self.client {
-            Client::V4 { client, .. } => client.try_disconnect().map_err(|e| e.to_string()),
-            Client::V5 { client, .. } => client.try_disconnect().map_err(|e| e.to_string()),
+        match &self.requests {
+            Requests::V4(client) => client.try_disconnect().map_err(|e| e.to_string()),
+            Requests::V5(client) => client.try_disconnect().map_err(|e| e.to_string()),
         }
     }
 }

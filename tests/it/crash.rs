@@ -34,6 +34,43 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
     broker: Broker,
     protocol: Protocol,
 ) {
+    kill_9_with_sessions(broker, protocol, 1).await;
+}
+
+on_every_broker!(kill_9_under_load_loses_nothing_and_counts_nothing_twice);
+
+/// The same with `mqtt.sessions = 4`: four persistent sessions on one shared subscription, each
+/// killed mid-window, redelivering on its own reconnect. On a Mosquitto of the test's own
+/// (rumqttd 0.20 forgets a shared group whose members all disconnect) and on the external broker.
+mod four_sessions {
+    use bucketd::config::Protocol;
+
+    use crate::own_mosquitto::OwnMosquitto;
+    use crate::support::Broker;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn own_mosquitto_v311() {
+        let mosquitto = OwnMosquitto::start(false, "");
+        super::kill_9_with_sessions(Broker::own(&mosquitto), Protocol::V311, 4).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn own_mosquitto_v5() {
+        let mosquitto = OwnMosquitto::start(false, "");
+        super::kill_9_with_sessions(Broker::own(&mosquitto), Protocol::V5, 4).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn external_v311() {
+        let Some(broker) = Broker::external() else {
+            eprintln!("not run: BUCKETD_TEST_MQTT is not set");
+            return;
+        };
+        super::kill_9_with_sessions(broker, Protocol::V311, 4).await;
+    }
+}
+
+async fn kill_9_with_sessions(broker: Broker, protocol: Protocol, sessions: u16) {
     let cycles = cycles();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
@@ -42,6 +79,7 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
     // Many small commits: many moments where a commit has landed and its acks have not.
     raw.batch.flush_interval = Duration::from_millis(20);
     raw.store.checkpoint_interval = Duration::from_secs(1);
+    raw.mqtt.sessions = sessions;
     let config = write_config(dir.path(), &raw);
     // Receive-time readings are recognised by DUP, which rumqttd does not set.
     let seed = 0xC4A5 + u64::from(cycles);
@@ -53,8 +91,10 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
     };
 
     let mut daemon = Daemon::start(&config);
-    daemon.wait_for_line("saying it subscribed", |l| {
-        l.contains("Subscribed to every")
+    let mut subscribed = 0;
+    daemon.wait_for_line("saying every session subscribed", |l| {
+        subscribed += usize::from(l.contains("Subscribed to every"));
+        subscribed == usize::from(sessions)
     });
     let publisher = {
         let (broker, messages) = (broker.clone(), work.messages.clone());
@@ -90,8 +130,13 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
     }
     publisher.await.unwrap();
     // Markers on every topic: once the daemon has rejected all of them, every earlier message
-    // has reached it (see `markers` for why one marker is not enough).
+    // has reached it (see `markers` for why one marker is not enough). With several sessions,
+    // as many rounds: the broker hands a shared group's messages out in turn, so every session
+    // gets markers after the last of its messages.
     let markers = markers(&work.messages);
+    let markers: Vec<_> = std::iter::repeat_n(markers, usize::from(sessions))
+        .flatten()
+        .collect();
     publish_all(&broker, &markers, 1).await;
     let mut marked = 0;
     logs.extend(daemon.wait_for_line("rejecting every marker", |l| {
@@ -113,7 +158,7 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
         .filter(|l| l.contains("Skipped a message already counted."))
         .count();
     eprintln!(
-        "crash test ({} {protocol:?}): {kills} kill -9 cycles ({at_checkpoint} as a checkpoint \
+        "crash test ({} {protocol:?}, {sessions} sessions): {kills} kill -9 cycles ({at_checkpoint} as a checkpoint \
          started, {mid_checkpoint} of them before it logged its end), {} messages, {} readings published; counted {}; lost {lost}; counted twice \
          {twice}; redeliveries recognised {skipped}",
         broker.name,
@@ -127,8 +172,6 @@ async fn kill_9_under_load_loses_nothing_and_counts_nothing_twice(
     assert_eq!((lost, twice), (0, 0), "readings lost and counted twice");
     assert_matches_truth(&docs, &truth);
 }
-
-on_every_broker!(kill_9_under_load_loses_nothing_and_counts_nothing_twice);
 
 /// Readings missing from, and counted twice in, the stored buckets, by count. Receive-time
 /// series (whose bucket the test cannot know) are compared over all their buckets.

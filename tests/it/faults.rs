@@ -150,16 +150,6 @@ on_every_broker!(a_slow_store_bounds_what_is_pending);
 
 use crate::own_mosquitto::OwnMosquitto;
 
-fn own_broker(m: &OwnMosquitto) -> Broker {
-    Broker {
-        name: "own-mosquitto",
-        host: "127.0.0.1".into(),
-        v311_port: m.port,
-        v5_port: m.port,
-        sets_dup: true,
-    }
-}
-
 /// The broker stops mid-stream (messages committed and not yet acknowledged, others still
 /// queued for bucketd) and comes back a while later: bucketd retries with backoff, `/readyz`
 /// and `bucketd_mqtt_connected` say it is down meanwhile, it resumes its session, and every
@@ -173,7 +163,7 @@ async fn a_broker_restart_loses_nothing_and_counts_nothing_twice(protocol: Proto
             .try_init();
     }
     let mut mosquitto = OwnMosquitto::start(true, "");
-    let broker = own_broker(&mosquitto);
+    let broker = Broker::own(&mosquitto);
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
     let topics = Topics::new();

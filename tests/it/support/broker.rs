@@ -6,6 +6,7 @@ use std::sync::{Mutex, OnceLock};
 
 use bucketd::config::Protocol;
 
+use crate::own_mosquitto::OwnMosquitto;
 use crate::own_rumqttd;
 
 /// A broker the tests can reach.
@@ -38,6 +39,17 @@ impl Broker {
             .entry(window)
             .or_insert_with(|| start_rumqttd(Some(window)))
             .clone()
+    }
+
+    /// A Mosquitto of the test's own ([`OwnMosquitto`]).
+    pub fn own(m: &OwnMosquitto) -> Broker {
+        Broker {
+            name: "own-mosquitto",
+            host: "127.0.0.1".into(),
+            v311_port: m.port,
+            v5_port: m.port,
+            sets_dup: true,
+        }
     }
 
     /// The broker named by `BUCKETD_TEST_MQTT=host:port`, if set.
