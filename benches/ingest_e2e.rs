@@ -30,6 +30,8 @@
 //! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_WINDOW` (a strict
 //! broker instead: an in-process rumqttd that sends each subscriber at most that many messages
 //! unacknowledged), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
+//! `BENCH_SESSIONS` (bucketd's `mqtt.sessions`; default 1), `BENCH_RECEIVE_MAX` (bucketd's
+//! `mqtt.receive_maximum`: over MQTT 5 a window Mosquitto enforces per session),
 //! `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
@@ -527,6 +529,9 @@ async fn run_bucketd(
     raw.mqtt.port = bucketd_port;
     raw.mqtt.protocol = bench_protocol();
     raw.mqtt.client_id = format!("bench-bucketd-{prefix}");
+    let sessions = env_or("BENCH_SESSIONS", 1u16);
+    raw.mqtt.sessions = sessions;
+    raw.mqtt.receive_maximum = env_or("BENCH_RECEIVE_MAX", raw.mqtt.receive_maximum);
     raw.store.path = dir.path().join("bench.redb");
     raw.http.bind = "127.0.0.1:0".into();
     raw.subscriptions = RawSubscription::defaults_under(prefix);
@@ -571,6 +576,7 @@ async fn run_bucketd(
         }
     });
     let mut addr = None;
+    let mut subscribed = 0;
     loop {
         let line = rx
             .recv_timeout(Duration::from_mins(1))
@@ -581,7 +587,8 @@ async fn run_bucketd(
         {
             addr = Some(a.to_owned());
         }
-        if line.contains("Subscribed to every") {
+        subscribed += u16::from(line.contains("Subscribed to every"));
+        if subscribed == sessions {
             break;
         }
     }

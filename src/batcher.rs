@@ -5,7 +5,8 @@
 //! The flush policy commits when the first of these holds:
 //! - `flush_interval` has passed since the batch's first message;
 //! - `max_pending_readings` readings are pending;
-//! - half of the in-flight window we ask for (`receive_maximum`) is waiting for acknowledgement.
+//! - half of the in-flight window we ask for (`receive_maximum`, times `mqtt.sessions`) is
+//!   waiting for acknowledgement.
 //!   A broker that honours it sends nothing more once it is full, so waiting for the interval
 //!   would cap throughput at `window / flush_interval`; flushing at half keeps the other half
 //!   flowing while the commit runs;
@@ -65,9 +66,15 @@ pub struct FlushPolicy {
 }
 
 impl FlushPolicy {
-    /// Unacknowledged messages at which a flush is due: half the window, at least one.
+    /// Unacknowledged messages at which a flush is due: half the window of all sessions, at
+    /// least one.
     pub fn ack_threshold(&self) -> usize {
-        (usize::from(self.window) / 2).max(1)
+        (self.windows() / 2).max(1)
+    }
+
+    /// The windows we ask for, all sessions together.
+    pub fn windows(&self) -> usize {
+        usize::from(self.window) * usize::from(self.sessions.max(1))
     }
 }
 
@@ -432,7 +439,7 @@ impl Batcher {
     /// reading limit or the whole window is reached. The caller then stops reading from the broker.
     pub fn is_full(&self) -> bool {
         self.batch.readings >= self.policy.max_pending_readings
-            || self.acks.len() >= usize::from(self.policy.window)
+            || self.acks.len() >= self.policy.windows()
     }
 
     /// [`Batcher::take`] for a flush due for `reason`. A stall teaches the broker's window: the

@@ -13,8 +13,8 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::task::Poll;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};

@@ -233,7 +233,11 @@ impl Mqtt {
 
 impl Driver {
     /// Polls the event loop and hands each event over, waiting for `resume` after an error.
-    async fn run(mut self, events: mpsc::Sender<Result<MqttEvent, PollError>>, resume: Arc<Notify>) {
+    async fn run(
+        mut self,
+        events: mpsc::Sender<Result<MqttEvent, PollError>>,
+        resume: Arc<Notify>,
+    ) {
         loop {
             let event = self.poll().await;
             let failed = event.is_err();
@@ -341,7 +345,6 @@ impl Driver {
             }
         }
     }
-
 }
 
 impl Mqtt {

@@ -187,7 +187,8 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
     };
     // What the final batch holds when it is not a whole half window or broker window: that
     // waits for the interval.
-    let tail = qos1_total % (p.ack_threshold() as u64).min(net.broker_window * u64::from(net.sessions));
+    let tail =
+        qos1_total % (p.ack_threshold() as u64).min(net.broker_window * u64::from(net.sessions));
     // When the broker's socket last sent, and whether our acks just gave it a TCP ACK.
     let mut last_send = start;
     let mut ack_came = true;
@@ -237,7 +238,13 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
             if !is_qos0(i) {
                 b.arrived(now);
                 let session = u16::try_from(turn_of(i)).unwrap();
-                b.push_ack(AckToken { session, ..token(i + 1) }, now);
+                b.push_ack(
+                    AckToken {
+                        session,
+                        ..token(i + 1)
+                    },
+                    now,
+                );
             }
         }
         // A finished commit releases its acks.
@@ -263,8 +270,9 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
         // Otherwise time moves to the next event: a commit ending, a flush falling due, a
         // message or acks arriving, or the next message becoming available while the window
         // has room.
-        let next_message =
-            (sent < total && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window)).then(|| {
+        let next_message = (sent < total
+            && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window))
+            .then(|| {
                 let available = start + schedule[sent as usize];
                 net.delayed_ack
                     .filter(|_| !ack_came)
@@ -423,8 +431,7 @@ fn four_sessions_commit_half_of_their_windows_at_a_time() {
                     assert!(run.full + 2 >= run.commits, "{case}");
                     let learning = QUIET_CONFIRM.min(p.flush_interval);
                     let on_wire = net.per_message * u32::try_from(total).unwrap();
-                    let limit =
-                        learning + (net.rtt + commit * 2) * (groups + 1) + on_wire;
+                    let limit = learning + (net.rtt + commit * 2) * (groups + 1) + on_wire;
                     assert!(run.elapsed <= limit, "{case}: over {limit:?}");
                 }
             }

@@ -6,6 +6,12 @@
 /// (commit, what broke, file, test function).
 const BUGS: &[(&str, &str, &str, &str)] = &[
     (
+        "fe7d625",
+        "a connect dropped by select! left a 'present' session without subscriptions: never subscribed",
+        "tests/it/crash.rs",
+        "own_mosquitto_v5",
+    ),
+    (
         "fd428d1",
         "acks were dropped when rumqttc's request channel was full (a broker past its window)",
         "tests/it/ingest.rs",

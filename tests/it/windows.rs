@@ -251,6 +251,44 @@ async fn rumqttd_window_100_v311() {
     rumqttd_window(100, Protocol::V311).await;
 }
 
+/// `mqtt.sessions = 4` on rumqttd with its outgoing window set to 20: four windows of 20 in
+/// flight through one shared subscription (rumqttd serves the group in turn, one message each).
+/// The daemon is ingesting while the publisher sends flat out, faster than the windows let
+/// through: after the one stall that teaches the window, commits take half of the four
+/// windows each, none waits for the interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rumqttd_window_20_four_sessions() {
+    let (window, sessions) = (20usize, 4usize);
+    let broker = Broker::strict_rumqttd(window);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, Protocol::V311, &db, &topics);
+    raw.mqtt.sessions = sessions as u16;
+    let cfg = config(&raw);
+    let d = daemon::start(&cfg).unwrap();
+    wait_subscribed(&d).await;
+    let groups = 25;
+    let total = (groups * window * sessions) as u64;
+    let messages: Vec<(String, Vec<u8>)> = (0..total)
+        .map(|i| (topics.value("w", "x"), format!("{i}").into_bytes()))
+        .collect();
+    publish_all(&broker, &messages, 1).await;
+    let stats = d.stats.clone();
+    wait_ingested(&d, total, 0).await;
+    d.stop().await.unwrap();
+    let by = |r| stats.flushes_by(r);
+    let flushes = flushes(&stats);
+    let ctx = format!("rumqttd window {window} x {sessions} sessions: flushes {flushes:?}");
+    assert_eq!(by(FlushReason::Interval), 0, "{ctx}");
+    // One stall teaches the window; the tail (fewer than half the windows) may be another.
+    assert!(by(FlushReason::Stall) <= 2, "{ctx}");
+    let commits: u64 = flushes.iter().map(|f| f.1).sum();
+    assert!(commits <= 2 * groups as u64 + 2, "{ctx}");
+    assert!(by(FlushReason::BrokerWindow) + 2 >= commits, "{ctx}");
+    assert_stored_once(&db, total, &ctx);
+}
+
 /// Commits by flush reason.
 fn flushes(stats: &Stats) -> Vec<(&'static str, u64)> {
     FlushReason::ALL
