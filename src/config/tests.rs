@@ -110,6 +110,17 @@ fn bad_values_are_errors_that_name_the_key() {
         ("[mqtt]\nreceive_maximum = 70000\n", "receive_maximum"),
         ("[mqtt]\nbroker_window = 70000\n", "broker_window"),
         ("[mqtt]\nbroker_window = -1\n", "broker_window"),
+        ("[mqtt]\nsessions = 0\n", "mqtt.sessions"),
+        ("[mqtt]\nsessions = 17\n", "mqtt.sessions"),
+        (
+            "[mqtt]\nsessions = 2\nclient_id = \"site/gw1\"\n",
+            "mqtt.client_id",
+        ),
+        // Four sessions may each have 1024 messages to redeliver: 4096 > 2048.
+        (
+            "[mqtt]\nsessions = 4\n[limits]\ndedup_window = 2048\n",
+            "limits.dedup_window",
+        ),
         ("[mqtt]\nport = \"x\"\n", "port"),
         ("[mqtt]\npassword_file = \"/p\"\n", "mqtt.username"),
         ("[mqtt.tls]\nca_file = \"/ca.pem\"\n", "mqtt.tls.enabled"),
@@ -344,4 +355,17 @@ fn a_stated_broker_window_reaches_the_config() {
     assert_eq!(c.mqtt.broker_window, Some(20));
     let c = Config::load(None, env(&[("BUCKETD__MQTT__BROKER_WINDOW", "100")])).unwrap();
     assert_eq!(c.mqtt.broker_window, Some(100));
+}
+
+#[test]
+fn sessions_name_their_client_ids_and_share_the_subscriptions() {
+    let c = load("[mqtt]\nclient_id = \"gw1\"\n").unwrap();
+    assert_eq!(c.mqtt.sessions, 1, "one session by default");
+    assert_eq!(c.mqtt.session_client_id(0), "gw1", "the id it always had");
+    assert_eq!(c.mqtt.session_filter("a/+/b"), "a/+/b");
+    let c = load("[mqtt]\nclient_id = \"gw1\"\nsessions = 4\n").unwrap();
+    assert_eq!(c.mqtt.session_client_id(3), "gw1-3");
+    assert_eq!(c.mqtt.session_filter("a/+/b"), "$share/gw1/a/+/b");
+    // A filter the operator already shares keeps its own group.
+    assert_eq!(c.mqtt.session_filter("$share/g/a/#"), "$share/g/a/#");
 }
