@@ -30,6 +30,8 @@
 //! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_WINDOW` (a strict
 //! broker instead: an in-process rumqttd that sends each subscriber at most that many messages
 //! unacknowledged), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
+//! `BENCH_RTT_MS` (bucketd reaches the broker through a delay line adding that round trip),
+//! `BENCH_MOSQUITTO_INFLIGHT` (the own Mosquitto's `max_inflight_messages`; default 0, none),
 //! `BENCH_SESSIONS` (bucketd's `mqtt.sessions`; default 1), `BENCH_RECEIVE_MAX` (bucketd's
 //! `mqtt.receive_maximum`: over MQTT 5 a window Mosquitto enforces per session),
 //! `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
@@ -184,11 +186,74 @@ fn usage(pid: &str) -> Usage {
 /// A subscriber child: subscribes to `BENCH_PREFIX/#`, prints `subscribed`, takes
 /// `BENCH_EXPECT` messages, then prints one JSON line with its end time, usage and (sqlite) the
 /// table's totals, and exits.
+/// The null subscriber as `sessions` sessions on one shared subscription (`BENCH_SESSIONS`, as
+/// bucketd's `mqtt.sessions`): the same broker path as bucketd's, acknowledging at once.
+async fn null_shared(host: &str, port: u16, prefix: &str, expect: usize, sessions: usize) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let received = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(tokio::sync::Notify::new());
+    let mut subscribed = Vec::new();
+    for i in 0..sessions {
+        let mut opts = MqttOptions::new(format!("bench-null-{prefix}-{i}"), host, port);
+        opts.set_keep_alive(Duration::from_secs(30))
+            .set_manual_acks(true)
+            .set_max_packet_size(1 << 20, 1 << 20);
+        let (client, mut eventloop) = AsyncClient::new(opts, expect + 1000);
+        client
+            .subscribe(
+                format!("$share/bench-null-{prefix}/{prefix}/#"),
+                QoS::AtLeastOnce,
+            )
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        subscribed.push(rx);
+        let (received, done) = (received.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut tx = Some(tx);
+            loop {
+                match eventloop.poll().await.unwrap() {
+                    Event::Incoming(Packet::SubAck(_)) => {
+                        if let Some(tx) = tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Event::Incoming(Packet::Publish(p)) => {
+                        client.try_ack(&p).unwrap();
+                        if received.fetch_add(1, Ordering::Relaxed) + 1 == expect {
+                            done.notify_one();
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+    for rx in subscribed {
+        rx.await.unwrap();
+    }
+    println!("subscribed");
+    done.notified().await;
+    let end_ns = now_ns();
+    let u = usage("self");
+    println!(
+        "{}",
+        json!({"end_ns": end_ns.to_string(), "cpu_s": u.cpu_s, "peak_rss_kib": u.peak_rss_kib,
+               "write_bytes": u.write_bytes, "count": received.load(Ordering::Relaxed), "sum": 0.0})
+    );
+}
+
 async fn child(role: &str) {
     let host = std::env::var("BENCH_HOST").unwrap();
     let port: u16 = env_or("BENCH_PORT", 0);
     let prefix = std::env::var("BENCH_PREFIX").unwrap();
     let expect: usize = env_or("BENCH_EXPECT", 0);
+    let sessions = env_or("BENCH_SESSIONS", 1usize);
+    if role == "null" && sessions > 1 {
+        null_shared(&host, port, &prefix, expect, sessions).await;
+        return;
+    }
     let mut opts = MqttOptions::new(format!("bench-{role}-{prefix}"), host, port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_manual_acks(true)
@@ -728,6 +793,51 @@ const CONTENDERS: [&str; 6] = [
     "bucketd-noraw",
 ];
 
+/// A TCP delay line in front of `host:port`: every chunk read from either side is written to the
+/// other half of `rtt` later, in order (a long link: cellular, a cloud broker). Returns its port.
+async fn delay_line(host: String, port: u16, rtt: Duration) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let local = listener.local_addr().unwrap().port();
+    let one_way = rtt / 2;
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect((host.as_str(), port)).await else {
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            for (mut from, mut to) in [(cr, sw), (sr, cw)] {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 << 10];
+                    while let Ok(n) = from.read(&mut buf).await {
+                        if n == 0
+                            || tx
+                                .send((Instant::now() + one_way, buf[..n].to_vec()))
+                                .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    while let Some((at, bytes)) = rx.recv().await {
+                        tokio::time::sleep_until(at.into()).await;
+                        if to.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown().await;
+                });
+            }
+        }
+    });
+    local
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if let Ok(role) = std::env::var("BENCH_ROLE") {
@@ -751,13 +861,21 @@ async fn main() {
         (None, addr, None)
     } else {
         // Unlimited in-flight too: every subscriber here acknowledges late.
-        let broker = own_mosquitto::OwnMosquitto::start(false, "max_inflight_messages 0\n");
+        let inflight = env_or("BENCH_MOSQUITTO_INFLIGHT", 0u16);
+        let broker = own_mosquitto::OwnMosquitto::start(
+            false,
+            &format!("max_inflight_messages {inflight}\n"),
+        );
         let addr = broker.addr();
         (Some(broker), addr, None)
     };
     let (host, port) = addr.rsplit_once(':').expect("host:port");
     let port: u16 = port.parse().expect("port");
-    let bucketd_port = bucketd_port.unwrap_or(port);
+    let mut bucketd_port = bucketd_port.unwrap_or(port);
+    let rtt = Duration::from_millis(env_or("BENCH_RTT_MS", 0u64));
+    if !rtt.is_zero() {
+        bucketd_port = delay_line(host.to_owned(), bucketd_port, rtt).await;
+    }
     let messages = env_or("BENCH_MESSAGES", 200_000usize);
     let series = env_or("BENCH_SERIES", 1000usize);
     let per_message = env_or("BENCH_READINGS_PER_MESSAGE", 1usize);
@@ -784,7 +902,12 @@ async fn main() {
     );
     println!(
         "workload: {messages} QoS 1 messages ({pace}), {series} series, {per_message} \
-         reading(s)/message, {broker}, {runs} run(s)"
+         reading(s)/message, {broker}, {runs} run(s){}",
+        if rtt.is_zero() {
+            String::new()
+        } else {
+            format!(", bucketd through a delay line of {rtt:?} round trip")
+        }
     );
     if only.is_empty() || only.split(',').any(|o| o == "anchors") {
         let readings = env_or(
