@@ -32,6 +32,7 @@
 //! unacknowledged), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
 //! `BENCH_RTT_MS` (bucketd reaches the broker through a delay line adding that round trip),
 //! `BENCH_MOSQUITTO_INFLIGHT` (the own Mosquitto's `max_inflight_messages`; default 0, none),
+//! `BENCH_MOSQUITTO_NODELAY=1` (its `set_tcp_nodelay true`: Nagle's algorithm off),
 //! `BENCH_SESSIONS` (bucketd's `mqtt.sessions`; default 1), `BENCH_RECEIVE_MAX` (bucketd's
 //! `mqtt.receive_maximum`: over MQTT 5 a window Mosquitto enforces per session),
 //! `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
@@ -864,7 +865,14 @@ async fn main() {
         let inflight = env_or("BENCH_MOSQUITTO_INFLIGHT", 0u16);
         let broker = own_mosquitto::OwnMosquitto::start(
             false,
-            &format!("max_inflight_messages {inflight}\n"),
+            &format!(
+                "max_inflight_messages {inflight}\n{}",
+                if env_or("BENCH_MOSQUITTO_NODELAY", 0u8) == 1 {
+                    "set_tcp_nodelay true\n"
+                } else {
+                    ""
+                }
+            ),
         );
         let addr = broker.addr();
         (Some(broker), addr, None)
