@@ -685,6 +685,15 @@ async fn run_bucketd(
             if done >= readings {
                 let took = start.elapsed();
                 let commits = metric(&text, "bucketd_flushes_total") as u64;
+                // The commit's own time (the writer's, from batch to fsync): the bound a
+                // strict window of 1 sets is 1 / (round trip + this).
+                eprintln!(
+                    "  bucketd: {commits} commits of {:.3} ms on average; {} checkpoints, {:.1} ms in all",
+                    1000.0 * metric(&text, "bucketd_flush_duration_seconds_sum")
+                        / metric(&text, "bucketd_flush_duration_seconds_count"),
+                    metric(&text, "bucketd_checkpoint_duration_seconds_count"),
+                    1000.0 * metric(&text, "bucketd_checkpoint_duration_seconds_sum"),
+                );
                 // Until the log is folded: the checkpoint's writes are the run's too.
                 let mut waits = 0;
                 while metric(&scrape(), "bucketd_commit_log_bytes") > 0.0 {

@@ -23,7 +23,8 @@
 //! `set_tcp_nodelay false`) holds small packets until our kernel acknowledges the previous ones,
 //! and with acknowledgements batched we send nothing it could ride on, so the TCP delayed ACK
 //! (40 ms and more on Linux) paces delivery into bursts with quiet gaps of 10-45 ms, and our
-//! release ends a gap at once. Taking those gaps for stalls committed every burst (70 commits/s
+//! release ends a gap at once. (bucketd's client now asks Linux to acknowledge every read at
+//! once, `TCP_QUICKACK`, which ends those gaps at the source; elsewhere they remain.) Taking those gaps for stalls committed every burst (70 commits/s
 //! of 14 readings at 1,000 messages/s, 5x the bytes written per reading). So a stall is proven
 //! only by a quiet period that outlasts any delayed ACK ([`QUIET_CONFIRM`]) in a batch that began
 //! as the echo of a release (within [`ECHO_MAX`] plus the connection's handshake time, so a

@@ -140,9 +140,9 @@ impl Mqtt {
                     o.set_credentials(user, password);
                 }
                 let (client, mut eventloop) = rumqttc::AsyncClient::new(o, cap);
-                eventloop
-                    .network_options
-                    .set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
+                let network = &mut eventloop.network_options;
+                network.set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
+                network.set_tcp_quickack(true);
                 Client::V4 {
                     client,
                     eventloop: Box::new(eventloop),
@@ -166,6 +166,9 @@ impl Mqtt {
                 if let Some((user, _)) = &cfg.credentials {
                     o.set_credentials(user, password);
                 }
+                let mut network = o.network_options();
+                network.set_tcp_quickack(true);
+                o.set_network_options(network);
                 let (client, eventloop) = rumqttc::v5::AsyncClient::new(o, cap);
                 Client::V5 {
                     client,
@@ -526,6 +529,23 @@ mod tests {
         assert_eq!(delays, [500, 1000, 2000, 3000, 3000]);
         b.reset();
         assert_eq!(b.next_delay(), Duration::from_millis(500));
+    }
+
+    /// Both protocols' clients acknowledge TCP segments at once (vendor/rumqttc/PATCHED.md):
+    /// without it a broker with Nagle's algorithm on paces each window by our delayed ACK.
+    #[test]
+    fn both_protocols_ask_for_quick_acks() {
+        for protocol in [Protocol::V311, Protocol::V5] {
+            let mut raw = crate::config::RawConfig::load(None, []).expect("the defaults load");
+            raw.mqtt.protocol = protocol;
+            let cfg = crate::config::Config::try_from(raw).expect("defaults are valid");
+            let mqtt = Mqtt::new(&cfg.mqtt, 0, None, None, &cfg.subscriptions);
+            let quickack = match &mqtt.driver.as_ref().expect("not started").client {
+                Client::V4 { eventloop, .. } => eventloop.network_options.tcp_quickack(),
+                Client::V5 { eventloop, .. } => eventloop.options.network_options().tcp_quickack(),
+            };
+            assert!(quickack, "{protocol:?}");
+        }
     }
 
     #[test]
