@@ -60,6 +60,15 @@ mod four_sessions {
         super::kill_9_with_sessions(Broker::own(&mosquitto), Protocol::V5, 4).await;
     }
 
+    /// A broker that enforces its window of 20 and hands a shared group's messages out in turn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn upstream_mosquitto_v311() {
+        let Some((_mosquitto, broker)) = Broker::upstream_mosquitto() else {
+            return;
+        };
+        super::kill_9_with_sessions(broker, Protocol::V311, 4).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn external_v311() {
         let Some(broker) = Broker::external() else {

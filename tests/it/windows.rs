@@ -6,7 +6,9 @@
 //! the moment it is full (`bucketd_flushes_total{reason="broker_window"}`), so a policy that
 //! waits for a quiet period or the interval per window fails the counts. The simulation in
 //! `batcher::tests` checks the same policy against time bounds. The same counts hold against a
-//! real broker: rumqttd with its outgoing window set to 1, 20 and 100.
+//! real broker: rumqttd with its outgoing window set to 1, 20 and 100, and upstream Mosquitto
+//! 2.0.21 at its default window of 20 for MQTT 3.1.1 (one session, and four on a shared
+//! subscription).
 
 use std::time::Duration;
 
@@ -198,7 +200,13 @@ async fn window_20_stated_needs_no_learning() {
 /// rumqttd with its outgoing window set to `window`: a backlog queued for the daemon's session
 /// while it was stopped is delivered through the window, one commit per window.
 async fn rumqttd_window(window: usize, protocol: Protocol) {
-    let broker = Broker::strict_rumqttd(window);
+    backlog_through_window(&Broker::strict_rumqttd(window), window, protocol).await;
+}
+
+/// A backlog queued for the daemon's session while it is down, then delivered through the
+/// broker's window of `window`: one commit per window.
+async fn backlog_through_window(broker: &Broker, window: usize, protocol: Protocol) {
+    let broker = broker.clone();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
     let topics = Topics::new();
@@ -222,7 +230,10 @@ async fn rumqttd_window(window: usize, protocol: Protocol) {
     d.stop().await.unwrap();
     let by = |r| stats.flushes_by(r);
     let flushes = flushes(&stats);
-    let ctx = format!("rumqttd window {window}, {protocol:?}: flushes {flushes:?}");
+    let ctx = format!(
+        "{} window {window}, {protocol:?}: flushes {flushes:?}",
+        broker.name
+    );
     assert_eq!(by(FlushReason::Interval), 0, "{ctx}");
     assert!(by(FlushReason::Stall) <= 1, "{ctx}");
     assert!(by(FlushReason::BrokerWindow) + 1 >= windows as u64, "{ctx}");
@@ -258,8 +269,13 @@ async fn rumqttd_window_100_v311() {
 /// windows each, none waits for the interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rumqttd_window_20_four_sessions() {
-    let (window, sessions) = (20usize, 4usize);
-    let broker = Broker::strict_rumqttd(window);
+    sessions_through_windows(&Broker::strict_rumqttd(20), 20, 4).await;
+}
+
+/// `sessions` sessions on one shared subscription of a broker that sends each at most `window`
+/// unacknowledged, the publisher flat out while the daemon ingests.
+async fn sessions_through_windows(broker: &Broker, window: usize, sessions: usize) {
+    let broker = broker.clone();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
     let topics = Topics::new();
@@ -279,7 +295,10 @@ async fn rumqttd_window_20_four_sessions() {
     d.stop().await.unwrap();
     let by = |r| stats.flushes_by(r);
     let flushes = flushes(&stats);
-    let ctx = format!("rumqttd window {window} x {sessions} sessions: flushes {flushes:?}");
+    let ctx = format!(
+        "{} window {window} x {sessions} sessions: flushes {flushes:?}",
+        broker.name
+    );
     assert_eq!(by(FlushReason::Interval), 0, "{ctx}");
     // One stall teaches the window; the tail (fewer than half the windows) may be another.
     assert!(by(FlushReason::Stall) <= 2, "{ctx}");
@@ -287,6 +306,22 @@ async fn rumqttd_window_20_four_sessions() {
     assert!(commits <= 2 * groups as u64 + 2, "{ctx}");
     assert!(by(FlushReason::BrokerWindow) + 2 >= commits, "{ctx}");
     assert_stored_once(&db, total, &ctx);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_mosquitto_window_20_v311() {
+    let Some((_mosquitto, broker)) = Broker::upstream_mosquitto() else {
+        return;
+    };
+    backlog_through_window(&broker, 20, Protocol::V311).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_mosquitto_window_20_four_sessions() {
+    let Some((_mosquitto, broker)) = Broker::upstream_mosquitto() else {
+        return;
+    };
+    sessions_through_windows(&broker, 20, 4).await;
 }
 
 /// Commits by flush reason.

@@ -1,6 +1,7 @@
 //! A Mosquitto of the caller's own on a free port, with unlimited queues (the broker holds
 //! whatever its subscriber does not take yet). Shared by the tests and the benchmarks through
-//! `#[path]`. Needs the `mosquitto` binary (`apt-get install mosquitto`; `.ci/run` installs it).
+//! `#[path]`. Needs the `mosquitto` binary (`apt-get install mosquitto`; `.ci/run` installs it),
+//! or for [`OwnMosquitto::upstream`] the build of `.ci/mosquitto-upstream`.
 
 // Each includer uses a different part.
 #![allow(dead_code)]
@@ -8,7 +9,16 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// Where `.ci/mosquitto-upstream` builds upstream Mosquitto (overridden by
+/// `BUCKETD_TEST_MOSQUITTO_UPSTREAM=<path to the mosquitto binary>`).
+pub const UPSTREAM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/target/mosquitto-2.0.21/src/mosquitto"
+);
+
 pub struct OwnMosquitto {
+    /// The broker binary: `mosquitto` on `PATH`, or an upstream build.
+    program: PathBuf,
     child: Option<std::process::Child>,
     pub port: u16,
     conf: PathBuf,
@@ -25,6 +35,24 @@ impl OwnMosquitto {
     /// [`OwnMosquitto::start`] with `head` placed before the first listener (for options that
     /// must come first, such as `per_listener_settings true`).
     pub fn start_with(persistence: bool, head: &str, extra: &str) -> OwnMosquitto {
+        OwnMosquitto::start_program("mosquitto".into(), persistence, head, extra)
+    }
+
+    /// [`OwnMosquitto::start`] with upstream Mosquitto 2.0.21 (`.ci/mosquitto-upstream`), which
+    /// enforces `max_inflight_messages` for MQTT 3.1.1 clients; `Err` says why it is missing.
+    pub fn upstream(persistence: bool, extra: &str) -> Result<OwnMosquitto, String> {
+        let program = std::env::var_os("BUCKETD_TEST_MOSQUITTO_UPSTREAM")
+            .map_or_else(|| PathBuf::from(UPSTREAM), PathBuf::from);
+        if !program.is_file() {
+            return Err(format!(
+                "no upstream Mosquitto at {} (.ci/mosquitto-upstream builds it)",
+                program.display()
+            ));
+        }
+        Ok(OwnMosquitto::start_program(program, persistence, "", extra))
+    }
+
+    fn start_program(program: PathBuf, persistence: bool, head: &str, extra: &str) -> OwnMosquitto {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -47,6 +75,7 @@ impl OwnMosquitto {
         )
         .unwrap();
         let mut broker = OwnMosquitto {
+            program,
             child: None,
             port,
             conf,
@@ -62,11 +91,16 @@ impl OwnMosquitto {
 
     /// Starts the process (again) and waits until it accepts connections.
     pub fn up(&mut self) {
-        let child = std::process::Command::new("mosquitto")
+        let child = std::process::Command::new(&self.program)
             .arg("-c")
             .arg(&self.conf)
             .spawn()
-            .expect("starting mosquitto (apt-get install mosquitto)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "starting {} (apt-get install mosquitto): {e}",
+                    self.program.display()
+                )
+            });
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {

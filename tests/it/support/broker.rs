@@ -52,6 +52,26 @@ impl Broker {
         }
     }
 
+    /// Upstream Mosquitto 2.0.21 of the test's own (`.ci/mosquitto-upstream`), with its default
+    /// window for MQTT 3.1.1 clients (`max_inflight_messages 20`) and Nagle's algorithm on, as
+    /// gateways meet it; `None` (skipped with a note) outside CI when it is not built.
+    pub fn upstream_mosquitto() -> Option<(OwnMosquitto, Broker)> {
+        match OwnMosquitto::upstream(false, "max_inflight_messages 20\n") {
+            Ok(m) => {
+                let broker = Broker {
+                    name: "upstream-mosquitto",
+                    ..Broker::own(&m)
+                };
+                Some((m, broker))
+            }
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: {e}");
+                None
+            }
+            Err(e) => panic!("upstream Mosquitto is required in CI: {e}"),
+        }
+    }
+
     /// The broker named by `BUCKETD_TEST_MQTT=host:port`, if set.
     pub fn external() -> Option<Broker> {
         let addr = std::env::var("BUCKETD_TEST_MQTT").ok()?;
