@@ -86,7 +86,7 @@ async fn measure(addr: &str, messages: usize, series: usize, delay_ms: u64) {
     }
     let mut sub = RawSubscription::defaults_under("mem").remove(1);
     sub.format = Format::Json;
-    sub.template = "mem/devices/{_}/telemetry".into();
+    sub.template = Some("mem/devices/{_}/telemetry".into());
     sub.sensor_field = Some("sensor".into());
     sub.timestamp_field = Some("ts".into());
     sub.timestamp_unit = TimestampUnit::Auto;

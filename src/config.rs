@@ -277,11 +277,62 @@ pub struct RawTls {
     pub key_file: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+/// The MQTT version (`mqtt.protocol`). Written as users write it: `"v5"`, `"5"`, `"5.0"`,
+/// `"mqtt5"`, `5`; `"v311"`, `"v3.1.1"`, `"3.1.1"`, `"311"`, `311` (any case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     V5,
     V311,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Protocol, String> {
+        let lower = s.trim().to_ascii_lowercase();
+        let version = lower
+            .strip_prefix("mqtt")
+            .unwrap_or(&lower)
+            .trim_start_matches([' ', '-']);
+        match version.strip_prefix('v').unwrap_or(version) {
+            "5" | "5.0" => Ok(Protocol::V5),
+            "311" | "3.1.1" => Ok(Protocol::V311),
+            _ => Err(format!(
+                "unknown MQTT version `{s}`: write \"5\" or \"3.1.1\" (MQTT 3.1 is not supported)"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Protocol {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
+        struct Version;
+        impl serde::de::Visitor<'_> for Version {
+            type Value = Protocol;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an MQTT version: \"5\" or \"3.1.1\"")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Protocol, E> {
+                s.parse().map_err(E::custom)
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Protocol, E> {
+                self.visit_str(&n.to_string())
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Protocol, E> {
+                self.visit_str(&n.to_string())
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Protocol, E> {
+                self.visit_str(&n.to_string())
+            }
+        }
+        d.deserialize_any(Version)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -355,7 +406,10 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields)]
 pub struct RawSubscription {
     pub filter: String,
-    pub template: String,
+    /// How topics name the sensor and metric; absent: the filter itself (its `+` levels
+    /// skipped), for subscriptions that take the sensor from the payload or need no names.
+    #[serde(default)]
+    pub template: Option<String>,
     pub format: Format,
     #[serde(default = "default_qos")]
     pub qos: u8,
@@ -388,7 +442,7 @@ impl RawSubscription {
             .into_iter()
             .map(|s| RawSubscription {
                 filter: format!("{prefix}/{}", s.filter),
-                template: format!("{prefix}/{}", s.template),
+                template: s.template.map(|t| format!("{prefix}/{t}")),
                 ..s
             })
             .collect()
@@ -951,14 +1005,16 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
 fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription, ConfigError> {
     let key = |k: &str| format!("subscriptions[{i}].{k}");
     validate_filter(&raw.filter).map_err(|m| invalid(key("filter"), m))?;
-    let template = Template::parse(&raw.template).map_err(|m| invalid(key("template"), m))?;
     let topic_filter = strip_share(&raw.filter);
+    let template_text = raw.template.as_deref().unwrap_or(topic_filter);
+    let template = Template::parse(template_text).map_err(|m| invalid(key("template"), m))?;
     if !template.fits_filter(topic_filter) {
         return Err(invalid(
             key("template"),
             format!(
-                "`{}` does not line up with filter `{}`: give one template level per filter level",
-                raw.template, raw.filter
+                "`{template_text}` does not line up with filter `{}`: give one template level per \
+                 filter level",
+                raw.filter
             ),
         ));
     }
@@ -1103,9 +1159,82 @@ impl Config {
 }
 
 /// The effective configuration as TOML, for `bucketd check-config`. It contains no secret: the
-/// password stays in its file.
+/// MQTT password stays in its file, and a password in a PostgreSQL connection string
+/// (`upstream.postgres`, `central.claims_postgres`) is shown as `***`.
 pub fn render(raw: &RawConfig) -> String {
-    toml::to_string_pretty(raw).expect("RawConfig serializes to TOML")
+    let mut shown = raw.clone();
+    shown.upstream.postgres = redact_conninfo(&raw.upstream.postgres);
+    shown.central.claims_postgres = redact_conninfo(&raw.central.claims_postgres);
+    toml::to_string_pretty(&shown).expect("RawConfig serializes to TOML")
+}
+
+/// A libpq connection string with its password replaced by `***`: in a URL
+/// (`postgresql://user:secret@host/db`, `?password=secret`) or as `password=secret` /
+/// `password='a secret'` in the key-value form.
+pub fn redact_conninfo(conninfo: &str) -> String {
+    const HIDDEN: &str = "***";
+    if let Some(rest) = ["postgresql://", "postgres://"]
+        .iter()
+        .find_map(|scheme| conninfo.strip_prefix(scheme).map(|rest| (scheme, rest)))
+    {
+        let (scheme, rest) = rest;
+        let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+        let authority = match authority.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:{HIDDEN}@{host}"),
+                None => authority.to_owned(),
+            },
+            None => authority.to_owned(),
+        };
+        let tail = match tail.split_once('?') {
+            Some((path, query)) => {
+                let query: Vec<String> = query
+                    .split('&')
+                    .map(|kv| match kv.split_once('=') {
+                        Some((k, _)) if k.eq_ignore_ascii_case("password") => {
+                            format!("{k}={HIDDEN}")
+                        }
+                        _ => kv.to_owned(),
+                    })
+                    .collect();
+                format!("{path}?{}", query.join("&"))
+            }
+            None => tail.to_owned(),
+        };
+        return format!("{scheme}{authority}{tail}");
+    }
+    // Key-value form: `key = value` pairs; a value is a word or single-quoted with \ escapes.
+    let mut out = String::with_capacity(conninfo.len());
+    let mut rest = conninfo;
+    while let Some(at) = rest.find("password") {
+        let (before, from) = rest.split_at(at);
+        out.push_str(before);
+        let after_key = &from["password".len()..];
+        let boundary_before = before.is_empty() || before.ends_with(char::is_whitespace);
+        let after_space = after_key.trim_start();
+        let Some(value) = after_space.strip_prefix('=').filter(|_| boundary_before) else {
+            out.push_str("password");
+            rest = after_key;
+            continue;
+        };
+        let value = value.trim_start();
+        let end = if let Some(quoted) = value.strip_prefix('\'') {
+            let mut escaped = false;
+            let close = quoted.char_indices().find(|&(_, c)| {
+                let close = c == '\'' && !escaped;
+                escaped = c == '\\' && !escaped;
+                close
+            });
+            close.map_or(value.len(), |(i, _)| i + 2)
+        } else {
+            value.find(char::is_whitespace).unwrap_or(value.len())
+        };
+        out.push_str("password=");
+        out.push_str(HIDDEN);
+        rest = &value[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]

@@ -139,6 +139,9 @@ fn start_over(
             "The MQTT password goes to the broker unencrypted: set mqtt.tls.enabled = true."
         );
     }
+    if let Some(warning) = crate::http::exposure_warning(config.http.bind, api_token.is_some()) {
+        tracing::warn!("{warning}");
+    }
     let width_secs =
         i64::try_from(config.store.bucket_width.as_secs()).expect("validated to divide a day");
 

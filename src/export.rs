@@ -89,6 +89,16 @@ pub fn bucket_csv(doc: &BucketDoc) -> String {
     fields.join(",")
 }
 
+/// The bucket starts (whole seconds) of `from <= start < to`, as `/api/v1/buckets` takes them:
+/// a bucket starting at 10:00:00 is before a `from` of 10:00:00.5 and before a `to` of
+/// 10:00:00.5 too. Unbounded ends are open.
+pub fn bucket_range(from: Option<Timestamp>, to: Option<Timestamp>) -> (i64, i64) {
+    (
+        from.map_or(i64::MIN, Timestamp::ceil_secs),
+        to.map_or(i64::MAX, Timestamp::ceil_secs),
+    )
+}
+
 /// Shortest representation that parses back to the same f64 (`1e+300`, not 301 digits).
 pub fn number(v: f64) -> String {
     if v.is_finite() {
@@ -98,12 +108,22 @@ pub fn number(v: f64) -> String {
     }
 }
 
-/// A CSV cell (RFC 4180): quoted when it holds a comma, quote or line break.
+/// A CSV cell (RFC 4180): quoted when it holds a comma, quote or line break. Text that a
+/// spreadsheet would run as a formula (first character `=`, `+`, `-`, `@`, tab or carriage
+/// return, e.g. a sensor named `=HYPERLINK(...)` by a device) gets a leading `'`, which
+/// spreadsheets show as text (OWASP's advice on CSV injection); numbers such as `-1.5` stay as
+/// they are.
 pub fn csv_text(s: &str) -> String {
+    let formula = s.starts_with(['=', '+', '-', '@', '\t', '\r']) && s.parse::<f64>().is_err();
+    let s = if formula {
+        std::borrow::Cow::Owned(format!("'{s}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    };
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
-        s.to_owned()
+        s.into_owned()
     }
 }
 
@@ -165,6 +185,40 @@ mod tests {
         }
         assert!(number(1e300).len() <= 6, "{}", number(1e300));
         assert_eq!(number(21.5), "21.5");
+    }
+
+    /// `--from 10:00:00.5` excludes the 10:00:00 bucket, as the API does (it was included).
+    #[test]
+    fn a_fractional_from_or_to_bounds_buckets_as_the_api_does() {
+        let at = |nanos: i64| Some(Timestamp::from_nanos(nanos));
+        let ten = 36_000i64;
+        assert_eq!(
+            bucket_range(
+                at(ten * 1_000_000_000 + 500_000_000),
+                at((ten + 3600) * 1_000_000_000)
+            ),
+            (ten + 1, ten + 3600)
+        );
+        assert_eq!(
+            bucket_range(None, at((ten + 3600) * 1_000_000_000 + 1)),
+            (i64::MIN, ten + 3601)
+        );
+        assert_eq!(bucket_range(None, None), (i64::MIN, i64::MAX));
+    }
+
+    #[test]
+    fn csv_defuses_formulas_but_keeps_numbers() {
+        assert_eq!(
+            csv_text("=HYPERLINK(\"http://x\",\"y\")"),
+            "\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\""
+        );
+        for name in ["+1+1", "-2+3", "@SUM(A1)", "\tx", "=1"] {
+            assert_eq!(csv_text(name), format!("'{name}"), "{name:?}");
+        }
+        assert_eq!(csv_text("\r=1"), "\"'\r=1\"");
+        for plain in ["-1.5", "+3", "-inf", "1e-3", "kitchen", "a-b", "a=b", ""] {
+            assert_eq!(csv_text(plain), plain, "{plain:?}");
+        }
     }
 
     #[test]

@@ -95,7 +95,7 @@ async fn require_token(State(guard): State<Guard>, request: Request, next: Next)
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        .and_then(|v| bearer_credentials(v.as_bytes()));
     let message = match presented {
         Some(candidate) if token.matches(candidate) => return next.run(request).await,
         Some(_) => "the bearer token is not valid",
@@ -106,6 +106,30 @@ async fn require_token(State(guard): State<Guard>, request: Request, next: Next)
         .http_unauthorized
         .fetch_add(1, Ordering::Relaxed);
     unauthorized(message)
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
+/// (RFC 9110, 11.1) and may be followed by more than one space.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let start = rest.iter().position(|b| *b != b' ')?;
+    Some(&rest[start..])
+}
+
+/// Why binding `bind` without an API token deserves a warning: anyone who reaches the address
+/// can read every series and trigger commits (`POST /api/v1/flush`, an fsync each). `None` on
+/// a loopback address or with a token.
+pub fn exposure_warning(bind: std::net::SocketAddr, api_token: bool) -> Option<String> {
+    (!api_token && !bind.ip().is_loopback()).then(|| {
+        format!(
+            "The HTTP API on {bind} has no token: anyone who can reach it can read every series \
+             and POST /api/v1/flush. Set http.token_file, or bind 127.0.0.1 if only this host \
+             queries it."
+        )
+    })
 }
 
 fn unauthorized(message: &str) -> Response {
@@ -136,11 +160,15 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
+    /// The details (file paths, the storage engine's words) go to the log only, under a number
+    /// the client gets to quote.
     fn internal(e: impl std::fmt::Display) -> ApiError {
-        tracing::error!(error = %e, "Query failed.");
+        static ERRORS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = ERRORS.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::error!(error = %e, error_id = id, "Query failed.");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("reading the store failed: {e}"),
+            format!("reading the store failed (error_id {id} in bucketd's log)"),
         )
     }
 }
@@ -249,12 +277,7 @@ fn series_range(
 /// [`series_range`] with `[from, to)` in whole seconds for bucket starts.
 fn range(params: &HashMap<String, String>) -> Result<(String, i64, i64), ApiError> {
     let (series, from, to) = series_range(params)?;
-    // A bucket is in the answer when from <= start < to.
-    let ceil_secs = |t: Timestamp| {
-        let n = t.as_nanos();
-        n.div_euclid(1_000_000_000) + i64::from(n.rem_euclid(1_000_000_000) != 0)
-    };
-    Ok((series, ceil_secs(from), ceil_secs(to)))
+    Ok((series, from.ceil_secs(), to.ceil_secs()))
 }
 
 async fn buckets(State(s): State<ApiState>, Query(params): Params) -> Result<Response, ApiError> {
@@ -439,6 +462,46 @@ mod tests {
             requests.try_recv().is_err(),
             "nothing reached the ingest task"
         );
+    }
+
+    /// An internal error tells the client where to look, not the file path or the cause.
+    #[tokio::test]
+    async fn internal_errors_keep_paths_and_causes_in_the_log() {
+        let e = ApiError::internal("opening /var/lib/bucketd/bucketd.redb: Permission denied");
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(e.message.contains("error_id"), "{}", e.message);
+        assert!(
+            !e.message.contains("/var/lib") && !e.message.contains("Permission"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for (value, want) in [
+            (&b"Bearer abc"[..], Some(&b"abc"[..])),
+            (b"bearer abc", Some(b"abc")),
+            (b"BEARER  abc", Some(b"abc")),
+            (b"Basic abc", None),
+            (b"Bearer", None),
+            (b"Bearer ", None),
+            (b"Bearerabc", None),
+        ] {
+            assert_eq!(bearer_credentials(value), want, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn an_open_api_off_loopback_is_warned_about() {
+        let at = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        let warning = exposure_warning(at("0.0.0.0:9470"), false).expect("warned");
+        assert!(warning.contains("http.token_file"), "{warning}");
+        assert!(exposure_warning(at("192.168.1.5:9470"), false).is_some());
+        assert!(exposure_warning(at("[::]:9470"), false).is_some());
+        assert!(exposure_warning(at("0.0.0.0:9470"), true).is_none());
+        assert!(exposure_warning(at("127.0.0.1:9470"), false).is_none());
+        assert!(exposure_warning(at("[::1]:9470"), false).is_none());
     }
 
     /// `/api/*` and `/metrics` each need their own token; probes stay open; a 401 never echoes

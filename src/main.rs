@@ -400,12 +400,7 @@ fn export(
             _ => ExitCode::SUCCESS,
         };
     }
-    let from = from.map_or(i64::MIN, |t| t.as_nanos().div_euclid(1_000_000_000));
-    // `to` is exclusive; a bucket starting in the same second as a fractional `to` is before it.
-    let to = to.map_or(i64::MAX, |t| {
-        let nanos = t.as_nanos();
-        nanos.div_euclid(1_000_000_000) + i64::from(nanos.rem_euclid(1_000_000_000) != 0)
-    });
+    let (from, to) = export::bucket_range(from, to);
     let docs = match reader.buckets(series, from, to) {
         Ok(docs) => docs,
         Err(e) => {

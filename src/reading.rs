@@ -24,6 +24,12 @@ impl Timestamp {
         self.0
     }
 
+    /// The first whole second at or after this time. A bucket (starting on a whole second) is in
+    /// `[from, to)` exactly when its start is in `[from.ceil_secs(), to.ceil_secs())`.
+    pub const fn ceil_secs(self) -> i64 {
+        self.0.div_euclid(1_000_000_000) + (self.0.rem_euclid(1_000_000_000) != 0) as i64
+    }
+
     /// The current time from the system clock.
     pub fn now() -> Timestamp {
         let since = std::time::SystemTime::now()
@@ -136,6 +142,25 @@ pub fn validate_series(series: &str) -> Result<(), DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ceil_secs_rounds_up_to_the_next_whole_second_either_side_of_the_epoch() {
+        assert_eq!(Timestamp::from_secs(36_000).ceil_secs(), 36_000);
+        assert_eq!(
+            Timestamp::from_nanos(36_000_500_000_000).ceil_secs(),
+            36_001
+        );
+        assert_eq!(Timestamp::from_nanos(-1).ceil_secs(), 0);
+        assert_eq!(Timestamp::from_nanos(-1_500_000_000).ceil_secs(), -1);
+        assert_eq!(
+            Timestamp::from_nanos(i64::MAX).ceil_secs(),
+            i64::MAX / 1_000_000_000 + 1
+        );
+        assert_eq!(
+            Timestamp::from_nanos(i64::MIN).ceil_secs(),
+            i64::MIN / 1_000_000_000
+        );
+    }
 
     #[test]
     fn bucket_start_floors_negative_times_too() {

@@ -69,7 +69,23 @@ pub fn read(key: &str, file: &Path, credentials: Option<&Path>) -> Result<Secret
     if value.is_empty() {
         return Err(format!("{key} {} is empty", path.display()));
     }
+    if let Some(mode) = open_to_others(&path) {
+        tracing::warn!(
+            key,
+            path = %path.display(),
+            mode = format!("{mode:o}"),
+            "Every user on this machine can read this secret: chmod 600 it (or hand it over with \
+             systemd's LoadCredential=)."
+        );
+    }
     Ok(Secret(value.to_owned()))
+}
+
+/// The file's permission bits when users other than its owner and group may read or write it.
+pub fn open_to_others(path: &Path) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o006 != 0).then_some(mode)
 }
 
 #[cfg(test)]
@@ -109,6 +125,20 @@ mod tests {
         let s = read("http.token_file", &dir.path().join("t"), None).unwrap();
         assert_eq!(s.expose(), "s3cr3t-value");
         assert!(!format!("{s:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn a_secret_file_others_can_read_is_noticed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("token");
+        std::fs::write(&f, "t\n").unwrap();
+        for (mode, open) in [(0o644, true), (0o606, true), (0o640, false), (0o600, false)] {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(open_to_others(&f), open.then_some(mode), "{mode:o}");
+            // Still read: a warning, not a refusal.
+            assert_eq!(read("http.token_file", &f, None).unwrap().expose(), "t");
+        }
     }
 
     #[test]

@@ -226,6 +226,117 @@ fn subscriptions_are_checked_against_their_format_and_filter() {
     assert!(ok.is_ok(), "{ok:?}");
 }
 
+/// A subscription that takes its sensor from the payload needs no template (it was refused
+/// with `missing configuration field "subscriptions[0]template"`); one that needs names from
+/// the topic says what to write.
+#[test]
+fn a_subscription_without_template_uses_its_filter() {
+    let sub = |body: &str| format!("[[subscriptions]]\n{body}\n");
+    let cfg = load(&sub(
+        "filter = \"$share/g/gw/+/json\"\nformat = \"json\"\nsensor_field = \"id\"",
+    ))
+    .expect("sensor_field without a template loads");
+    let s = &cfg.subscriptions[0];
+    assert_eq!(
+        s.template,
+        crate::decode::Template::parse("gw/+/json").unwrap()
+    );
+    assert_eq!(s.template.capture("gw/7/json"), Some((None, None)));
+    for (body, needle) in [
+        (
+            "filter = \"a/+/+\"\nformat = \"value\"",
+            "needs {sensor} and {metric}",
+        ),
+        (
+            "filter = \"a/+\"\nformat = \"json\"",
+            "{sensor} in the template or as sensor_field",
+        ),
+    ] {
+        let e = error_of(&sub(body));
+        assert!(
+            e.contains(needle) && e.contains("template"),
+            "{body:?}: {e}"
+        );
+    }
+}
+
+/// `protocol = "v3.1.1"` was refused with serde's "unknown variant"; the spellings users write
+/// are understood, in the file and in the environment, and a wrong one says what to write.
+#[test]
+fn the_mqtt_version_is_understood_as_users_write_it() {
+    for (text, want) in [
+        ("\"v5\"", Protocol::V5),
+        ("\"5\"", Protocol::V5),
+        ("5", Protocol::V5),
+        ("\"5.0\"", Protocol::V5),
+        ("\"MQTT5\"", Protocol::V5),
+        ("\"v311\"", Protocol::V311),
+        ("\"v3.1.1\"", Protocol::V311),
+        ("\"3.1.1\"", Protocol::V311),
+        ("\"311\"", Protocol::V311),
+        ("311", Protocol::V311),
+        ("\"MQTT-3.1.1\"", Protocol::V311),
+    ] {
+        let cfg = load(&format!("[mqtt]\nprotocol = {text}\n"));
+        assert_eq!(cfg.map(|c| c.mqtt.protocol).ok(), Some(want), "{text}");
+    }
+    let cfg = Config::load(None, env(&[("BUCKETD__MQTT__PROTOCOL", "3.1.1")])).unwrap();
+    assert_eq!(cfg.mqtt.protocol, Protocol::V311);
+    for bad in ["\"3.1\"", "\"v4\"", "4"] {
+        let e = error_of(&format!("[mqtt]\nprotocol = {bad}\n"));
+        assert!(e.contains("write \"5\" or \"3.1.1\""), "{bad}: {e}");
+    }
+}
+
+/// `check-config` printed PostgreSQL connection strings with their passwords.
+#[test]
+fn rendered_config_hides_passwords_in_connection_strings() {
+    for (given, shown) in [
+        (
+            "postgresql://bucketd:s3cret@db:5432/fleet",
+            "postgresql://bucketd:***@db:5432/fleet",
+        ),
+        (
+            "postgres://u:p%40ss@db/f?sslmode=require&password=x",
+            "postgres://u:***@db/f?sslmode=require&password=***",
+        ),
+        (
+            "postgresql://db/fleet?user=u&PASSWORD=x",
+            "postgresql://db/fleet?user=u&PASSWORD=***",
+        ),
+        ("postgresql://u@db/fleet", "postgresql://u@db/fleet"),
+        (
+            "host=db user=u password=s3cret dbname=f",
+            "host=db user=u password=*** dbname=f",
+        ),
+        (
+            "host=db password = 'a \\' b' dbname=f",
+            "host=db password=*** dbname=f",
+        ),
+        ("password=x", "password=***"),
+        (
+            "host=/run/postgresql dbname=fleet",
+            "host=/run/postgresql dbname=fleet",
+        ),
+        (
+            "user=password_owner dbname=f",
+            "user=password_owner dbname=f",
+        ),
+        ("", ""),
+    ] {
+        assert_eq!(redact_conninfo(given), shown, "{given}");
+    }
+    let mut raw = RawConfig::load(None, env(&[])).unwrap();
+    raw.upstream.postgres = "host=db password=s3cret".into();
+    raw.central.claims_postgres = "postgresql://c:t0psecret@db/claims".into();
+    let text = render(&raw);
+    assert!(
+        !text.contains("s3cret") && !text.contains("t0psecret"),
+        "{text}"
+    );
+    assert!(text.contains("host=db password=***"), "{text}");
+}
+
 #[test]
 fn relative_store_path_resolves_against_the_state_directory() {
     let c = Config::load(None, env(&[])).unwrap();
