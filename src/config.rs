@@ -239,6 +239,10 @@ pub struct RawHttp {
     pub metrics_token_file: String,
     pub max_buckets_per_query: usize,
     pub max_raw_readings: usize,
+    pub max_connections: usize,
+    pub max_concurrent_queries: usize,
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -474,6 +478,12 @@ pub struct HttpConfig {
     pub metrics_token_file: Option<PathBuf>,
     pub max_buckets_per_query: usize,
     pub max_raw_readings: usize,
+    /// Open HTTP connections at once; more are closed as they come (counted).
+    pub max_connections: usize,
+    /// `/api/*` requests served at once; more wait for a turn.
+    pub max_concurrent_queries: usize,
+    /// A connection that has not sent a whole request head in this time is closed.
+    pub header_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -726,12 +736,35 @@ impl TryFrom<RawConfig> for Config {
         if raw.http.max_raw_readings == 0 {
             return Err(invalid("http.max_raw_readings", "must be at least 1"));
         }
+        for (key, value, most) in [
+            ("http.max_connections", raw.http.max_connections, 4096),
+            (
+                "http.max_concurrent_queries",
+                raw.http.max_concurrent_queries,
+                256,
+            ),
+        ] {
+            if !(1..=most).contains(&value) {
+                return Err(invalid(key, format!("must be 1..={most}")));
+            }
+        }
+        if !(Duration::from_millis(100)..=Duration::from_mins(5))
+            .contains(&raw.http.header_read_timeout)
+        {
+            return Err(invalid(
+                "http.header_read_timeout",
+                "must be 100ms..=5m (a slow client's request head, not a query's run time)",
+            ));
+        }
         let http = HttpConfig {
             bind,
             token_file: non_empty_path(&raw.http.token_file),
             metrics_token_file: non_empty_path(&raw.http.metrics_token_file),
             max_buckets_per_query: raw.http.max_buckets_per_query,
             max_raw_readings: raw.http.max_raw_readings,
+            max_connections: raw.http.max_connections,
+            max_concurrent_queries: raw.http.max_concurrent_queries,
+            header_read_timeout: raw.http.header_read_timeout,
         };
 
         if !valid_log_filter(&raw.log.level) {

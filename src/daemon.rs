@@ -218,6 +218,9 @@ fn start_over(
         max_raw_readings: config.http.max_raw_readings,
         api_token: api_token.map(Arc::new),
         metrics_token: metrics_token.map(Arc::new),
+        query_slots: Arc::new(tokio::sync::Semaphore::new(
+            config.http.max_concurrent_queries,
+        )),
     };
     // Read before any task starts: nothing may fail after that (a task would be left running).
     let origin = store
@@ -316,13 +319,16 @@ fn start_over(
         "Starting ingestion."
     );
     info!(addr = %http_addr, "Serving /metrics and the query API.");
-    let server = axum::serve(listener, crate::http::router(api))
-        .with_graceful_shutdown(cancel.clone().cancelled_owned());
-    let http = tokio::spawn(async move {
-        if let Err(e) = server.await {
-            tracing::error!(error = %e, "The HTTP server failed.");
-        }
-    });
+    let http = tokio::spawn(crate::http::serve(
+        listener,
+        crate::http::router(api),
+        crate::http::ConnectionLimits {
+            max_connections: config.http.max_connections,
+            header_read_timeout: config.http.header_read_timeout,
+        },
+        stats.clone(),
+        cancel.clone(),
+    ));
     tasks.spawn(upkeep(metrics, cancel.clone()));
     tasks.close();
     let task = tokio::spawn(run_ingest(

@@ -45,6 +45,8 @@ pub struct ApiState {
     pub api_token: Option<Arc<Secret>>,
     /// Bearer token for `/metrics` (`http.metrics_token_file`); `None`: open.
     pub metrics_token: Option<Arc<Secret>>,
+    /// `/api/*` requests served at once (`http.max_concurrent_queries`); more wait their turn.
+    pub query_slots: Arc<tokio::sync::Semaphore>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -53,6 +55,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/buckets", get(buckets))
         .route("/api/v1/raw", get(raw))
         .route("/api/v1/flush", post(flush))
+        // Inside the token check: a refused request takes no turn.
+        .route_layer(from_fn_with_state(state.query_slots.clone(), take_turn))
         .route_layer(from_fn_with_state(
             Guard {
                 token: state.api_token.clone(),
@@ -78,11 +82,95 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
+/// What bounds the server's connections (`[http]`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections open at once; one more is closed as it arrives (counted).
+    pub max_connections: usize,
+    /// A connection that has not sent a whole request head within this time is closed, idle
+    /// keep-alive connections included.
+    pub header_read_timeout: Duration,
+}
+
+/// Serves `app` on `listener` until `cancel`, then lets the requests in progress finish.
+/// HTTP/1.1 only. A connection past `max_connections` is accepted and closed at once (not left
+/// in the kernel's queue, where it would wait ahead of a probe); a half-sent request head is cut
+/// off after `header_read_timeout`. So neither idle nor slow clients can take the file
+/// descriptors that MQTT reconnects and store reopens need.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    stats: Arc<Stats>,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = cancel.cancelled() => break,
+            // Reap finished connections as they go (the set is bounded by the slots).
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, most likely: wait a little rather than spin.
+                tracing::warn!(error = %e, "Accepting an HTTP connection failed.");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            stats
+                .http_connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let cancel = cancel.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout);
+            let connection =
+                builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = cancel.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    while connections.join_next().await.is_some() {}
+}
+
 /// The token one group of routes needs, and where refusals are counted.
 #[derive(Clone)]
 struct Guard {
     token: Option<Arc<Secret>>,
     stats: Arc<Stats>,
+}
+
+/// Runs the request once one of `slots` is free, holding it until the answer is ready: a few
+/// large answers at a time, whatever the number of clients.
+async fn take_turn(
+    State(slots): State<Arc<tokio::sync::Semaphore>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Ok(_turn) = slots.acquire_owned().await else {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucketd is shutting down")
+            .into_response();
+    };
+    next.run(request).await
 }
 
 /// Lets the request through when no token is configured or it carries
@@ -446,6 +534,7 @@ mod tests {
             max_raw_readings: 10,
             api_token: None,
             metrics_token: None,
+            query_slots: Arc::new(tokio::sync::Semaphore::new(4)),
         };
         // The store stays open while the reader is used (dropping it closes the file).
         (state, requests, store)

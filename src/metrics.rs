@@ -41,6 +41,7 @@ pub const MQTT_RECONNECTS: &str = "bucketd_mqtt_reconnects_total";
 pub const MQTT_CONNECTION_ERRORS: &str = "bucketd_mqtt_connection_errors_total";
 pub const DUPLICATES: &str = "bucketd_duplicates_total";
 pub const HTTP_UNAUTHORIZED: &str = "bucketd_http_unauthorized_total";
+pub const HTTP_CONNECTIONS_REFUSED: &str = "bucketd_http_connections_refused_total";
 pub const COMMIT_ERRORS: &str = "bucketd_commit_errors_total";
 pub const STORE_WRITABLE: &str = "bucketd_store_writable";
 pub const DISK_WRITTEN: &str = "bucketd_disk_written_bytes_total";
@@ -234,6 +235,11 @@ fn describe(process: &metrics_process::Collector) {
         "HTTP requests refused (401) for a missing or wrong bearer token."
     );
     describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        Unit::Count,
+        "HTTP connections closed on arrival because http.max_connections were open."
+    );
+    describe_counter!(
         COMMIT_ERRORS,
         Unit::Count,
         "Commits that failed (disk full, I/O error); the batch is retried, nothing is acknowledged meanwhile."
@@ -318,6 +324,7 @@ fn copy_stats(stats: &Stats) {
     counter!(DUPLICATES).absolute(Stats::get(&stats.duplicates));
     counter!(COMMIT_ERRORS).absolute(Stats::get(&stats.commit_errors));
     counter!(HTTP_UNAUTHORIZED).absolute(Stats::get(&stats.http_unauthorized));
+    counter!(HTTP_CONNECTIONS_REFUSED).absolute(Stats::get(&stats.http_connections_refused));
     let failing = stats
         .store_failing
         .load(std::sync::atomic::Ordering::Relaxed);

@@ -52,6 +52,8 @@ pub struct Stats {
     pub commit_errors: AtomicU64,
     /// HTTP requests refused for a missing or wrong bearer token.
     pub http_unauthorized: AtomicU64,
+    /// HTTP connections closed on arrival because `http.max_connections` were open.
+    pub http_connections_refused: AtomicU64,
     /// False from a failed commit until a commit succeeds again.
     pub store_failing: AtomicBool,
     /// Forwarding to the fleet tier (`fleet::forwarder`): entries and readings applied

@@ -655,3 +655,87 @@ async fn retention_deletes_expired_pages_and_buckets_in_a_running_daemon() {
     );
     d.stop().await.unwrap();
 }
+
+/// Clients that open connections and never finish a request (idle, or a half-sent head) past
+/// `http.max_connections`: each is closed by the server (at once past the cap, after
+/// `http.header_read_timeout` within it), counted, and the daemon keeps answering probes,
+/// ingesting, and reconnecting to the broker while more of them arrive. Before, every such
+/// connection stayed open for as long as its client liked, each holding a file descriptor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_send_a_request_cannot_pile_up() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let proxy = Proxy::start(&broker.host, broker.v5_port).await;
+    let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics);
+    raw.mqtt.port = proxy.port;
+    raw.http.max_connections = 4;
+    raw.http.header_read_timeout = Duration::from_millis(500);
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let stats = d.stats.clone();
+    let hold = |n: usize| {
+        let addr = d.http_addr.to_string();
+        async move {
+            let mut held = Vec::new();
+            for i in 0..n {
+                let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+                if i % 4 == 0 {
+                    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                        .await
+                        .unwrap();
+                }
+                held.push(s);
+            }
+            held
+        }
+    };
+    let closed_by_server = |mut held: Vec<tokio::net::TcpStream>| async move {
+        for (i, s) in held.iter_mut().enumerate() {
+            let mut answer = Vec::new();
+            let read = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
+            assert!(read.is_ok(), "connection {i} is still open");
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(
+                !answer.contains(" 200 "),
+                "connection {i} was served: {answer}"
+            );
+        }
+    };
+
+    closed_by_server(hold(16).await).await;
+    assert!(
+        Stats::get(&stats.http_connections_refused) >= 12,
+        "past the cap of 4: {}",
+        Stats::get(&stats.http_connections_refused)
+    );
+    let (status, _) = http("GET", format!("http://{}/healthz", d.http_addr)).await;
+    assert_eq!(status, 200);
+
+    // Ingestion and a broker reconnect while another wave holds connections.
+    let held = hold(16).await;
+    let messages: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| (topics.value("cap", "x"), format!("{i}").into_bytes()))
+        .collect();
+    publish_all(&broker, &messages, 1).await;
+    wait_ingested(&d, 20, 0).await;
+    proxy.set_up(false);
+    eventually(WAIT, "the outage to be noticed", || {
+        !stats.connected.load(Ordering::Relaxed)
+    })
+    .await;
+    proxy.set_up(true);
+    eventually(WAIT, "the reconnect", || {
+        stats.subscribed.load(Ordering::Relaxed)
+    })
+    .await;
+    closed_by_server(held).await;
+    let (_, text) = http("GET", format!("http://{}/metrics", d.http_addr)).await;
+    assert!(
+        text.contains("bucketd_http_connections_refused_total"),
+        "{text}"
+    );
+    d.stop().await.unwrap();
+}
