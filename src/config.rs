@@ -260,6 +260,7 @@ pub struct RawMqtt {
     pub broker_window: u16,
     pub sessions: u16,
     pub max_packet_size: ByteSize,
+    pub max_packet_size_to_drop: ByteSize,
     #[serde(with = "humantime_serde")]
     pub session_expiry: Duration,
     #[serde(with = "humantime_serde")]
@@ -501,6 +502,10 @@ pub struct MqttConfig {
     /// Persistent sessions sharing the subscriptions (`mqtt.sessions`), each with its own window.
     pub sessions: u16,
     pub max_packet_bytes: usize,
+    /// Over MQTT 3.1.1, a message up to this size that is larger than `max_packet_bytes` is
+    /// taken in on a reconnect with a larger limit and rejected, instead of resetting every
+    /// connection it is redelivered on.
+    pub max_packet_bytes_to_drop: usize,
     pub session_expiry: Duration,
     pub reconnect_delay_min: Duration,
     pub reconnect_delay_max: Duration,
@@ -855,6 +860,15 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
         .ok()
         .filter(|n| (1024..=256 << 20).contains(n))
         .ok_or_else(|| invalid("mqtt.max_packet_size", "must be between 1KiB and 256MiB"))?;
+    let max_packet_bytes_to_drop = usize::try_from(raw.max_packet_size_to_drop.as_u64())
+        .ok()
+        .filter(|n| (max_packet_bytes..=256 << 20).contains(n))
+        .ok_or_else(|| {
+            invalid(
+                "mqtt.max_packet_size_to_drop",
+                "must be between mqtt.max_packet_size and 256MiB",
+            )
+        })?;
     let credentials = match (raw.username.is_empty(), raw.password_file.is_empty()) {
         (true, true) => None,
         (true, false) => {
@@ -879,6 +893,7 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
         broker_window: (raw.broker_window > 0).then_some(raw.broker_window),
         sessions: raw.sessions,
         max_packet_bytes,
+        max_packet_bytes_to_drop,
         session_expiry: raw.session_expiry,
         reconnect_delay_min: raw.reconnect_delay_min,
         reconnect_delay_max: raw.reconnect_delay_max,

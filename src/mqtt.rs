@@ -102,6 +102,12 @@ struct Driver {
     up: bool,
     /// When the first poll of the current connection attempt began.
     attempt: Option<std::time::Instant>,
+    /// `mqtt.max_packet_size` and `mqtt.max_packet_size_to_drop`, in bytes.
+    max_packet: usize,
+    max_packet_to_drop: usize,
+    /// MQTT 3.1.1: the incoming limit was raised for this connection attempt, to take in and
+    /// reject a message larger than `max_packet` ([`Driver::oversized_v4`]).
+    raised: bool,
 }
 
 impl Drop for Mqtt {
@@ -192,6 +198,9 @@ impl Mqtt {
                 up: false,
                 attempt: None,
                 subscriptions,
+                max_packet: cfg.max_packet_bytes,
+                max_packet_to_drop: cfg.max_packet_bytes_to_drop,
+                raised: false,
             }),
             events: None,
             resume: Arc::new(Notify::new()),
@@ -277,10 +286,17 @@ impl Driver {
             Client::V4 { eventloop, .. } => {
                 use rumqttc::{Event, Outgoing, Packet};
                 match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
-                        session_present: ack.session_present,
-                        handshake: attempt.take().map_or(Duration::ZERO, |t| t.elapsed()),
-                    }),
+                    Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                        if std::mem::take(&mut self.raised) {
+                            // This connection keeps the raised limit; the next one is normal.
+                            let limit = self.max_packet;
+                            eventloop.mqtt_options.set_max_packet_size(limit, limit);
+                        }
+                        Ok(MqttEvent::Connected {
+                            session_present: ack.session_present,
+                            handshake: attempt.take().map_or(Duration::ZERO, |t| t.elapsed()),
+                        })
+                    }
                     Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
                         refused: self
                             .subscriptions
@@ -302,11 +318,27 @@ impl Driver {
                     }
                     Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
                     Ok(_) => Ok(MqttEvent::Other),
-                    Err(e) => Err(PollError {
-                        refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
-                        tls: tls_error_v4(&e),
-                        message: e.to_string(),
-                    }),
+                    Err(e) => {
+                        let mut message = e.to_string();
+                        if let rumqttc::ConnectionError::MqttState(
+                            rumqttc::StateError::Deserialization(
+                                rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(size),
+                            ),
+                        ) = &e
+                        {
+                            message = oversized_v4(
+                                &mut eventloop.mqtt_options,
+                                *size,
+                                (self.max_packet, self.max_packet_to_drop),
+                                &mut self.raised,
+                            );
+                        }
+                        Err(PollError {
+                            refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
+                            tls: tls_error_v4(&e),
+                            message,
+                        })
+                    }
                 }
             }
             Client::V5 { eventloop, .. } => {
@@ -347,6 +379,34 @@ impl Driver {
                 }
             }
         }
+    }
+}
+
+/// MQTT 3.1.1 has no way to tell the broker our packet size limit, so a QoS 1 message over it
+/// resets the connection, and the broker redelivers it on the next one, forever. Up to
+/// `max_packet_to_drop` the next connection takes packets of `size` in, so that the message
+/// reaches admission, which rejects it (acknowledged, dead-lettered, `payload_too_large`); the
+/// limit is back to normal for the connection after. Returns the error to report.
+fn oversized_v4(
+    options: &mut rumqttc::MqttOptions,
+    size: usize,
+    (max_packet, max_packet_to_drop): (usize, usize),
+    raised: &mut bool,
+) -> String {
+    if size <= max_packet_to_drop {
+        options.set_max_packet_size(size, max_packet);
+        *raised = true;
+        format!(
+            "the broker sent a {size}-byte packet, over mqtt.max_packet_size ({max_packet}); \
+             MQTT 3.1.1 cannot tell it the limit, so the next connection takes it in to reject it"
+        )
+    } else {
+        format!(
+            "the broker sent a {size}-byte packet, over mqtt.max_packet_size_to_drop \
+             ({max_packet_to_drop}) too; it will redeliver it on every connection and nothing \
+             else arrives meanwhile: remove it at the broker (or clear this client's session), \
+             raise mqtt.max_packet_size_to_drop, or use MQTT 5, which tells the broker the limit"
+        )
     }
 }
 

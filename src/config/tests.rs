@@ -107,6 +107,23 @@ fn bad_values_are_errors_that_name_the_key() {
         ("[store]\ndurability = \"none\"\n", "durability"),
         ("[mqtt]\nprotocol = \"v4\"\n", "protocol"),
         ("[mqtt]\nreceive_maximum = 0\n", "mqtt.receive_maximum"),
+        (
+            "[mqtt]\nmax_packet_size_to_drop = \"100KiB\"\n",
+            "mqtt.max_packet_size_to_drop",
+        ),
+        (
+            "[mqtt]\nmax_packet_size_to_drop = \"1GiB\"\n",
+            "mqtt.max_packet_size_to_drop",
+        ),
+        ("[http]\nmax_connections = 0\n", "http.max_connections"),
+        (
+            "[http]\nmax_concurrent_queries = 0\n",
+            "http.max_concurrent_queries",
+        ),
+        (
+            "[http]\nheader_read_timeout = \"10m\"\n",
+            "http.header_read_timeout",
+        ),
         ("[mqtt]\nreceive_maximum = 70000\n", "receive_maximum"),
         ("[mqtt]\nbroker_window = 70000\n", "broker_window"),
         ("[mqtt]\nbroker_window = -1\n", "broker_window"),

@@ -15,6 +15,7 @@ use bucketd::stats::Stats;
 use bucketd::store::StoreReader;
 
 use crate::on_every_broker;
+use crate::own_mosquitto::OwnMosquitto;
 use crate::support::*;
 
 const WAIT: Duration = Duration::from_mins(1);
@@ -277,4 +278,37 @@ async fn series_and_payload_limits_reject_and_count() {
     );
     let reader = StoreReader::open(&dir.path().join("b.redb")).unwrap();
     assert_eq!(reader.series().unwrap(), ["dev0/t", "dev1/t", "dev2/t"]);
+}
+
+/// Over MQTT 3.1.1 the broker cannot learn `mqtt.max_packet_size`, so it sends a larger QoS 1
+/// message anyway; the client library resets the connection, and the broker redelivers it on
+/// the next one: before, nothing after it was ever ingested. Now the next connection takes it
+/// in (up to `mqtt.max_packet_size_to_drop`) and admission rejects it, acknowledged; the
+/// messages behind it arrive, and later connections are back to the normal limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_over_v311_is_rejected_not_redelivered_forever() {
+    let mosquitto = OwnMosquitto::start(false, "");
+    let broker = Broker::own(&mosquitto);
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let raw = raw_config(&broker, Protocol::V311, &dir.path().join("b.redb"), &topics);
+    assert_eq!(raw.mqtt.max_packet_size, bytesize::ByteSize::kib(256));
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let mut messages = vec![(topics.value("big", "t"), vec![b'1'; 400 << 10])];
+    messages.extend((0..10).map(|i| (topics.value("small", "t"), format!("{i}").into_bytes())));
+    publish_all(&broker, &messages, 1).await;
+    wait_ingested(&d, 10, 1).await;
+    assert_eq!(d.stats.rejected(DecodeError::PayloadTooLarge), 1);
+    // One reset for the oversized packet, then nothing more: it was acknowledged.
+    let stats = d.stats.clone();
+    let more = vec![(topics.value("small", "t"), b"10".to_vec())];
+    publish_all(&broker, &more, 1).await;
+    wait_ingested(&d, 11, 1).await;
+    d.stop().await.unwrap();
+    assert_eq!(
+        Stats::get(&stats.acks_sent),
+        12,
+        "the oversized one acked too"
+    );
 }
