@@ -101,6 +101,18 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
         "tests/it/windows.rs",
         "window_20_reconnect_mid_stream",
     ),
+    (
+        "39101a5",
+        "an oversized QoS 1 message over MQTT 3.1.1 reset every connection it was redelivered on",
+        "tests/it/ingest.rs",
+        "an_oversized_message_over_v311_is_rejected_not_redelivered_forever",
+    ),
+    (
+        "f9894aa",
+        "HTTP connections that never sent a request stayed open for good, each holding an fd",
+        "tests/it/api.rs",
+        "connections_that_never_send_a_request_cannot_pile_up",
+    ),
 ];
 
 #[test]
