@@ -59,11 +59,16 @@ pub fn fingerprint(topic: &[u8], payload: &[u8], id: Option<PacketId>) -> Finger
     h.digest128()
 }
 
-/// The most recent `capacity` fingerprints, oldest first out.
+/// The fingerprints of the most recent `capacity` messages, oldest first out, as the stored
+/// window keeps them: a fingerprint inserted again (a distinct receive-time message that hashes
+/// the same, its packet id reused) is kept until its last insertion leaves the window.
 #[derive(Debug)]
 pub struct Window {
     set: HashSet<Fingerprint, BuildHasherDefault<FoldHasher>>,
     order: VecDeque<Fingerprint>,
+    /// How many more times than once a fingerprint is in `order` (rare: kept apart so that the
+    /// set stays as small as a plain set).
+    repeats: std::collections::HashMap<Fingerprint, u32, BuildHasherDefault<FoldHasher>>,
     capacity: usize,
 }
 
@@ -79,6 +84,7 @@ impl Window {
                 BuildHasherDefault::default(),
             ),
             order: VecDeque::with_capacity(capacity),
+            repeats: std::collections::HashMap::default(),
             capacity,
         };
         for fp in recent {
@@ -91,16 +97,26 @@ impl Window {
         self.set.contains(&fp)
     }
 
-    /// Adds `fp`, forgetting the oldest fingerprint when full. A fingerprint already present
-    /// keeps its place.
+    /// Adds `fp` as the newest, forgetting the oldest insertion when full.
     pub fn insert(&mut self, fp: Fingerprint) {
-        if self.capacity == 0 || !self.set.insert(fp) {
+        if self.capacity == 0 {
             return;
         }
         if self.order.len() == self.capacity
             && let Some(old) = self.order.pop_front()
         {
-            self.set.remove(&old);
+            match self.repeats.get_mut(&old) {
+                Some(1) => {
+                    self.repeats.remove(&old);
+                }
+                Some(n) => *n -= 1,
+                None => {
+                    self.set.remove(&old);
+                }
+            }
+        }
+        if !self.set.insert(fp) {
+            *self.repeats.entry(fp).or_insert(0) += 1;
         }
         self.order.push_back(fp);
     }
@@ -202,12 +218,36 @@ mod tests {
         w.insert(4);
         assert!(!w.contains(1), "the oldest went first");
         assert!(w.contains(2) && w.contains(4));
-        w.insert(2); // already there: keeps its place
         w.insert(5);
         assert!(!w.contains(2));
         assert_eq!(w.len(), 3);
         let empty = Window::new(0, [1]);
         assert!(!empty.contains(1) && empty.is_empty());
+    }
+
+    /// A fingerprint inserted again stays until its last insertion leaves the window, as in the
+    /// stored window (the last `capacity` insertions); it used to keep its first place and be
+    /// forgotten in memory while the file still had it.
+    #[test]
+    fn a_fingerprint_inserted_again_stays_as_long_as_its_last_insertion() {
+        let mut w = Window::new(3, [1, 2, 3]);
+        w.insert(1); // 2, 3, 1
+        w.insert(4); // 3, 1, 4
+        assert!(w.contains(1), "its second insertion is still in the window");
+        assert!(!w.contains(2));
+        w.insert(1); // 1, 4, 1
+        w.insert(5); // 4, 1, 5
+        w.insert(6); // 1, 5, 6
+        assert!(w.contains(1));
+        w.insert(7); // 5, 6, 7
+        assert!(!w.contains(1), "gone with its last insertion");
+        assert!(w.repeats.is_empty(), "{:?}", w.repeats);
+        // The same as a window rebuilt from the stored insertions.
+        let stored = [1, 2, 3, 1, 4, 1, 5, 6, 7];
+        let rebuilt = Window::new(3, stored);
+        for fp in 1..=7 {
+            assert_eq!(rebuilt.contains(fp), w.contains(fp), "{fp}");
+        }
     }
 
     #[test]
