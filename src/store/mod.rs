@@ -42,7 +42,7 @@ mod reader;
 mod retention;
 
 #[cfg(any(test, feature = "fault-injection"))]
-pub use faults::Faults;
+pub use faults::{Cut, Faults};
 pub use log::CheckpointStats;
 pub use outbox::{OutboxDoc, OutboxShared};
 pub use reader::StoreReader;
