@@ -481,7 +481,7 @@ pub struct HttpConfig {
     pub max_raw_readings: usize,
     /// Open HTTP connections at once; more are closed as they come (counted).
     pub max_connections: usize,
-    /// `/api/*` requests served at once; more wait for a turn.
+    /// Query API requests (series, buckets, raw) served at once; more wait for a turn.
     pub max_concurrent_queries: usize,
     /// A connection that has not sent a whole request head in this time is closed.
     pub header_read_timeout: Duration,

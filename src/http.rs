@@ -45,18 +45,21 @@ pub struct ApiState {
     pub api_token: Option<Arc<Secret>>,
     /// Bearer token for `/metrics` (`http.metrics_token_file`); `None`: open.
     pub metrics_token: Option<Arc<Secret>>,
-    /// `/api/*` requests served at once (`http.max_concurrent_queries`); more wait their turn.
+    /// Query API requests served at once (`http.max_concurrent_queries`); more wait their turn.
     pub query_slots: Arc<tokio::sync::Semaphore>,
 }
 
 pub fn router(state: ApiState) -> Router {
-    let api = Router::new()
+    // Queries take turns (inside the token check: a refused request takes none); a flush has
+    // its own bound and holds no answer in memory.
+    let queries = Router::new()
         .route("/api/v1/series", get(series))
         .route("/api/v1/buckets", get(buckets))
         .route("/api/v1/raw", get(raw))
+        .route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
+    let api = Router::new()
         .route("/api/v1/flush", post(flush))
-        // Inside the token check: a refused request takes no turn.
-        .route_layer(from_fn_with_state(state.query_slots.clone(), take_turn))
+        .merge(queries)
         .route_layer(from_fn_with_state(
             Guard {
                 token: state.api_token.clone(),

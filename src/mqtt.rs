@@ -106,7 +106,7 @@ struct Driver {
     max_packet: usize,
     max_packet_to_drop: usize,
     /// MQTT 3.1.1: the incoming limit was raised for this connection attempt, to take in and
-    /// reject a message larger than `max_packet` ([`Driver::oversized_v4`]).
+    /// reject a message larger than `max_packet` ([`oversized_v4`]).
     raised: bool,
 }
 

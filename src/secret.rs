@@ -74,8 +74,8 @@ pub fn read(key: &str, file: &Path, credentials: Option<&Path>) -> Result<Secret
             key,
             path = %path.display(),
             mode = format!("{mode:o}"),
-            "Every user on this machine can read this secret: chmod 600 it (or hand it over with \
-             systemd's LoadCredential=)."
+            "Other users on this machine can read or change this secret: chmod 600 it (or \
+             hand it over with systemd's LoadCredential=)."
         );
     }
     Ok(Secret(value.to_owned()))
