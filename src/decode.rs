@@ -276,6 +276,9 @@ pub struct Delta {
     pub summary: crate::summary::Summary,
 }
 
+/// The widest bucket a delta may carry: a day.
+const MAX_DELTA_WIDTH_SECS: i64 = 86_400;
+
 fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
     let msg: DeltaMessage =
         bson::deserialize_from_slice(payload).map_err(|_| DecodeError::InvalidDelta)?;
@@ -284,18 +287,23 @@ fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
     }
     for b in &msg.buckets {
         let summary = b.summary();
+        // A bucket is at most a day wide (bucket widths divide a day); `end - start` of any two
+        // i64s could overflow.
+        let width = b
+            .end
+            .checked_sub(b.start)
+            .filter(|w| (1..=MAX_DELTA_WIDTH_SECS).contains(w));
         let sane = crate::reading::validate_series(&b.series).is_ok()
             && summary.count > 0
             && summary.min <= summary.max
-            && summary.sum.is_finite()
-            && b.end > b.start;
-        if !sane {
+            && summary.sum.is_finite();
+        let (true, Some(width_secs)) = (sane, width) else {
             return Err(DecodeError::InvalidDelta);
-        }
+        };
         out.deltas.push(Delta {
             series: format!("{}:{}", msg.gateway_id, b.series),
             start: b.start,
-            width_secs: b.end - b.start,
+            width_secs,
             summary,
         });
     }

@@ -146,8 +146,9 @@ impl BucketDoc {
             sensor: sensor.to_owned(),
             metric: metric.to_owned(),
             start,
-            end: start + width_secs,
-            count: i64::try_from(s.count).expect("bucket counts stay below 2^63"),
+            end: start.saturating_add(width_secs),
+            // A count merged past 2^63 (deltas can carry anything) is stored saturated.
+            count: i64::try_from(s.count).unwrap_or(i64::MAX),
             sum: s.sum,
             sum_comp: s.sum_comp,
             min: s.min,
@@ -207,7 +208,12 @@ impl BucketDoc {
     pub fn with_summary(self, s: &Summary) -> BucketDoc {
         BucketDoc {
             pages: self.pages,
-            ..BucketDoc::new(&self.series, self.start, self.end - self.start, s)
+            ..BucketDoc::new(
+                &self.series,
+                self.start,
+                self.end.saturating_sub(self.start),
+                s,
+            )
         }
     }
 }

@@ -97,8 +97,9 @@ impl Sketch {
 
     fn add_n(&mut self, x: f64, n: u64) {
         debug_assert!(x.is_finite(), "decode rejects non-finite values");
+        // Counts saturate: a bucket merged from untrusted deltas must not panic or wrap.
         if x == 0.0 {
-            self.zeros += n;
+            self.zeros = self.zeros.saturating_add(n);
         } else {
             let i = self.index(x.abs());
             let store = if x > 0.0 {
@@ -106,9 +107,10 @@ impl Sketch {
             } else {
                 &mut self.negative
             };
-            *store.entry(i).or_insert(0) += n;
+            let bin = store.entry(i).or_insert(0);
+            *bin = bin.saturating_add(n);
         }
-        self.count += n;
+        self.count = self.count.saturating_add(n);
         self.collapse();
     }
 
@@ -116,13 +118,15 @@ impl Sketch {
     pub fn merge(&mut self, other: &Sketch) {
         if self.alpha == other.alpha {
             for (i, n) in &other.positive {
-                *self.positive.entry(*i).or_insert(0) += n;
+                let bin = self.positive.entry(*i).or_insert(0);
+                *bin = bin.saturating_add(*n);
             }
             for (i, n) in &other.negative {
-                *self.negative.entry(*i).or_insert(0) += n;
+                let bin = self.negative.entry(*i).or_insert(0);
+                *bin = bin.saturating_add(*n);
             }
-            self.zeros += other.zeros;
-            self.count += other.count;
+            self.zeros = self.zeros.saturating_add(other.zeros);
+            self.count = self.count.saturating_add(other.count);
             self.collapse();
         } else {
             // Another accuracy setting: re-bin each of its bins by the value it stands for.
@@ -132,8 +136,8 @@ impl Sketch {
             for (i, n) in &other.negative {
                 self.add_n(-other.value(*i), *n);
             }
-            self.zeros += other.zeros;
-            self.count += other.zeros;
+            self.zeros = self.zeros.saturating_add(other.zeros);
+            self.count = self.count.saturating_add(other.zeros);
         }
     }
 
@@ -156,7 +160,7 @@ impl Sketch {
                 .iter_mut()
                 .next()
                 .expect("a store with two or more bins");
-            *next += n;
+            *next = next.saturating_add(n);
         }
     }
 
@@ -226,7 +230,7 @@ impl Sketch {
             let bins = get_varint(&mut r)?;
             let mut prev = 0i64;
             for _ in 0..bins {
-                let i = prev + unzigzag(get_varint(&mut r)?);
+                let i = prev.checked_add(unzigzag(get_varint(&mut r)?))?;
                 let n = get_varint(&mut r)?;
                 let store = if negative {
                     &mut s.negative

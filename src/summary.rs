@@ -101,10 +101,8 @@ impl Summary {
     fn merge_scalars(&mut self, other: &Scalars) {
         let n_a = self.count as f64;
         let n_b = other.count as f64;
-        let count = self
-            .count
-            .checked_add(other.count)
-            .expect("a bucket cannot hold 2^64 readings");
+        // Saturates: deltas from a gateway are untrusted, and no input may panic.
+        let count = self.count.saturating_add(other.count);
         let n = count as f64;
 
         let (sum, comp) = neumaier_add(self.sum, self.sum_comp, other.sum);

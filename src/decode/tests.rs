@@ -541,6 +541,28 @@ fn a_delta_message_becomes_bucket_summaries_under_the_gateway_prefix() {
 fn a_bad_delta_message_is_rejected_with_its_reason() {
     let s = crate::summary::Summary::of(NOW_NS, 1.5);
     let sub = delta_sub();
+    // Issue 20: `end - start` overflowed for start = i64::MIN, end = i64::MAX.
+    let span = |start: i64, end: i64| {
+        bson::serialize_to_vec(&DeltaMessage {
+            gateway_id: "gw-1".into(),
+            origin: String::new(),
+            seq: 1,
+            part: 0,
+            buckets: vec![crate::doc::BucketDoc {
+                start,
+                end,
+                ..crate::doc::BucketDoc::new("d0/t", NOW_S, 3600, &s)
+            }],
+        })
+        .unwrap()
+    };
+    for (start, end) in [(i64::MIN, i64::MAX), (0, 0), (10, 5), (0, 86_401)] {
+        assert_eq!(
+            run(&sub, "bucketd/gw-1/deltas", &span(start, end)).unwrap_err(),
+            DecodeError::InvalidDelta,
+            "{start}..{end}"
+        );
+    }
     let cases: [(&[u8], DecodeError); 4] = [
         (b"{\"not\": \"bson\"}", DecodeError::InvalidDelta),
         (&delta_payload("gw/1", "d0/t", &s), DecodeError::InvalidName),

@@ -114,7 +114,7 @@ pub async fn apply(
                 Some(row) => merged_sketch(row.get(0), &b.sketch),
                 None => b.sketch.clone(),
             };
-            let width = i32::try_from(b.end - b.start)?;
+            let width = i32::try_from(b.end.saturating_sub(b.start))?;
             tx.execute(
                 &upsert,
                 &[

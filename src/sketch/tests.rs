@@ -193,3 +193,20 @@ proptest! {
         prop_assert_eq!(Sketch::decode(&merged.encode()), Some(merged));
     }
 }
+
+/// Issue 20: a bin index delta that overflows (`prev + unzigzag(..)`) is a damaged sketch, not a
+/// panic.
+#[test]
+fn a_bin_index_that_overflows_is_refused_when_decoding() {
+    let mut bytes = vec![ENCODING_V1];
+    bytes.extend_from_slice(&0.01f64.to_le_bytes());
+    put_varint(&mut bytes, 64); // max_bins
+    put_varint(&mut bytes, 0); // zeros
+    put_varint(&mut bytes, 2); // positive bins
+    put_varint(&mut bytes, zigzag(i64::from(i32::MAX)));
+    put_varint(&mut bytes, 1);
+    put_varint(&mut bytes, zigzag(i64::MAX));
+    put_varint(&mut bytes, 1);
+    put_varint(&mut bytes, 0); // negative bins
+    assert!(Sketch::decode(&bytes).is_none());
+}

@@ -112,3 +112,29 @@ fn extreme_values_keep_exact_min_max_and_never_produce_nan() {
     assert_eq!(s.last.value, f64::MIN_POSITIVE / 4.0);
     assert!(!s.mean.is_nan() && !s.m2.is_nan());
 }
+
+/// Issue 20: a central merges what gateways send, and a delta can carry `count = i64::MAX` twice
+/// for one bucket. Merging saturates (it panicked: `checked_add(..).expect(..)`), and so does
+/// the sketch; the document stores the count saturated at `i64::MAX` and its end saturated too.
+#[test]
+fn counts_from_untrusted_deltas_saturate_instead_of_panicking() {
+    let mut big = Summary::of(0, 1.0);
+    big.count = u64::MAX - 1;
+    big.sketch.merge(&{
+        let mut s = Summary::of(0, 1.0).sketch;
+        for _ in 0..63 {
+            let copy = s.clone();
+            s.merge(&copy);
+        }
+        s
+    });
+    let mut merged = big.clone();
+    merged.merge(&big);
+    assert_eq!(merged.count, u64::MAX);
+    merged.push(1, 2.0);
+    assert_eq!(merged.count, u64::MAX);
+    assert!(merged.sketch.quantile(0.5).is_some());
+    let doc = crate::doc::BucketDoc::new("a/t", i64::MAX - 10, 3600, &merged);
+    assert_eq!(doc.count, i64::MAX);
+    assert_eq!(doc.end, i64::MAX);
+}
