@@ -166,7 +166,7 @@ async fn run_central(
     raw.central.claims_postgres = claims.unwrap_or_default();
     raw.subscriptions = vec![bucketd::config::RawSubscription {
         filter: "$share/central/bucketd/+/deltas".into(),
-        template: Some("bucketd/+/deltas".into()),
+        template: Some("bucketd/{gateway}/deltas".into()),
         format: bucketd::decode::Format::Delta,
         qos: 1,
         timestamp_field: None,

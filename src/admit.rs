@@ -8,15 +8,17 @@
 //! messages by their position in the gateway's stream, which a central keeps in a
 //! [`DeltaLedger`] (the fleet tier's, attached here: this module does not know it).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::Limits;
+use crate::config::{GatewayLimits, Limits};
 use crate::decode::{self, DecodeContext, Decoded, Format, Subscription};
 use crate::dedup::{self, Fingerprint, Window};
 use crate::delta::Position;
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
 use crate::series::SeriesSet;
+use crate::sketch::{Sketch, SketchParams};
 use crate::summary::Summary;
 
 /// What a central knows of each gateway's delta stream: the last position applied. The fleet
@@ -72,6 +74,8 @@ pub struct Admitted {
     pub fingerprint: Option<Fingerprint>,
     /// A delta message's gateway and position, recorded with the batch.
     pub applied: Option<(String, Position)>,
+    /// The message came on a delta subscription: the gateway its topic names (for the log).
+    pub gateway: Option<String>,
 }
 
 impl Admitted {
@@ -83,14 +87,20 @@ impl Admitted {
         self.store_raw = false;
         self.fingerprint = None;
         self.applied = None;
+        self.gateway = None;
     }
 }
 
 /// The admission state: subscriptions, limits, the known series, the recent fingerprints and
-/// (at a central) the delta ledger.
+/// (at a central) the delta ledger and what each gateway uses.
 pub struct Admitter {
     subscriptions: Vec<Subscription>,
     limits: Limits,
+    gateway_limits: GatewayLimits,
+    /// Series per gateway (the `<gateway>:` prefix of their names), bounded by the series.
+    gateway_series: HashMap<String, usize>,
+    /// This store's sketch settings, into which a delta's sketch is re-binned.
+    sketch: SketchParams,
     bucket_width_secs: i64,
     series: SeriesSet,
     dedup: Window,
@@ -108,9 +118,18 @@ impl Admitter {
         dedup: Window,
         ledger: Option<Box<dyn DeltaLedger>>,
     ) -> Admitter {
+        let mut gateway_series = HashMap::new();
+        for name in series.names() {
+            if let Some((gateway, _)) = name.split_once(':') {
+                *gateway_series.entry(gateway.to_owned()).or_insert(0) += 1;
+            }
+        }
         Admitter {
             subscriptions,
             limits,
+            gateway_limits: GatewayLimits::default(),
+            gateway_series,
+            sketch: SketchParams::DEFAULT,
             bucket_width_secs,
             series,
             dedup,
@@ -120,15 +139,32 @@ impl Admitter {
         }
     }
 
+    /// At a central: what one gateway may use, and the sketch settings of this store.
+    #[must_use]
+    pub fn with_gateway_limits(mut self, limits: GatewayLimits, sketch: SketchParams) -> Admitter {
+        self.gateway_limits = limits;
+        self.sketch = sketch;
+        self
+    }
+
     /// A delta message's gateway and position when it is one that a central instance sharing
     /// the subscription must claim before applying (`fleet::claims`): on a delta subscription,
-    /// readable, and not applied here already. `None` for everything else.
-    pub fn claim_needed(&self, topic: &[u8], payload: &[u8]) -> Option<(String, Position)> {
+    /// valid (a message that will be rejected claims nothing: a forged position must not take
+    /// the real one's claim), and not applied here already. `None` for everything else.
+    pub fn claim_needed(
+        &mut self,
+        topic: &[u8],
+        payload: &[u8],
+        received: Timestamp,
+    ) -> Option<(String, Position)> {
         let sub = subscription(&self.subscriptions, topic).ok()?;
         if sub.format != Format::Delta {
             return None;
         }
-        let (gateway, at) = crate::delta::delta_position(payload)?;
+        let ctx = self.decode_context(received);
+        decode::decode(sub, topic, payload, &ctx, &mut self.decoded).ok()?;
+        let (gateway, at) = self.decoded.delta_from.take()?;
+        self.decoded.clear();
         let applied = self
             .ledger
             .as_ref()
@@ -136,19 +172,39 @@ impl Admitter {
         (!applied).then_some((gateway, at))
     }
 
+    fn decode_context(&self, received: Timestamp) -> DecodeContext {
+        DecodeContext {
+            received,
+            oldest: received.saturating_sub(self.limits.max_age),
+            newest: received.saturating_add(self.limits.max_future),
+            max_payload_bytes: self.limits.max_payload_bytes,
+        }
+    }
+
     /// Decides what `m` becomes. See the module doc.
     pub fn admit(&mut self, m: &Message) -> &mut Admitted {
         self.out.clear();
-        let ctx = DecodeContext {
-            received: m.received,
-            oldest: m.received.saturating_sub(self.limits.max_age),
-            newest: m.received.saturating_add(self.limits.max_future),
-            max_payload_bytes: self.limits.max_payload_bytes,
-        };
+        let ctx = self.decode_context(m.received);
         let decoded = match subscription(&self.subscriptions, m.topic) {
             Ok(sub) => {
                 self.out.store_raw = sub.store_raw;
-                decode::decode(sub, m.topic, m.payload, &ctx, &mut self.decoded)
+                if sub.format == Format::Delta {
+                    self.out.gateway = std::str::from_utf8(m.topic)
+                        .ok()
+                        .and_then(|t| sub.template.capture(t))
+                        .and_then(|c| c.gateway)
+                        .map(str::to_owned);
+                }
+                decode::decode(sub, m.topic, m.payload, &ctx, &mut self.decoded).and_then(|()| {
+                    let buckets = self.decoded.deltas.len() + self.decoded.rejected.len();
+                    let too_many = sub.format == Format::Delta
+                        && buckets > self.gateway_limits.max_buckets_per_message;
+                    if too_many {
+                        Err(DecodeError::GatewayLimit)
+                    } else {
+                        Ok(())
+                    }
+                })
             }
             Err(e) => Err(e),
         };
@@ -191,7 +247,8 @@ impl Admitter {
                 Err(e) => self.out.rejected.push(e),
             }
         }
-        for delta in self.decoded.deltas.drain(..) {
+        let gateway = self.decoded.delta_from.as_ref().map(|(g, _)| g.as_str());
+        for mut delta in self.decoded.deltas.drain(..) {
             // A gateway's narrower bucket folds into this store's (15 min into an hour:
             // summaries merge); a wider one cannot be split.
             let width = self.bucket_width_secs;
@@ -200,8 +257,27 @@ impl Admitter {
                 continue;
             }
             let start = delta.start.div_euclid(width) * width;
+            // A new series counts against its gateway's share first, then against all.
+            let used = gateway.and_then(|g| self.gateway_series.get(g)).copied();
+            let new = !self.series.contains(&delta.series);
+            if new && used.unwrap_or(0) >= self.gateway_limits.max_series {
+                self.out.rejected.push(DecodeError::GatewayLimit);
+                continue;
+            }
+            // Into this store's sketch settings: a gateway's own (or a forged `max_bins`)
+            // must not decide how large a central's documents grow.
+            if delta.summary.sketch.params() != self.sketch {
+                let mut sketch = Sketch::new(self.sketch);
+                sketch.merge(&delta.summary.sketch);
+                delta.summary.sketch = sketch;
+            }
             match self.series.intern(&delta.series) {
-                Ok(series) => self.out.summaries.push((series, start, delta.summary)),
+                Ok(series) => {
+                    if let (true, Some(g)) = (new, gateway) {
+                        *self.gateway_series.entry(g.to_owned()).or_insert(0) += 1;
+                    }
+                    self.out.summaries.push((series, start, delta.summary));
+                }
                 Err(e) => self.out.rejected.push(e),
             }
         }

@@ -72,6 +72,28 @@ pub struct RawCentral {
     pub claims_postgres: String,
     pub claims_password_file: String,
     pub claims_keep_entries: u32,
+    pub max_series_per_gateway: usize,
+    pub max_buckets_per_message: usize,
+}
+
+/// What one gateway may use at a central (`[central]`), so that no gateway can exhaust what the
+/// others need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatewayLimits {
+    /// Series per gateway (`<gateway>:<sensor>/<metric>`); within `limits.max_series`.
+    pub max_series: usize,
+    /// Buckets in one delta message.
+    pub max_buckets_per_message: usize,
+}
+
+impl Default for GatewayLimits {
+    /// The defaults of `config/default.toml`.
+    fn default() -> GatewayLimits {
+        GatewayLimits {
+            max_series: 1000,
+            max_buckets_per_message: 1000,
+        }
+    }
 }
 
 /// Claiming each delta message in PostgreSQL before applying it (`fleet::claims`).
@@ -108,6 +130,29 @@ fn validate_central(raw: &RawCentral) -> Result<Option<ClaimsConfig>, ConfigErro
         password_file: non_empty_path(&raw.claims_password_file),
         keep_entries: raw.claims_keep_entries,
     }))
+}
+
+fn validate_gateway_limits(
+    raw: &RawCentral,
+    limits: &Limits,
+) -> Result<GatewayLimits, ConfigError> {
+    if raw.max_series_per_gateway == 0 {
+        return Err(invalid(
+            "central.max_series_per_gateway",
+            "must be at least 1",
+        ));
+    }
+    if raw.max_buckets_per_message == 0 {
+        return Err(invalid(
+            "central.max_buckets_per_message",
+            "must be at least 1",
+        ));
+    }
+    Ok(GatewayLimits {
+        // limits.max_series bounds every gateway's together.
+        max_series: raw.max_series_per_gateway.min(limits.max_series),
+        max_buckets_per_message: raw.max_buckets_per_message,
+    })
 }
 
 /// `[upstream]`: forwarding bucket deltas to the fleet tier.
@@ -466,6 +511,8 @@ pub struct Config {
     pub upstream: Option<UpstreamConfig>,
     /// Claiming delta messages between central instances; `None`: off.
     pub claims: Option<ClaimsConfig>,
+    /// What one gateway may use at a central.
+    pub gateway_limits: GatewayLimits,
     pub log: RawLog,
     pub subscriptions: Vec<Subscription>,
 }
@@ -797,6 +844,7 @@ impl TryFrom<RawConfig> for Config {
 
         let upstream = validate_upstream(&raw.upstream)?;
         let claims = validate_central(&raw.central)?;
+        let gateway_limits = validate_gateway_limits(&raw.central, &limits)?;
         Ok(Config {
             mqtt,
             store,
@@ -805,6 +853,7 @@ impl TryFrom<RawConfig> for Config {
             http,
             upstream,
             claims,
+            gateway_limits,
             log: raw.log,
             subscriptions,
         })
@@ -978,13 +1027,13 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     }
     let cache_bytes = usize::try_from(raw.cache_size.as_u64())
         .map_err(|_| invalid("store.cache_size", "too large for this machine"))?;
-    if !(0.0001..=0.2).contains(&raw.sketch_accuracy) {
+    if !crate::limits::SKETCH_ACCURACY.contains(&raw.sketch_accuracy) {
         return Err(invalid(
             "store.sketch_accuracy",
             "must be between 0.0001 and 0.2 (0.01 = quantiles within 1%)",
         ));
     }
-    if !(16..=65_536).contains(&raw.sketch_max_bins) {
+    if !crate::limits::SKETCH_MAX_BINS.contains(&raw.sketch_max_bins) {
         return Err(invalid("store.sketch_max_bins", "must be 16..=65536"));
     }
     if !(1..=100_000).contains(&raw.page_capacity) {
@@ -1050,11 +1099,19 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     })
 }
 
+/// The template of a delta subscription without one: where a gateway's forwarder publishes.
+pub const DELTA_TEMPLATE: &str = "bucketd/{gateway}/deltas";
+
 fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription, ConfigError> {
     let key = |k: &str| format!("subscriptions[{i}].{k}");
     validate_filter(&raw.filter).map_err(|m| invalid(key("filter"), m))?;
     let topic_filter = strip_share(&raw.filter);
-    let template_text = raw.template.as_deref().unwrap_or(topic_filter);
+    let template_text = match (&raw.template, raw.format) {
+        (Some(t), _) => t.as_str(),
+        // A gateway's forwarder publishes to bucketd/<gateway_id>/deltas.
+        (None, Format::Delta) => DELTA_TEMPLATE,
+        (None, _) => topic_filter,
+    };
     let template = Template::parse(template_text).map_err(|m| invalid(key("template"), m))?;
     if !template.fits_filter(topic_filter) {
         return Err(invalid(
@@ -1074,6 +1131,12 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
             key("qos"),
             "must be 0 or 1; QoS 2 is not supported yet (QoS 1 with acknowledgement after the \
              commit already loses nothing)",
+        ));
+    }
+    if raw.format != Format::Delta && template.has_gateway() {
+        return Err(invalid(
+            key("template"),
+            "{gateway} names a delta message's gateway; it needs format = \"delta\"",
         ));
     }
     match raw.format {
@@ -1106,6 +1169,16 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
             }
         }
         Format::Delta => {
+            if !template.has_gateway() {
+                return Err(invalid(
+                    key("template"),
+                    format!(
+                        "format \"delta\" needs {{gateway}} in the template, at the level where \
+                         the topic names the gateway (\"{DELTA_TEMPLATE}\", which is also the \
+                         default): a message's gateway_id must be the gateway of its topic"
+                    ),
+                ));
+            }
             if template.has_sensor() || template.has_metric() {
                 return Err(invalid(
                     key("template"),

@@ -301,7 +301,8 @@ fn start_over(
             series,
             dedup,
             ledger,
-        ),
+        )
+        .with_gateway_limits(config.gateway_limits, config.store.sketch),
         batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
         stats: stats.clone(),
         writer,

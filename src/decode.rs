@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::delta::{DeltaMessage, Position};
+use crate::limits;
 use crate::reading::{Timestamp, validate_name};
 pub use crate::reject::DecodeError;
 
@@ -44,6 +45,8 @@ enum Level {
     Literal(String),
     Sensor,
     Metric,
+    /// `{gateway}`: the gateway a delta message comes from (`format = "delta"`).
+    Gateway,
     Skip,
     /// `#`: any number of remaining levels (last level only).
     Rest,
@@ -66,16 +69,20 @@ impl Template {
             let level = match *part {
                 "{sensor}" => Level::Sensor,
                 "{metric}" => Level::Metric,
+                "{gateway}" => Level::Gateway,
                 "{_}" | "+" => Level::Skip,
                 "#" if i + 1 == parts.len() => Level::Rest,
                 p if p.contains(['{', '}', '+', '#']) => {
                     return Err(format!(
-                        "level `{p}` is not a literal, {{sensor}}, {{metric}}, {{_}}, + or a final #"
+                        "level `{p}` is not a literal, {{sensor}}, {{metric}}, {{gateway}}, {{_}}, + \
+                         or a final #"
                     ));
                 }
                 p => Level::Literal(p.to_owned()),
             };
-            if levels.contains(&level) && matches!(level, Level::Sensor | Level::Metric) {
+            if levels.contains(&level)
+                && matches!(level, Level::Sensor | Level::Metric | Level::Gateway)
+            {
                 return Err(format!("`{part}` appears twice"));
             }
             levels.push(level);
@@ -91,9 +98,14 @@ impl Template {
         self.levels.contains(&Level::Metric)
     }
 
+    pub fn has_gateway(&self) -> bool {
+        self.levels.contains(&Level::Gateway)
+    }
+
     /// Whether every topic the filter can match has the levels this template expects: equal
     /// level counts (or a trailing `#` in both), literals equal to the filter's literals, and
-    /// names taken only from wildcard levels.
+    /// names taken only from wildcard levels (a gateway also from a literal: a central may
+    /// subscribe to each gateway's topic by name).
     pub fn fits_filter(&self, filter: &str) -> bool {
         let filter_levels: Vec<&str> = filter.split('/').collect();
         let ends_open = |l: &[&str]| l.last() == Some(&"#");
@@ -107,29 +119,38 @@ impl Template {
             .all(|(ours, theirs)| match ours {
                 Level::Literal(l) => l == theirs || *theirs == "+",
                 Level::Sensor | Level::Metric | Level::Skip => *theirs == "+",
+                Level::Gateway => *theirs != "#",
                 Level::Rest => *theirs == "#",
             })
     }
 
-    /// Takes (sensor, metric) from a topic; `None` when the topic does not fit the template.
-    pub fn capture<'t>(&self, topic: &'t str) -> Option<(Option<&'t str>, Option<&'t str>)> {
-        let mut sensor = None;
-        let mut metric = None;
+    /// Takes the named levels from a topic; `None` when the topic does not fit the template.
+    pub fn capture<'t>(&self, topic: &'t str) -> Option<Captured<'t>> {
+        let mut got = Captured::default();
         let mut parts = topic.split('/');
         for level in &self.levels {
             if level == &Level::Rest {
-                return Some((sensor, metric));
+                return Some(got);
             }
             let part = parts.next()?;
             match level {
                 Level::Literal(l) if l != part => return None,
-                Level::Sensor => sensor = Some(part),
-                Level::Metric => metric = Some(part),
+                Level::Sensor => got.sensor = Some(part),
+                Level::Metric => got.metric = Some(part),
+                Level::Gateway => got.gateway = Some(part),
                 _ => {}
             }
         }
-        parts.next().is_none().then_some((sensor, metric))
+        parts.next().is_none().then_some(got)
     }
+}
+
+/// The levels a [`Template`] names, taken from one topic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Captured<'t> {
+    pub sensor: Option<&'t str>,
+    pub metric: Option<&'t str>,
+    pub gateway: Option<&'t str>,
 }
 
 /// One validated subscription: the MQTT filter plus how to turn its messages into readings.
@@ -244,13 +265,14 @@ pub fn decode(
         return Err(DecodeError::EmptyPayload);
     }
     let topic = std::str::from_utf8(topic).map_err(|_| DecodeError::InvalidUtf8)?;
-    let (sensor, metric) = sub
+    let captured = sub
         .template
         .capture(topic)
         .ok_or(DecodeError::TopicMismatch)?;
+    let sensor = captured.sensor;
     match sub.format {
         Format::Value => {
-            let (Some(sensor), Some(metric)) = (sensor, metric) else {
+            let (Some(sensor), Some(metric)) = (sensor, captured.metric) else {
                 unreachable!("config validation requires {{sensor}} and {{metric}} for value")
             };
             let value = decode_value(payload)?;
@@ -258,7 +280,11 @@ pub fn decode(
             out.push(ctx, sensor, metric, ctx.received, value);
         }
         Format::Json => json::decode(sub, sensor, payload, ctx, out)?,
-        Format::Delta => decode_delta(payload, out)?,
+        Format::Delta => {
+            // Config validation requires {gateway} in a delta subscription's template.
+            let gateway = captured.gateway.ok_or(DecodeError::TopicMismatch)?;
+            decode_delta(gateway, payload, ctx, out)?;
+        }
     }
     if out.readings.is_empty() && out.deltas.is_empty() && out.rejected.is_empty() {
         return Err(DecodeError::NoReadings);
@@ -276,30 +302,38 @@ pub struct Delta {
     pub summary: crate::summary::Summary,
 }
 
-/// The widest bucket a delta may carry: a day.
-const MAX_DELTA_WIDTH_SECS: i64 = 86_400;
-
-fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
+/// Decodes a delta message that came on `topic_gateway`'s topic. Nothing a gateway sends is
+/// trusted (see the threat model in docs/FLEET.md): the message is refused as a whole when it
+/// names another gateway than its topic, has no origin, a negative position, or a bucket that
+/// could not have come from a bucketd (an impossible span, a non-finite or negative moment,
+/// first/last outside the bucket, a damaged sketch or one with settings no gateway can have);
+/// a well-formed bucket outside `limits.max_age` / `limits.max_future` is refused alone.
+fn decode_delta(
+    topic_gateway: &str,
+    payload: &[u8],
+    ctx: &DecodeContext,
+    out: &mut Decoded,
+) -> Result<(), DecodeError> {
     let msg: DeltaMessage =
         bson::deserialize_from_slice(payload).map_err(|_| DecodeError::InvalidDelta)?;
     if !crate::reading::valid_gateway_id(&msg.gateway_id) {
         return Err(DecodeError::InvalidName);
     }
+    if msg.gateway_id != topic_gateway {
+        return Err(DecodeError::GatewayMismatch);
+    }
+    let origin_ok = msg.origin.len() <= limits::DELTA_ORIGIN_BYTES_MAX
+        && crate::reading::Timestamp::parse_rfc3339(&msg.origin).is_some();
+    if !origin_ok || msg.seq < 0 || msg.part < 0 {
+        return Err(DecodeError::InvalidDelta);
+    }
     for b in &msg.buckets {
-        let summary = b.summary();
-        // A bucket is at most a day wide (bucket widths divide a day); `end - start` of any two
-        // i64s could overflow.
-        let width = b
-            .end
-            .checked_sub(b.start)
-            .filter(|w| (1..=MAX_DELTA_WIDTH_SECS).contains(w));
-        let sane = crate::reading::validate_series(&b.series).is_ok()
-            && summary.count > 0
-            && summary.min <= summary.max
-            && summary.sum.is_finite();
-        let (true, Some(width_secs)) = (sane, width) else {
-            return Err(DecodeError::InvalidDelta);
-        };
+        let (width_secs, summary) = delta_bucket(b).ok_or(DecodeError::InvalidDelta)?;
+        let end = Timestamp::from_secs(b.end);
+        if end <= ctx.oldest || Timestamp::from_secs(b.start) > ctx.newest {
+            out.rejected.push(DecodeError::TimestampOutOfRange);
+            continue;
+        }
         out.deltas.push(Delta {
             series: format!("{}:{}", msg.gateway_id, b.series),
             start: b.start,
@@ -316,6 +350,39 @@ fn decode_delta(payload: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
         },
     ));
     Ok(())
+}
+
+/// A delta bucket's width and summary, or `None` if no bucketd could have sent it.
+fn delta_bucket(b: &crate::doc::BucketDoc) -> Option<(i64, crate::summary::Summary)> {
+    // A bucket is at most a day wide (bucket widths divide a day); `end - start` of any two
+    // i64s could overflow.
+    let width = b
+        .end
+        .checked_sub(b.start)
+        .filter(|w| (1..=limits::DELTA_WIDTH_SECS_MAX).contains(w))?;
+    crate::reading::validate_series(&b.series).ok()?;
+    // first and last are readings of this bucket: nanoseconds within [start, end).
+    let span = b.start.checked_mul(1_000_000_000)?..b.end.checked_mul(1_000_000_000)?;
+    let finite = [b.sum, b.sum_comp, b.mean, b.m2, b.first.value, b.last.value];
+    let sane = b.count > 0
+        && b.min <= b.max // false for NaN
+        && finite.iter().all(|v| v.is_finite())
+        && b.m2 >= 0.0
+        && span.contains(&b.first.ts)
+        && span.contains(&b.last.ts);
+    if !sane {
+        return None;
+    }
+    // An empty sketch is a schema 1 document (quantiles unknown); any other must decode, with
+    // settings a gateway's config can have.
+    if b.sketch.is_empty() {
+        return Some((width, b.summary()));
+    }
+    let sketch = crate::sketch::Sketch::decode(&b.sketch)?;
+    let params = sketch.params();
+    let ok = limits::SKETCH_ACCURACY.contains(&params.alpha)
+        && limits::SKETCH_MAX_BINS.contains(&params.max_bins);
+    ok.then(|| (width, b.summary_with(sketch)))
 }
 
 fn decode_value(payload: &[u8]) -> Result<f64, DecodeError> {

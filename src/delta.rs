@@ -20,18 +20,6 @@ pub struct DeltaMessage {
     pub buckets: Vec<BucketDoc>,
 }
 
-/// A delta message's gateway and position, read without decoding its buckets; `None` if the
-/// payload is not a delta message (decoding it then says why).
-pub fn delta_position(payload: &[u8]) -> Option<(String, Position)> {
-    let doc = bson::RawDocument::from_bytes(payload).ok()?;
-    let at = Position {
-        origin: doc.get_str("origin").unwrap_or_default().to_owned(),
-        seq: doc.get_i64("seq").ok()?,
-        part: doc.get_i32("part").ok()?,
-    };
-    Some((doc.get_str("gateway_id").ok()?.to_owned(), at))
-}
-
 /// Where a delta message stands in its gateway's stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {

@@ -173,6 +173,11 @@ impl BucketDoc {
     pub fn summary(&self) -> Summary {
         let sketch = Sketch::decode(&self.sketch)
             .unwrap_or_else(|| Sketch::new(crate::sketch::SketchParams::DEFAULT));
+        self.summary_with(sketch)
+    }
+
+    /// The aggregates, with `sketch` (decoded from this document by the caller).
+    pub fn summary_with(&self, sketch: Sketch) -> Summary {
         Summary {
             count: u64::try_from(self.count).unwrap_or(0),
             sum: self.sum,

@@ -59,6 +59,7 @@ pub fn router(state: ApiState) -> Router {
         .route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
     let api = Router::new()
         .route("/api/v1/flush", post(flush))
+        .route("/api/v1/rejected", get(rejected))
         .merge(queries)
         .route_layer(from_fn_with_state(
             Guard {
@@ -328,6 +329,31 @@ async fn series(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError
     Ok(axum::Json(json!({ "series": list })))
 }
 
+/// The dead letters (`limits.dead_letters`), oldest first: what was refused, why, and the start
+/// of its payload, as text when it is UTF-8 and always in hex (delta messages are BSON).
+async fn rejected(State(s): State<ApiState>) -> axum::Json<Value> {
+    use std::fmt::Write;
+    let letters: Vec<Value> = s
+        .stats
+        .dead_letters()
+        .into_iter()
+        .map(|d| {
+            let hex = d.payload.iter().fold(String::new(), |mut out, b| {
+                let _ = write!(out, "{b:02x}");
+                out
+            });
+            json!({
+                "at": d.at.to_rfc3339_millis(),
+                "reason": d.reason,
+                "topic": d.topic,
+                "payload": std::str::from_utf8(&d.payload).ok(),
+                "payload_hex": hex,
+            })
+        })
+        .collect();
+    axum::Json(json!({ "rejected": letters }))
+}
+
 fn required<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ApiError> {
     params
         .get(name)
@@ -541,6 +567,43 @@ mod tests {
         };
         // The store stays open while the reader is used (dropping it closes the file).
         (state, requests, store)
+    }
+
+    /// The dead letters are readable: a central's operator can see which gateway sent what.
+    #[tokio::test]
+    async fn rejected_messages_are_listed_with_their_reason_topic_and_payload() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut state, _requests, _store) = test_state(&dir, 1);
+        state.stats = Arc::new(Stats::new(2));
+        state.stats.reject(
+            crate::reject::DecodeError::InvalidJson,
+            b"devices/d1/x",
+            b"{",
+        );
+        state.stats.reject(
+            crate::reject::DecodeError::GatewayMismatch,
+            b"bucketd/site-1/deltas",
+            &[0xff, 0x00],
+        );
+        let request = Request::get("/api/v1/rejected")
+            .body(Body::empty())
+            .unwrap();
+        let response = router(state).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let list = v["rejected"].as_array().unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(
+            (&list[0]["reason"], &list[0]["topic"], &list[0]["payload"]),
+            (&json!("invalid_json"), &json!("devices/d1/x"), &json!("{"))
+        );
+        assert_eq!(list[1]["reason"], "gateway_mismatch");
+        assert_eq!(list[1]["payload"], Value::Null, "not UTF-8");
+        assert_eq!(list[1]["payload_hex"], "ff00");
+        assert!(Timestamp::parse(list[1]["at"].as_str().unwrap()).is_some());
     }
 
     #[tokio::test]

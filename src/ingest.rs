@@ -30,6 +30,7 @@ use crate::http::FlushRequest;
 use crate::limits::SHUTDOWN_DRAIN_MAX;
 use crate::mqtt::{Backoff, Mqtt, MqttEvent, PollError};
 use crate::reading::Timestamp;
+use crate::reject::DecodeError;
 use crate::stats::Stats;
 use crate::store::CommitError;
 use crate::writer::{Committed, Writer};
@@ -164,6 +165,8 @@ struct State {
     claim_wait: Option<(Polled, oneshot::Receiver<bool>)>,
     /// The message being handled is a delta message another central instance claimed.
     claimed_elsewhere: bool,
+    /// When a refusal of a gateway's delta message was last logged, per reason.
+    gateway_warned: [Option<std::time::Instant>; DecodeError::ALL.len()],
 }
 
 impl Ingest {
@@ -180,6 +183,7 @@ impl Ingest {
             ready_sent: false,
             claim_wait: None,
             claimed_elsewhere: false,
+            gateway_warned: [None; DecodeError::ALL.len()],
         };
         // Pinged from this loop, not from a task of its own: if the loop stops turning, systemd
         // stops hearing from it and restarts the service.
@@ -351,12 +355,15 @@ impl Ingest {
 
     /// With claims: asks who applies `event` when it is a delta message that needs a claim
     /// (see [`Admitter::claim_needed`]); the answer comes through the returned channel.
-    fn claim_for(&self, event: &Result<MqttEvent, PollError>) -> Option<oneshot::Receiver<bool>> {
+    fn claim_for(
+        &mut self,
+        event: &Result<MqttEvent, PollError>,
+    ) -> Option<oneshot::Receiver<bool>> {
         let claims = self.claims.as_ref()?;
         let Ok(MqttEvent::Publish { topic, payload, .. }) = event else {
             return None;
         };
-        let (gateway, at) = self.admit.claim_needed(topic, payload)?;
+        let (gateway, at) = self.admit.claim_needed(topic, payload, Timestamp::now())?;
         let (reply, answer) = oneshot::channel();
         // Never full: one request at a time, and the loop reads nothing else until answered.
         // A stopped claims task drops the request, and the answer reports it.
@@ -549,6 +556,9 @@ impl Ingest {
             Verdict::Rejected(e) => {
                 debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");
                 self.stats.reject(e, topic, payload);
+                if let Some(gateway) = &admitted.gateway {
+                    warn_gateway(&mut st.gateway_warned, gateway, e, "message", now);
+                }
             }
             Verdict::Copy => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -564,6 +574,9 @@ impl Ingest {
                 }
                 for e in admitted.rejected.drain(..) {
                     self.stats.reject(e, topic, payload);
+                    if let Some(gateway) = &admitted.gateway {
+                        warn_gateway(&mut st.gateway_warned, gateway, e, "bucket", now);
+                    }
                 }
                 if let Some(fp) = admitted.fingerprint {
                     self.batcher.push_fingerprint(fp);
@@ -717,6 +730,32 @@ async fn poll_any(
         Poll::Pending
     })
     .await
+}
+
+/// Logs a refusal of a gateway's delta message (or one of its buckets) at a central, at most
+/// once a minute per reason: a gateway that sends the same bad message on every retry must not
+/// flood the log, and the counter (`bucketd_readings_rejected_total`) and the dead letters keep
+/// every one.
+fn warn_gateway(
+    warned: &mut [Option<std::time::Instant>],
+    gateway: &str,
+    reason: DecodeError,
+    what: &str,
+    now: std::time::Instant,
+) {
+    const EVERY: std::time::Duration = std::time::Duration::from_mins(1);
+    let last = &mut warned[reason.index()];
+    if last.is_some_and(|t| now.duration_since(t) < EVERY) {
+        return;
+    }
+    *last = Some(now);
+    warn!(
+        gateway,
+        reason = reason.reason(),
+        "A central refused a gateway's delta {what}: {reason}. It is counted in \
+         bucketd_readings_rejected_total and kept in the dead letters (GET /api/v1/rejected); \
+         the same refusal is logged at most once a minute."
+    );
 }
 
 async fn claim_answer(

@@ -2,6 +2,7 @@
 //! relation checked at compile time (or, where a config value takes part, at config
 //! validation: see the note on each). Pure constants; every layer may use them.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// Requests the MQTT client's channel holds: the acknowledgements of two full windows (one
@@ -82,6 +83,19 @@ const _: () = assert!(
 /// Smallest `store.checkpoint_bytes` (validated): below it checkpoints would come about as often
 /// as commits, and each rewrites every bucket the log touched.
 pub const MIN_CHECKPOINT_BYTES: u64 = 64 * 1024;
+
+/// `store.sketch_accuracy`, and the accuracy a delta's sketch may have at a central.
+pub const SKETCH_ACCURACY: RangeInclusive<f64> = 0.0001..=0.2;
+
+/// `store.sketch_max_bins`, and the bin bound a delta's sketch may have at a central (which
+/// re-bins it into its own settings: see `admit`).
+pub const SKETCH_MAX_BINS: RangeInclusive<u32> = 16..=65_536;
+
+/// The widest bucket a delta may carry: a day (bucket widths divide a day).
+pub const DELTA_WIDTH_SECS_MAX: i64 = 86_400;
+
+/// The longest `origin` of a delta message (an RFC 3339 time).
+pub const DELTA_ORIGIN_BYTES_MAX: usize = 64;
 
 #[cfg(test)]
 mod tests {

@@ -40,11 +40,21 @@ pub enum DecodeError {
          of the gateways'"
     )]
     BucketWidthMismatch,
+    #[error(
+        "the delta message's gateway_id is not the gateway its topic names \
+         (bucketd/{{gateway}}/deltas): a publisher may only write as the gateway of its topic"
+    )]
+    GatewayMismatch,
+    #[error(
+        "a gateway's limit at this central (central.max_series_per_gateway or \
+         central.max_buckets_per_message) reached; raise it if the gateway needs more"
+    )]
+    GatewayLimit,
 }
 
 impl DecodeError {
     /// Every variant, in a fixed order (the index of a variant is its counter slot).
-    pub const ALL: [DecodeError; 15] = [
+    pub const ALL: [DecodeError; 17] = [
         DecodeError::EmptyPayload,
         DecodeError::PayloadTooLarge,
         DecodeError::TopicMismatch,
@@ -60,6 +70,8 @@ impl DecodeError {
         DecodeError::SeriesLimit,
         DecodeError::InvalidDelta,
         DecodeError::BucketWidthMismatch,
+        DecodeError::GatewayMismatch,
+        DecodeError::GatewayLimit,
     ];
 
     /// The metric label value.
@@ -80,6 +92,8 @@ impl DecodeError {
             DecodeError::SeriesLimit => "series_limit",
             DecodeError::InvalidDelta => "invalid_delta",
             DecodeError::BucketWidthMismatch => "bucket_width_mismatch",
+            DecodeError::GatewayMismatch => "gateway_mismatch",
+            DecodeError::GatewayLimit => "gateway_limit",
         }
     }
 

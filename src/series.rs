@@ -34,6 +34,14 @@ impl SeriesSet {
         Ok(name)
     }
 
+    pub fn contains(&self, series: &str) -> bool {
+        self.names.contains(series)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.names.iter()
+    }
+
     pub fn len(&self) -> usize {
         self.names.len()
     }

@@ -173,23 +173,25 @@ impl Sketch {
         let rank = (q.clamp(0.0, 1.0) * (self.count - 1) as f64).floor() as u64;
         let mut seen = 0u64;
         // Ascending values: the most negative first (largest index of the negative store).
-        for (i, n) in self.negative.iter().rev() {
-            seen += n;
+        let negative = self
+            .negative
+            .iter()
+            .rev()
+            .map(|(i, n)| (-self.value(*i), *n));
+        let positive = self.positive.iter().map(|(i, n)| (self.value(*i), *n));
+        let mut largest = None;
+        for (value, n) in negative.chain([(0.0, self.zeros)]).chain(positive) {
+            // Saturating: counts merged from untrusted deltas can sum past u64 (each bin and
+            // `count` saturate on their own), and then the largest value answers.
+            seen = seen.saturating_add(n);
+            if n > 0 {
+                largest = Some(value);
+            }
             if seen > rank {
-                return Some(-self.value(*i));
+                return Some(value);
             }
         }
-        seen += self.zeros;
-        if seen > rank {
-            return Some(0.0);
-        }
-        for (i, n) in &self.positive {
-            seen += n;
-            if seen > rank {
-                return Some(self.value(*i));
-            }
-        }
-        unreachable!("the counts add up to count")
+        largest
     }
 
     /// Compact binary form: version, alpha, `max_bins`, zeros, then each store as a varint bin
@@ -228,9 +230,16 @@ impl Sketch {
         s.count = s.zeros;
         for negative in [false, true] {
             let bins = get_varint(&mut r)?;
-            let mut prev = 0i64;
+            let mut prev = None;
             for _ in 0..bins {
-                let i = prev.checked_add(unzigzag(get_varint(&mut r)?))?;
+                let step = unzigzag(get_varint(&mut r)?);
+                // Indices ascend (`encode` writes a BTreeMap in order): a repeated or
+                // descending index is a damaged or forged sketch, not one bin counted twice.
+                let i = match prev {
+                    None => step,
+                    Some(prev) if step > 0 => i64::checked_add(prev, step)?,
+                    Some(_) => return None,
+                };
                 let n = get_varint(&mut r)?;
                 let store = if negative {
                     &mut s.negative
@@ -239,7 +248,7 @@ impl Sketch {
                 };
                 store.insert(i32::try_from(i).ok()?, n);
                 s.count = s.count.checked_add(n)?;
-                prev = i;
+                prev = Some(i);
             }
         }
         r.is_empty().then_some(s)

@@ -15,6 +15,8 @@ pub const DEAD_LETTER_BYTES_MAX: usize = 256;
 /// One rejected message or reading, as kept in the dead-letter ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
+    /// When it was refused.
+    pub at: crate::reading::Timestamp,
     pub reason: &'static str,
     pub topic: String,
     /// The payload, truncated to [`DEAD_LETTER_BYTES_MAX`] bytes.
@@ -89,6 +91,7 @@ impl Stats {
             return;
         }
         let letter = DeadLetter {
+            at: crate::reading::Timestamp::now(),
             reason: reason.reason(),
             topic: String::from_utf8_lossy(topic).into_owned(),
             payload: payload[..payload.len().min(DEAD_LETTER_BYTES_MAX)].to_vec(),

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::config::GatewayLimits;
 use crate::decode::{Template, TimestampUnit};
 use crate::delta::DeltaMessage;
 use crate::doc::BucketDoc;
@@ -46,7 +47,11 @@ fn admitter(max_series: usize) -> Admitter {
                 "devices/{sensor}/telemetry",
                 Format::Json,
             ),
-            sub("bucketd/+/deltas", "bucketd/+/deltas", Format::Delta),
+            sub(
+                "bucketd/+/deltas",
+                "bucketd/{gateway}/deltas",
+                Format::Delta,
+            ),
         ],
         Limits {
             max_series,
@@ -180,15 +185,18 @@ fn delta(seq: i64, width_secs: i64, start: i64) -> Vec<u8> {
 #[test]
 fn delta_buckets_fold_into_the_store_width_and_a_position_applied_is_a_copy() {
     let mut a = admitter(100);
-    let quarter = NOW_S + 900; // 10:15, a 15-minute bucket of the gateway
+    let quarter = NOW_S - 2700; // 09:15, a 15-minute bucket of the gateway
     let payload = delta(1, 900, quarter);
     let topic = "bucketd/gw-1/deltas";
-    assert!(a.claim_needed(topic.as_bytes(), &payload).is_some());
+    assert!(a.claim_needed(topic.as_bytes(), &payload, NOW).is_some());
     let out = a.admit(&message(topic, &payload));
     assert_eq!(out.verdict, Verdict::New);
     assert_eq!(out.summaries.len(), 1);
     let (series, start, summary) = &out.summaries[0];
-    assert_eq!((&**series, *start, summary.count), ("gw-1:d0/t", NOW_S, 1));
+    assert_eq!(
+        (&**series, *start, summary.count),
+        ("gw-1:d0/t", NOW_S - 3600, 1)
+    );
     assert_eq!(
         out.applied.as_ref().map(|(g, at)| (g.as_str(), at.seq)),
         Some(("gw-1", 1))
@@ -198,7 +206,7 @@ fn delta_buckets_fold_into_the_store_width_and_a_position_applied_is_a_copy() {
         "told apart by position, not content"
     );
     // Applied: the same position again is a copy, and needs no claim.
-    assert!(a.claim_needed(topic.as_bytes(), &payload).is_none());
+    assert!(a.claim_needed(topic.as_bytes(), &payload, NOW).is_none());
     assert_eq!(a.admit(&message(topic, &payload)).verdict, Verdict::Copy);
     // A later position is new; one another central instance claimed is a copy.
     let next = delta(2, 3600, NOW_S);
@@ -220,15 +228,203 @@ fn a_delta_bucket_wider_than_the_store_width_is_rejected_alone() {
     assert_eq!(out.rejected, [DecodeError::BucketWidthMismatch]);
     // Nothing applied: the position is not recorded, so the message is not a copy later.
     assert!(out.applied.is_none());
-    assert!(a.claim_needed(b"bucketd/gw-1/deltas", &payload).is_some());
+    assert!(
+        a.claim_needed(b"bucketd/gw-1/deltas", &payload, NOW)
+            .is_some()
+    );
+}
+
+/// A delta message from `gateway` with one 1-reading bucket per series, in the hour before NOW.
+fn delta_of(gateway: &str, seq: i64, series: &[&str]) -> Vec<u8> {
+    let start = NOW_S - 3600;
+    let summary = crate::summary::Summary::of(start * 1_000_000_000, 2.5);
+    bson::serialize_to_vec(&DeltaMessage {
+        gateway_id: gateway.into(),
+        origin: "2026-11-22T12:00:00.000Z".into(),
+        seq,
+        part: 0,
+        buckets: series
+            .iter()
+            .map(|s| BucketDoc::new(s, start, 3600, &summary))
+            .collect(),
+    })
+    .unwrap()
+}
+
+fn limited(max_series: usize, per_gateway: usize, per_message: usize) -> Admitter {
+    admitter(max_series).with_gateway_limits(
+        GatewayLimits {
+            max_series: per_gateway,
+            max_buckets_per_message: per_message,
+        },
+        crate::sketch::SketchParams::DEFAULT,
+    )
+}
+
+/// Issue 20: one gateway could use up `limits.max_series` for all; now each has its share, and
+/// what its share refuses is counted, not applied silently.
+#[test]
+fn a_gateway_cannot_use_up_the_series_of_the_others() {
+    let mut a = limited(10, 2, 100);
+    let out = a.admit(&message(
+        "bucketd/gw-1/deltas",
+        &delta_of("gw-1", 1, &["a/t", "b/t", "c/t"]),
+    ));
+    assert_eq!(out.verdict, Verdict::New);
+    assert_eq!(out.summaries.len(), 2);
+    assert_eq!(out.rejected, [DecodeError::GatewayLimit]);
+    assert_eq!(out.gateway.as_deref(), Some("gw-1"));
+    // Its known series still pass; another gateway has its own share.
+    let out = a.admit(&message(
+        "bucketd/gw-1/deltas",
+        &delta_of("gw-1", 2, &["a/t", "d/t"]),
+    ));
+    assert_eq!(
+        (out.summaries.len(), out.rejected.clone()),
+        (1, vec![DecodeError::GatewayLimit])
+    );
+    let out = a.admit(&message(
+        "bucketd/gw-2/deltas",
+        &delta_of("gw-2", 1, &["a/t", "b/t"]),
+    ));
+    assert_eq!((out.summaries.len(), out.rejected.len()), (2, 0));
+    assert_eq!(a.series_count(), 4);
+}
+
+/// Series stored before a restart count against their gateway's share.
+#[test]
+fn a_gateways_share_counts_the_series_already_stored() {
+    let stored = ["gw-1:a/t", "gw-1:b/t", "local/t"].map(Arc::<str>::from);
+    let mut a = Admitter::new(
+        vec![sub(
+            "bucketd/+/deltas",
+            "bucketd/{gateway}/deltas",
+            Format::Delta,
+        )],
+        admitter(0).limits.clone(),
+        3600,
+        SeriesSet::new(100, stored),
+        Window::new(16, []),
+        None,
+    )
+    .with_gateway_limits(
+        GatewayLimits {
+            max_series: 2,
+            max_buckets_per_message: 100,
+        },
+        crate::sketch::SketchParams::DEFAULT,
+    );
+    let out = a.admit(&message(
+        "bucketd/gw-1/deltas",
+        &delta_of("gw-1", 1, &["c/t", "a/t"]),
+    ));
+    assert_eq!(
+        (out.summaries.len(), out.rejected.clone()),
+        (1, vec![DecodeError::GatewayLimit])
+    );
+}
+
+#[test]
+fn a_delta_message_with_more_buckets_than_the_limit_is_refused_as_a_whole() {
+    let mut a = limited(100, 100, 2);
+    let payload = delta_of("gw-1", 1, &["a/t", "b/t", "c/t"]);
+    let out = a.admit(&message("bucketd/gw-1/deltas", &payload));
+    assert_eq!(out.verdict, Verdict::Rejected(DecodeError::GatewayLimit));
+    assert_eq!(out.gateway.as_deref(), Some("gw-1"));
+    assert!(out.applied.is_none(), "not recorded as applied");
+}
+
+/// Issue 20: the topic names the gateway, and a message may only write as that gateway; one that
+/// does not is refused before it can claim or move the gateway's position.
+#[test]
+fn a_publisher_cannot_write_as_or_silence_another_gateway() {
+    let mut a = admitter(100);
+    let forged = bson::serialize_to_vec(&DeltaMessage {
+        gateway_id: "site-2".into(),
+        origin: "2026-11-22T12:00:00.000Z".into(),
+        seq: i64::MAX,
+        part: i32::MAX,
+        buckets: Vec::new(),
+    })
+    .unwrap();
+    let topic = "bucketd/site-1/deltas";
+    assert!(
+        a.claim_needed(topic.as_bytes(), &forged, NOW).is_none(),
+        "claims nothing"
+    );
+    assert_eq!(
+        a.admit(&message(topic, &forged)).verdict,
+        Verdict::Rejected(DecodeError::GatewayMismatch)
+    );
+    // Nor with an empty origin on its own topic (it matched every origin).
+    let silencer = bson::serialize_to_vec(&DeltaMessage {
+        gateway_id: "site-2".into(),
+        origin: String::new(),
+        seq: i64::MAX,
+        part: i32::MAX,
+        buckets: Vec::new(),
+    })
+    .unwrap();
+    let topic = "bucketd/site-2/deltas";
+    assert!(a.claim_needed(topic.as_bytes(), &silencer, NOW).is_none());
+    assert_eq!(
+        a.admit(&message(topic, &silencer)).verdict,
+        Verdict::Rejected(DecodeError::InvalidDelta)
+    );
+    // site-2's real messages are still new.
+    let real = delta_of("site-2", 1, &["a/t"]);
+    assert!(a.claim_needed(topic.as_bytes(), &real, NOW).is_some());
+    assert_eq!(a.admit(&message(topic, &real)).verdict, Verdict::New);
+}
+
+/// Issue 20: a delta's sketch is re-binned into this store's settings, so a gateway's settings
+/// (or a forged bin bound) do not decide how large a central's bucket documents grow.
+#[test]
+fn a_delta_sketch_is_rebinned_into_the_central_settings() {
+    use crate::sketch::SketchParams;
+    let central = SketchParams {
+        alpha: 0.02,
+        max_bins: 16,
+    };
+    let mut a = admitter(100).with_gateway_limits(GatewayLimits::default(), central);
+    let start = NOW_S - 3600;
+    let gateway = SketchParams {
+        alpha: 0.01,
+        max_bins: 65_536,
+    };
+    let mut summary = crate::summary::Summary::with_params(start * 1_000_000_000, 1.0, gateway);
+    for i in 1..1000 {
+        summary.push(
+            start * 1_000_000_000 + i,
+            f64::from(i32::try_from(i).unwrap()) + 1.0,
+        );
+    }
+    assert!(
+        summary.sketch.bins() > 100,
+        "more bins than the central keeps"
+    );
+    let doc = BucketDoc::new("a/t", start, 3600, &summary);
+    let payload = bson::serialize_to_vec(&DeltaMessage {
+        gateway_id: "gw-1".into(),
+        origin: "2026-11-22T12:00:00.000Z".into(),
+        seq: 1,
+        part: 0,
+        buckets: vec![doc],
+    })
+    .unwrap();
+    let out = a.admit(&message("bucketd/gw-1/deltas", &payload));
+    let got = &out.summaries[0].2.sketch;
+    assert_eq!(got.params(), central);
+    assert!(got.bins() <= 16, "{} bins", got.bins());
+    assert_eq!(got.count(), 1000);
 }
 
 #[test]
 fn claims_are_only_for_delta_messages() {
-    let a = admitter(100);
-    assert!(a.claim_needed(b"sensors/s1/level", b"1").is_none());
+    let mut a = admitter(100);
+    assert!(a.claim_needed(b"sensors/s1/level", b"1", NOW).is_none());
     assert!(
-        a.claim_needed(b"bucketd/gw-1/deltas", b"not bson")
+        a.claim_needed(b"bucketd/gw-1/deltas", b"not bson", NOW)
             .is_none()
     );
 }

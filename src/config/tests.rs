@@ -258,7 +258,7 @@ fn a_subscription_without_template_uses_its_filter() {
         s.template,
         crate::decode::Template::parse("gw/+/json").unwrap()
     );
-    assert_eq!(s.template.capture("gw/7/json"), Some((None, None)));
+    assert_eq!(s.template.capture("gw/7/json"), Some(Default::default()));
     for (body, needle) in [
         (
             "filter = \"a/+/+\"\nformat = \"value\"",
@@ -452,7 +452,7 @@ fn a_setting_this_build_left_out_names_the_feature() {
         ),
         (
             "central",
-            "[[subscriptions]]\nfilter = \"bucketd/+/deltas\"\ntemplate = \"bucketd/+/deltas\"\n\
+            "[[subscriptions]]\nfilter = \"bucketd/+/deltas\"\ntemplate = \"bucketd/{gateway}/deltas\"\n\
              format = \"delta\"\n",
             "subscriptions[0].format",
         ),
@@ -496,4 +496,41 @@ fn sessions_name_their_client_ids_and_share_the_subscriptions() {
     assert_eq!(c.mqtt.session_filter("a/+/b"), "$share/gw1/a/+/b");
     // A filter the operator already shares keeps its own group.
     assert_eq!(c.mqtt.session_filter("$share/g/a/#"), "$share/g/a/#");
+}
+
+/// Issue 20: a delta subscription names the gateway's level, so that a message can be checked
+/// against its topic; without a template it is where the forwarder publishes.
+#[cfg(feature = "central")]
+#[test]
+fn a_delta_subscription_names_the_gateway_level_of_its_topic() {
+    let sub = |filter: &str, template: Option<&str>| {
+        let template = template.map_or(String::new(), |t| format!("template = \"{t}\"\n"));
+        format!("[[subscriptions]]\nfilter = \"{filter}\"\n{template}format = \"delta\"\n")
+    };
+    let c = load(&sub("$share/central/bucketd/+/deltas", None)).unwrap();
+    let captured = c.subscriptions[0].template.capture("bucketd/site-1/deltas");
+    assert_eq!(captured.and_then(|c| c.gateway), Some("site-1"));
+    // One gateway's topic by name.
+    let c = load(&sub("bucketd/site-1/deltas", None)).unwrap();
+    let captured = c.subscriptions[0].template.capture("bucketd/site-1/deltas");
+    assert_eq!(captured.and_then(|c| c.gateway), Some("site-1"));
+    // The template of earlier releases: refused, saying what to write.
+    let message = load(&sub("bucketd/+/deltas", Some("bucketd/+/deltas")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("subscriptions[0].template")
+            && message.contains("bucketd/{gateway}/deltas"),
+        "{message}"
+    );
+    let message = error_of(
+        "[[subscriptions]]\nfilter = \"gw/+/x\"\ntemplate = \"gw/{gateway}/x\"\nformat = \"json\"\n\
+         sensor_field = \"s\"\n",
+    );
+    assert!(message.contains("needs format = \"delta\""), "{message}");
+    let message = error_of("[central]\nmax_series_per_gateway = 0\n");
+    assert!(
+        message.contains("central.max_series_per_gateway"),
+        "{message}"
+    );
 }

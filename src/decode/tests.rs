@@ -270,12 +270,19 @@ fn sensor_field_takes_the_sensor_from_the_payload() {
 #[test]
 fn templates_capture_levels_and_check_literals() {
     let t = Template::parse("site/{_}/{sensor}/{metric}").unwrap();
-    assert_eq!(t.capture("site/x/s1/t"), Some((Some("s1"), Some("t"))));
+    let got = |sensor, metric| {
+        Some(super::Captured {
+            sensor,
+            metric,
+            gateway: None,
+        })
+    };
+    assert_eq!(t.capture("site/x/s1/t"), got(Some("s1"), Some("t")));
     assert_eq!(t.capture("other/x/s1/t"), None);
     assert_eq!(t.capture("site/x/s1"), None);
     assert_eq!(t.capture("site/x/s1/t/u"), None);
     let rest = Template::parse("a/{sensor}/#").unwrap();
-    assert_eq!(rest.capture("a/s/b/c"), Some((Some("s"), None)));
+    assert_eq!(rest.capture("a/s/b/c"), got(Some("s"), None));
     assert!(rest.fits_filter("a/+/#"));
     assert!(!rest.fits_filter("a/+/+"));
     assert!(Template::parse("a/{sensor}/{sensor}").is_err());
@@ -491,16 +498,18 @@ proptest! {
 fn delta_sub() -> Subscription {
     json_sub(|s| {
         s.filter = "bucketd/+/deltas".into();
-        s.template = Template::parse("bucketd/+/deltas").unwrap();
+        s.template = Template::parse("bucketd/{gateway}/deltas").unwrap();
         s.format = Format::Delta;
         s.sensor_field = None;
     })
 }
 
+const ORIGIN: &str = "2026-11-22T12:00:00.000Z";
+
 fn delta_payload(gateway: &str, series: &str, summary: &crate::summary::Summary) -> Vec<u8> {
     bson::serialize_to_vec(&DeltaMessage {
         gateway_id: gateway.into(),
-        origin: "2026-11-22T12:00:00.000Z".into(),
+        origin: ORIGIN.into(),
         seq: 7,
         part: 0,
         buckets: vec![crate::doc::BucketDoc::new(series, NOW_S, 3600, summary)],
@@ -525,16 +534,11 @@ fn a_delta_message_becomes_bucket_summaries_under_the_gateway_prefix() {
     assert_eq!(d.deltas[0].summary.count, 2);
     assert_eq!(d.deltas[0].summary.max, 4.0);
     let position = crate::delta::Position {
-        origin: "2026-11-22T12:00:00.000Z".into(),
+        origin: ORIGIN.into(),
         seq: 7,
         part: 0,
     };
-    assert_eq!(d.delta_from, Some(("gw-1".into(), position.clone())));
-    assert_eq!(
-        crate::delta::delta_position(&delta_payload("gw-1", "d0/t", &s)),
-        Some(("gw-1".into(), position))
-    );
-    assert_eq!(crate::delta::delta_position(b"21.5"), None);
+    assert_eq!(d.delta_from, Some(("gw-1".into(), position)));
 }
 
 #[test]
@@ -545,7 +549,7 @@ fn a_bad_delta_message_is_rejected_with_its_reason() {
     let span = |start: i64, end: i64| {
         bson::serialize_to_vec(&DeltaMessage {
             gateway_id: "gw-1".into(),
-            origin: String::new(),
+            origin: ORIGIN.into(),
             seq: 1,
             part: 0,
             buckets: vec![crate::doc::BucketDoc {
@@ -569,7 +573,7 @@ fn a_bad_delta_message_is_rejected_with_its_reason() {
         (
             &bson::serialize_to_vec(&DeltaMessage {
                 gateway_id: "gw-1".into(),
-                origin: String::new(),
+                origin: ORIGIN.into(),
                 seq: 1,
                 part: 0,
                 buckets: vec![crate::doc::BucketDoc {
@@ -583,7 +587,7 @@ fn a_bad_delta_message_is_rejected_with_its_reason() {
         (
             &bson::serialize_to_vec(&DeltaMessage {
                 gateway_id: "gw-1".into(),
-                origin: String::new(),
+                origin: ORIGIN.into(),
                 seq: 1,
                 part: 0,
                 buckets: Vec::new(),
@@ -594,6 +598,147 @@ fn a_bad_delta_message_is_rejected_with_its_reason() {
     ];
     for (payload, want) in cases {
         assert_eq!(run(&sub, "bucketd/gw-1/deltas", payload).unwrap_err(), want);
+    }
+}
+
+/// Issue 20: every field of a delta message is checked against what a central does with it.
+/// Each case here was accepted before (and some then panicked or poisoned the store).
+#[test]
+fn a_forged_or_damaged_delta_message_is_refused_with_its_reason() {
+    use crate::doc::{BucketDoc, PointDoc};
+    use crate::sketch::{Sketch, SketchParams};
+
+    let mut s = crate::summary::Summary::of(NOW_NS, 1.5);
+    s.merge(&crate::summary::Summary::of(NOW_NS + 5, 4.0));
+    let good = DeltaMessage {
+        gateway_id: "gw-1".into(),
+        origin: ORIGIN.into(),
+        seq: 7,
+        part: 0,
+        buckets: vec![BucketDoc::new("d0/t", NOW_S, 3600, &s)],
+    };
+    let sub = delta_sub();
+    let topic = "bucketd/gw-1/deltas";
+    let bytes = |m: &DeltaMessage| bson::serialize_to_vec(m).unwrap();
+    assert!(run(&sub, topic, &bytes(&good)).is_ok());
+    let message = |f: &dyn Fn(&mut DeltaMessage)| {
+        let mut m = good.clone();
+        f(&mut m);
+        m
+    };
+    let bucket = |f: &dyn Fn(&mut BucketDoc)| message(&|m| f(&mut m.buckets[0]));
+    let sketch = |alpha: f64, max_bins: u32| {
+        let mut k = Sketch::new(SketchParams { alpha, max_bins });
+        k.add(1.5);
+        k.encode()
+    };
+    let nan = f64::NAN;
+    let cases: Vec<(&str, DeltaMessage, DecodeError)> = vec![
+        (
+            "another gateway's id on gw-1's topic",
+            message(&|m| m.gateway_id = "gw-2".into()),
+            DecodeError::GatewayMismatch,
+        ),
+        (
+            "no origin",
+            message(&|m| m.origin.clear()),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "an origin that is not a time",
+            message(&|m| m.origin = "x".repeat(20)),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a negative seq",
+            message(&|m| m.seq = i64::MIN),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a negative part",
+            message(&|m| m.part = -1),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a NaN mean",
+            bucket(&|b| b.mean = nan),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a NaN m2",
+            bucket(&|b| b.m2 = nan),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a negative m2",
+            bucket(&|b| b.m2 = -1.0),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "an infinite sum_comp",
+            bucket(&|b| b.sum_comp = f64::INFINITY),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a NaN first",
+            bucket(&|b| b.first.value = nan),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a NaN last",
+            bucket(&|b| b.last.value = nan),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "first before the bucket",
+            bucket(&|b| {
+                b.first = PointDoc {
+                    ts: NOW_NS - 1,
+                    value: 1.5,
+                }
+            }),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "last at the bucket's end",
+            bucket(&|b| b.last.ts = (NOW_S + 3600) * 1_000_000_000),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a sketch of another gateway's impossible accuracy",
+            bucket(&|b| b.sketch = sketch(0.5, 2048)),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a sketch that never collapses",
+            bucket(&|b| b.sketch = sketch(0.01, u32::MAX)),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a damaged sketch",
+            bucket(&|b| b.sketch = vec![1, 2, 3]),
+            DecodeError::InvalidDelta,
+        ),
+    ];
+    for (what, m, want) in cases {
+        assert_eq!(run(&sub, topic, &bytes(&m)).err(), Some(want), "{what}");
+    }
+    // A well-formed bucket dated beyond limits.max_future or before limits.max_age is refused
+    // alone (it was stored, and one dated 2262 never expired).
+    for start in [NOW_S + 7200, 9_214_646_400, 0] {
+        let late = bucket(&|b| {
+            *b = BucketDoc::new(
+                "d0/t",
+                start,
+                3600,
+                &crate::summary::Summary::of(start * 1_000_000_000, 1.0),
+            );
+        });
+        let mut m = good.clone();
+        m.buckets.extend(late.buckets);
+        let d = run(&sub, topic, &bytes(&m)).unwrap();
+        assert_eq!(d.deltas.len(), 1, "{start}");
+        assert_eq!(d.rejected, [DecodeError::TimestampOutOfRange], "{start}");
     }
 }
 
@@ -611,7 +756,7 @@ fn reference_json(sub: &Subscription, topic: &str, payload: &[u8]) -> Outcome {
     let c = ctx();
     let mut readings = Vec::new();
     let mut rejected = Vec::new();
-    let topic_sensor = sub.template.capture(topic).and_then(|(s, _)| s);
+    let topic_sensor = sub.template.capture(topic).and_then(|c| c.sensor);
     if payload.iter().all(u8::is_ascii_whitespace) {
         return (Err(DecodeError::EmptyPayload), readings, rejected); // checked before parsing
     }

@@ -153,7 +153,9 @@ impl Claims {
             }
         };
         if at.part == 0 && at.seq % TRIM_EVERY == 0 {
-            let below = at.seq - i64::from(self.config.keep_entries);
+            // Saturating: a position is checked (seq >= 0) before it is claimed, but a wrap
+            // here would delete every claim of the gateway.
+            let below = at.seq.saturating_sub(i64::from(self.config.keep_entries));
             client
                 .execute(
                     "DELETE FROM bucketd_claims WHERE gateway_id = $1 AND (origin <> $2 OR seq < $3)",

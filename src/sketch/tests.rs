@@ -210,3 +210,41 @@ fn a_bin_index_that_overflows_is_refused_when_decoding() {
     put_varint(&mut bytes, 0); // negative bins
     assert!(Sketch::decode(&bytes).is_none());
 }
+
+/// Bytes of a sketch with the given positive bins as (index step, count) pairs.
+fn encoded_with_positive_bins(bins: &[(i64, u64)]) -> Vec<u8> {
+    let mut bytes = vec![ENCODING_V1];
+    bytes.extend_from_slice(&0.01f64.to_le_bytes());
+    put_varint(&mut bytes, 64); // max_bins
+    put_varint(&mut bytes, 0); // zeros
+    put_varint(&mut bytes, bins.len() as u64);
+    for (step, n) in bins {
+        put_varint(&mut bytes, zigzag(*step));
+        put_varint(&mut bytes, *n);
+    }
+    put_varint(&mut bytes, 0); // negative bins
+    bytes
+}
+
+/// Issue 20: a repeated bin index used to overwrite the first bin while `count` counted both, so
+/// the counts no longer added up and `quantile` reached `unreachable!`.
+#[test]
+fn a_repeated_or_descending_bin_index_is_refused_when_decoding() {
+    assert!(Sketch::decode(&encoded_with_positive_bins(&[(5, 3), (2, 1)])).is_some());
+    assert!(Sketch::decode(&encoded_with_positive_bins(&[(5, 3), (0, 1)])).is_none());
+    assert!(Sketch::decode(&encoded_with_positive_bins(&[(5, 3), (-1, 1)])).is_none());
+}
+
+/// Issue 20: bins that saturated on their own (merged from untrusted deltas) sum past `u64`;
+/// a quantile then answers from the bins instead of overflowing or reaching `unreachable!`.
+#[test]
+fn quantiles_of_saturated_counts_answer_without_panicking() {
+    let bytes = encoded_with_positive_bins(&[(5, u64::MAX / 2 + 1), (1, u64::MAX / 2)]);
+    let mut s = Sketch::decode(&bytes).expect("the counts add up to u64::MAX");
+    let other = s.clone();
+    s.merge(&other);
+    assert_eq!(s.count(), u64::MAX, "saturated");
+    let low = s.quantile(0.0).unwrap();
+    let high = s.quantile(1.0).unwrap();
+    assert!(low > 0.0 && high > low, "{low} {high}");
+}

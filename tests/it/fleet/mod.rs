@@ -125,7 +125,7 @@ pub fn central_with(
     raw.batch.flush_interval = Duration::from_millis(50);
     raw.subscriptions = vec![bucketd::config::RawSubscription {
         filter: filter.to_owned(),
-        template: Some("bucketd/+/deltas".into()),
+        template: Some("bucketd/{gateway}/deltas".into()),
         format: bucketd::decode::Format::Delta,
         qos: 1,
         timestamp_field: None,
