@@ -348,7 +348,9 @@ impl Batcher {
                 self.batch.buckets.insert((series, start), summary.clone());
             }
         }
-        self.batch.readings += usize::try_from(summary.count).unwrap_or(usize::MAX);
+        // Saturating: a delta's count is a gateway's word (up to i64::MAX each).
+        let readings = usize::try_from(summary.count).unwrap_or(usize::MAX);
+        self.batch.readings = self.batch.readings.saturating_add(readings);
     }
 
     pub fn bucket_width_secs(&self) -> i64 {

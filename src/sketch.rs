@@ -247,7 +247,9 @@ impl Sketch {
                     &mut s.positive
                 };
                 store.insert(i32::try_from(i).ok()?, n);
-                s.count = s.count.checked_add(n)?;
+                // Saturating, as `add` and `merge` count: a sketch merged past u64 (from
+                // untrusted deltas) must read back as it was written.
+                s.count = s.count.saturating_add(n);
                 prev = Some(i);
             }
         }

@@ -98,6 +98,28 @@ fn flush_is_due_at_max_pending_readings() {
     assert!(b.is_full());
 }
 
+/// Found by the admission fuzzer (issue 20): two delta buckets counting `i64::MAX` readings each
+/// overflowed the batch's reading count (a panic in debug builds; in release a wrap that hid a
+/// full batch from `max_pending_readings`).
+#[test]
+fn huge_delta_counts_saturate_the_batch_reading_count() {
+    let t0 = Instant::now();
+    let mut b = Batcher::new(
+        FlushPolicy {
+            max_pending_readings: 1000,
+            ..policy(100)
+        },
+        3600,
+    );
+    let mut huge = crate::summary::Summary::of(0, 1.0);
+    huge.count = u64::try_from(i64::MAX).unwrap();
+    for series in ["g:a/t", "g:b/t", "g:c/t"] {
+        b.push_summary(Arc::from(series), 0, &huge, t0);
+    }
+    assert_eq!(b.pending_readings(), usize::MAX);
+    assert_eq!(b.flush_reason(t0), Some(FlushReason::Readings));
+}
+
 #[test]
 fn a_window_of_one_flushes_every_message() {
     let p = policy(1);

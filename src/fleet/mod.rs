@@ -12,5 +12,7 @@ pub mod applied;
 #[cfg(all(feature = "central", feature = "postgres"))]
 pub mod claims;
 pub mod forwarder;
+#[cfg(all(test, feature = "central"))]
+mod fuzz;
 #[cfg(feature = "postgres")]
 pub mod postgres;

@@ -248,3 +248,14 @@ fn quantiles_of_saturated_counts_answer_without_panicking() {
     let high = s.quantile(1.0).unwrap();
     assert!(low > 0.0 && high > low, "{low} {high}");
 }
+
+/// Found by the admission fuzzer (issue 20): a sketch whose counts saturated on merge wrote
+/// bytes that its own decoder refused (`checked_add` of the bins), so the commit log entry
+/// holding it was unreadable and the central's checkpoints failed.
+#[test]
+fn a_sketch_saturated_by_merging_reads_back_as_written() {
+    let mut s = Sketch::decode(&encoded_with_positive_bins(&[(5, u64::MAX)])).unwrap();
+    s.add(0.0);
+    assert_eq!(s.count(), u64::MAX);
+    assert_eq!(Sketch::decode(&s.encode()), Some(s));
+}
