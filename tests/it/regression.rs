@@ -113,6 +113,42 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
         "tests/it/api.rs",
         "connections_that_never_send_a_request_cannot_pile_up",
     ),
+    (
+        "d298b7b",
+        "a delta bucket counting i64::MAX, merged twice, aborted the central in a loop",
+        "src/summary/tests.rs",
+        "counts_from_untrusted_deltas_saturate_instead_of_panicking",
+    ),
+    (
+        "2d734e0",
+        "any publisher could write as any gateway, or silence one with a forged empty-origin position",
+        "src/admit/tests.rs",
+        "a_publisher_cannot_write_as_or_silence_another_gateway",
+    ),
+    (
+        "2d734e0",
+        "a repeated sketch bin index broke the counts and quantile reached unreachable!",
+        "src/sketch/tests.rs",
+        "a_repeated_or_descending_bin_index_is_refused_when_decoding",
+    ),
+    (
+        "2d734e0",
+        "one gateway could use up limits.max_series for every gateway of a central",
+        "src/admit/tests.rs",
+        "a_gateway_cannot_use_up_the_series_of_the_others",
+    ),
+    (
+        "39c20e3",
+        "a sketch saturated by merging was written to the commit log in bytes its decoder refused",
+        "src/sketch/tests.rs",
+        "a_sketch_saturated_by_merging_reads_back_as_written",
+    ),
+    (
+        "39c20e3",
+        "two i64::MAX-count deltas overflowed the batch's reading count",
+        "src/batcher/tests.rs",
+        "huge_delta_counts_saturate_the_batch_reading_count",
+    ),
 ];
 
 #[test]
