@@ -140,6 +140,7 @@ async fn run_mqtt(entries: usize, buckets: usize, per_bucket: usize) -> (f64, u6
         port: broker.port,
         username: None,
         client_id: "bench-forwarder".into(),
+        tls: None,
     };
     let (_, took, deltas, readings, _dir) = forward(entries, buckets, per_bucket, target).await;
     assert_eq!(counter.await.unwrap(), readings, "readings received");
@@ -185,6 +186,7 @@ async fn run_central(
         port: broker.port,
         username: None,
         client_id: "bench-forwarder".into(),
+        tls: None,
     };
     let (started, _, deltas, readings, _gateway) =
         forward(entries, buckets, per_bucket, target).await;
@@ -252,6 +254,7 @@ async fn forward(
             retry_delay_max: Duration::from_secs(1),
         },
         password: None,
+        tls: None,
         reader: store.reader(),
         outbox: store.outbox(),
         stats: stats.clone(),

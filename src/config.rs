@@ -171,6 +171,8 @@ pub struct RawUpstream {
     pub batch_entries: usize,
     #[serde(with = "humantime_serde")]
     pub retry_delay_max: Duration,
+    /// `[upstream.mqtt_tls]`: TLS to the upstream broker, as `[mqtt.tls]`.
+    pub mqtt_tls: RawTls,
 }
 
 /// Where the deltas go.
@@ -185,6 +187,8 @@ pub enum UpstreamTarget {
         port: u16,
         username: Option<String>,
         client_id: String,
+        /// `[upstream.mqtt_tls]`; `None`: plain TCP.
+        tls: Option<TlsFiles>,
     },
 }
 
@@ -200,6 +204,7 @@ pub struct UpstreamConfig {
 }
 
 fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, ConfigError> {
+    let tls = validate_tls(&raw.mqtt_tls, UPSTREAM_TLS)?;
     match raw.target.as_str() {
         "" => return Ok(None),
         "postgres" | "mqtt" => {}
@@ -217,6 +222,13 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
         ));
     }
     let target = if raw.target == "postgres" {
+        if tls.is_some() {
+            return Err(invalid(
+                "upstream.mqtt_tls.enabled",
+                "is for upstream.target = \"mqtt\"; for PostgreSQL, set sslmode in \
+                 upstream.postgres",
+            ));
+        }
         if raw.postgres.is_empty() {
             return Err(invalid(
                 "upstream.postgres",
@@ -245,6 +257,7 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
             } else {
                 raw.mqtt_client_id.clone()
             },
+            tls,
         }
     };
     if raw.outbox_max_entries == 0 {
@@ -929,7 +942,7 @@ fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
         (false, true) => Some((raw.username.clone(), None)),
         (false, false) => Some((raw.username.clone(), non_empty_path(&raw.password_file))),
     };
-    let tls = validate_tls(&raw.tls)?;
+    let tls = validate_tls(&raw.tls, MQTT_TLS)?;
     Ok(MqttConfig {
         tls,
         host: raw.host.clone(),
@@ -967,14 +980,35 @@ fn non_empty_path(s: &str) -> Option<PathBuf> {
     (!s.is_empty()).then(|| PathBuf::from(s))
 }
 
-fn validate_tls(raw: &RawTls) -> Result<Option<TlsFiles>, ConfigError> {
+/// Where a TLS table sits: `[mqtt.tls]` or `[upstream.mqtt_tls]`, and its broker's port key.
+#[derive(Debug, Clone, Copy)]
+pub struct TlsKeys {
+    pub table: &'static str,
+    pub port: &'static str,
+}
+
+pub const MQTT_TLS: TlsKeys = TlsKeys {
+    table: "mqtt.tls",
+    port: "mqtt.port",
+};
+
+pub const UPSTREAM_TLS: TlsKeys = TlsKeys {
+    table: "upstream.mqtt_tls",
+    port: "upstream.mqtt_port",
+};
+
+fn validate_tls(raw: &RawTls, keys: TlsKeys) -> Result<Option<TlsFiles>, ConfigError> {
+    let t = keys.table;
     let named = !raw.ca_file.is_empty() || !raw.cert_file.is_empty() || !raw.key_file.is_empty();
     if !raw.enabled {
         if named {
             return Err(invalid(
-                "mqtt.tls.enabled",
-                "TLS files are set but TLS is off; set mqtt.tls.enabled = true (and usually \
-                 mqtt.port = 8883), or remove the files",
+                format!("{t}.enabled"),
+                format!(
+                    "TLS files are set but TLS is off; set {t}.enabled = true (and usually \
+                     {} = 8883), or remove the files",
+                    keys.port
+                ),
             ));
         }
         return Ok(None);
@@ -987,19 +1021,19 @@ fn validate_tls(raw: &RawTls) -> Result<Option<TlsFiles>, ConfigError> {
         (Some(cert), Some(key)) => Some((cert, key)),
         (Some(_), None) => {
             return Err(invalid(
-                "mqtt.tls.key_file",
-                "must be set when mqtt.tls.cert_file is",
+                format!("{t}.key_file"),
+                format!("must be set when {t}.cert_file is"),
             ));
         }
         (None, Some(_)) => {
             return Err(invalid(
-                "mqtt.tls.cert_file",
-                "must be set when mqtt.tls.key_file is",
+                format!("{t}.cert_file"),
+                format!("must be set when {t}.key_file is"),
             ));
         }
     };
     if !cfg!(feature = "tls") {
-        return Err(not_built("mqtt.tls.enabled", &["tls"]));
+        return Err(not_built(&format!("{t}.enabled"), &["tls"]));
     }
     Ok(Some(TlsFiles {
         ca_file: non_empty_path(&raw.ca_file),

@@ -109,7 +109,9 @@ fn start_over(
         .mqtt
         .tls
         .as_ref()
-        .map(|files| crate::tls::client_config(files, credentials.as_deref()))
+        .map(|files| {
+            crate::tls::client_config(files, crate::config::MQTT_TLS, credentials.as_deref())
+        })
         .transpose()
         .map_err(StartError::Config)?;
     // Config validation refuses `mqtt.tls` in a build without TLS.
@@ -121,6 +123,31 @@ fn start_over(
         Some(u) => secret("upstream.password_file", &u.password_file)?,
         None => None,
     };
+    let upstream_tls = match config.upstream.as_ref().map(|u| &u.target) {
+        #[cfg(feature = "tls")]
+        Some(crate::config::UpstreamTarget::Mqtt {
+            tls: Some(files), ..
+        }) => Some(
+            crate::tls::client_config(files, crate::config::UPSTREAM_TLS, credentials.as_deref())
+                .map_err(StartError::Config)?,
+        ),
+        _ => None,
+    };
+    if let Some(crate::config::UpstreamTarget::Mqtt {
+        host,
+        username: Some(_),
+        ..
+    }) = config.upstream.as_ref().map(|u| &u.target)
+        && upstream_tls.is_none()
+        && upstream_password.is_some()
+        && !is_loopback(host)
+    {
+        tracing::warn!(
+            host = %host,
+            "The upstream MQTT password goes to the broker unencrypted: set \
+             upstream.mqtt_tls.enabled = true."
+        );
+    }
     #[cfg(all(feature = "central", feature = "postgres"))]
     let claims = match &config.claims {
         Some(c) => {
@@ -261,6 +288,7 @@ fn start_over(
             outbox: store.outbox(),
             stats: stats.clone(),
             origin,
+            tls: upstream_tls,
         };
         tasks.spawn(forwarder.run(cancel.clone()));
     }

@@ -480,8 +480,9 @@ pub type TlsClientConfig = std::sync::Arc<rustls::ClientConfig>;
 #[cfg(not(feature = "tls"))]
 pub type TlsClientConfig = std::convert::Infallible;
 
+/// TCP, or TLS with `tls` (also the forwarder's, to an upstream broker).
 #[cfg(feature = "tls")]
-fn transport(tls: Option<&TlsClientConfig>) -> rumqttc::Transport {
+pub fn transport(tls: Option<&TlsClientConfig>) -> rumqttc::Transport {
     match tls {
         Some(config) => {
             rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(config.clone()))
@@ -491,7 +492,7 @@ fn transport(tls: Option<&TlsClientConfig>) -> rumqttc::Transport {
 }
 
 #[cfg(not(feature = "tls"))]
-fn transport(tls: Option<&TlsClientConfig>) -> rumqttc::Transport {
+pub fn transport(tls: Option<&TlsClientConfig>) -> rumqttc::Transport {
     match tls {
         Some(never) => match *never {},
         None => rumqttc::Transport::tcp(),

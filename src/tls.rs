@@ -1,5 +1,5 @@
-//! TLS to the broker: builds the rustls client configuration from `[mqtt.tls]` (CA file or the
-//! system's roots, optional client certificate and key). rustls with the `ring` provider, passed
+//! TLS to a broker: builds the rustls client configuration from `[mqtt.tls]` or
+//! `[upstream.mqtt_tls]` (CA file or the system's roots, optional client certificate and key). rustls with the `ring` provider, passed
 //! explicitly rather than installed process-wide. Errors name the config key and the file.
 
 use std::path::Path;
@@ -8,20 +8,22 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::config::TlsFiles;
+use crate::config::{TlsFiles, TlsKeys};
 
-/// The client configuration for `files`; `credentials` is `$CREDENTIALS_DIRECTORY` (for a
-/// relative `key_file`).
+/// The client configuration for `files` (from the table `keys` names, for the errors);
+/// `credentials` is `$CREDENTIALS_DIRECTORY` (for a relative `key_file`).
 pub fn client_config(
     files: &TlsFiles,
+    keys: TlsKeys,
     credentials: Option<&Path>,
 ) -> Result<Arc<rustls::ClientConfig>, String> {
+    let t = keys.table;
     let mut roots = rustls::RootCertStore::empty();
     if let Some(ca) = &files.ca_file {
-        for cert in certificates("mqtt.tls.ca_file", ca)? {
+        for cert in certificates(&format!("{t}.ca_file"), ca)? {
             roots.add(cert).map_err(|e| {
                 format!(
-                    "mqtt.tls.ca_file {}: not a usable CA certificate: {e}",
+                    "{t}.ca_file {}: not a usable CA certificate: {e}",
                     ca.display()
                 )
             })?;
@@ -31,8 +33,8 @@ pub fn client_config(
         let (added, _) = roots.add_parsable_certificates(found.certs);
         if added == 0 {
             return Err(format!(
-                "mqtt.tls.ca_file is empty and no system CA certificates were found ({} \
-                 errors); install ca-certificates or set mqtt.tls.ca_file",
+                "{t}.ca_file is empty and no system CA certificates were found ({} errors); \
+                 install ca-certificates or set {t}.ca_file",
                 found.errors.len()
             ));
         }
@@ -46,11 +48,11 @@ pub fn client_config(
     let config = match &files.client {
         None => builder.with_no_client_auth(),
         Some((cert_file, key_file)) => {
-            let chain = certificates("mqtt.tls.cert_file", cert_file)?;
-            let key = private_key(key_file, credentials)?;
+            let chain = certificates(&format!("{t}.cert_file"), cert_file)?;
+            let key = private_key(&format!("{t}.key_file"), key_file, credentials)?;
             builder.with_client_auth_cert(chain, key).map_err(|e| {
                 format!(
-                    "mqtt.tls.cert_file {} and mqtt.tls.key_file {}: {e}",
+                    "{t}.cert_file {} and {t}.key_file {}: {e}",
                     cert_file.display(),
                     key_file.display()
                 )
@@ -78,11 +80,15 @@ fn certificates(key: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, 
 
 /// The client key: a secret like the others ([`crate::secret::read`]: relative paths in the
 /// credentials directory, errors that never quote the file).
-fn private_key(file: &Path, credentials: Option<&Path>) -> Result<PrivateKeyDer<'static>, String> {
-    let pem = crate::secret::read("mqtt.tls.key_file", file, credentials)?;
+fn private_key(
+    key: &str,
+    file: &Path,
+    credentials: Option<&Path>,
+) -> Result<PrivateKeyDer<'static>, String> {
+    let pem = crate::secret::read(key, file, credentials)?;
     PrivateKeyDer::from_pem_slice(pem.expose().as_bytes()).map_err(|_| {
         format!(
-            "mqtt.tls.key_file {}: no PEM private key in it (PKCS#8, PKCS#1 or SEC1)",
+            "{key} {}: no PEM private key in it (PKCS#8, PKCS#1 or SEC1)",
             crate::secret::resolve(file, credentials).display()
         )
     })
@@ -130,7 +136,7 @@ mod tests {
             client: Some((pki.path("client.pem"), "client.key".into())),
         };
         // The relative key file is found in the credentials directory.
-        let config = client_config(&files, Some(pki.dir.path())).unwrap();
+        let config = client_config(&files, crate::config::MQTT_TLS, Some(pki.dir.path())).unwrap();
         assert!(config.client_auth_cert_resolver.has_certs());
     }
 
@@ -168,8 +174,11 @@ mod tests {
             ),
         ];
         for (files, key) in cases {
-            let e = client_config(&files, None).unwrap_err();
+            let e = client_config(&files, crate::config::MQTT_TLS, None).unwrap_err();
             assert!(e.contains(key), "{e}");
+            let e = client_config(&files, crate::config::UPSTREAM_TLS, None).unwrap_err();
+            let key = key.replace("mqtt.tls", "upstream.mqtt_tls");
+            assert!(e.contains(&key), "{e}");
         }
     }
 }

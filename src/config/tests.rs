@@ -534,3 +534,32 @@ fn a_delta_subscription_names_the_gateway_level_of_its_topic() {
         "{message}"
     );
 }
+
+/// Issue 20: TLS to the upstream broker takes the keys of `[mqtt.tls]`, under its own table.
+#[cfg(feature = "tls")]
+#[test]
+fn upstream_tls_is_configured_like_the_brokers() {
+    let c = load(
+        "[upstream]\ntarget = \"mqtt\"\ngateway_id = \"gw1\"\nmqtt_host = \"hub\"\n\
+         mqtt_port = 8883\n[upstream.mqtt_tls]\nenabled = true\nca_file = \"ca.pem\"\n",
+    )
+    .unwrap();
+    let target = c.upstream.unwrap().target;
+    let crate::config::UpstreamTarget::Mqtt {
+        tls: Some(files), ..
+    } = &target
+    else {
+        panic!("{target:?}")
+    };
+    assert_eq!(files.ca_file.as_deref(), Some(Path::new("ca.pem")));
+    let message = error_of("[upstream.mqtt_tls]\nca_file = \"ca.pem\"\n");
+    assert!(
+        message.contains("upstream.mqtt_tls.enabled") && message.contains("upstream.mqtt_port"),
+        "{message}"
+    );
+    let message = error_of(
+        "[upstream]\ntarget = \"postgres\"\ngateway_id = \"gw1\"\npostgres = \"host=db\"\n\
+         [upstream.mqtt_tls]\nenabled = true\n",
+    );
+    assert!(message.contains("sslmode"), "{message}");
+}

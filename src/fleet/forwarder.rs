@@ -49,6 +49,8 @@ pub struct Forwarder {
     pub stats: Arc<Stats>,
     /// The store's creation time ([`StoreReader::created_at`]): names this database upstream.
     pub origin: String,
+    /// TLS to the upstream broker (`[upstream.mqtt_tls]`), built at start.
+    pub tls: Option<crate::mqtt::TlsClientConfig>,
 }
 
 /// A connection to the upstream.
@@ -210,9 +212,11 @@ impl Forwarder {
                 port,
                 username,
                 client_id,
+                tls: _,
             } => {
                 let mut opts = rumqttc::MqttOptions::new(client_id, host, *port);
-                opts.set_keep_alive(Duration::from_secs(30))
+                opts.set_transport(crate::mqtt::transport(self.tls.as_ref()))
+                    .set_keep_alive(Duration::from_secs(30))
                     .set_clean_session(true)
                     .set_max_packet_size(
                         DELTA_MESSAGE_BYTES_MAX + 4096,

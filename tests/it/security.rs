@@ -427,3 +427,47 @@ async fn bad_credentials_and_certificates_say_what_to_fix() {
         );
     }
 }
+
+/// Issue 20: a gateway forwards its deltas to the upstream broker over TLS with a password
+/// (`[upstream.mqtt_tls]`), and a central reads them over TLS too: the fleet's totals equal the
+/// gateway's ground truth, and the broker's plain listener carried none of it.
+#[cfg(feature = "central")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_forwards_over_tls_to_a_central() {
+    use crate::fleet::{central_with, fleet_truth, merged, metric, mqtt_gateway_with, restart};
+    let pki = Pki::new();
+    let upstream = TlsBroker::start(&pki, false);
+    let secrets = tempfile::tempdir().unwrap();
+    let password_file = secrets.path().join("password");
+    std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
+    let password_file = password_file.display().to_string();
+    let ca = pki.path("ca.pem").display().to_string();
+    let central = central_with(&upstream._mosquitto, "bucketd/+/deltas", |raw| {
+        raw.mqtt.host = "localhost".into();
+        raw.mqtt.port = upstream.tls_port;
+        raw.mqtt.username = USER.into();
+        raw.mqtt.password_file.clone_from(&password_file);
+        raw.mqtt.tls.enabled = true;
+        raw.mqtt.tls.ca_file.clone_from(&ca);
+    });
+    let devices = Broker::hermetic();
+    let gateway = mqtt_gateway_with(&devices, &upstream._mosquitto, "gw-tls", 0x715, |raw| {
+        raw.upstream.mqtt_host = "localhost".into();
+        raw.upstream.mqtt_port = upstream.tls_port;
+        raw.upstream.mqtt_username = USER.into();
+        raw.upstream.password_file.clone_from(&password_file);
+        raw.upstream.mqtt_tls.enabled = true;
+        raw.upstream.mqtt_tls.ca_file.clone_from(&ca);
+    });
+    let (daemon, _) = restart(&gateway.config);
+    publish_all(&devices, &gateway.work.messages, 1).await;
+    let n = gateway.work.readings.len() as f64;
+    crate::fleet::until_metric("the central has every reading", async || {
+        metric(&central.addr, "bucketd_readings_ingested_total").await >= n
+    })
+    .await;
+    assert!(daemon.terminate().0.success());
+    assert!(central.daemon.terminate().0.success());
+    let docs = merged(std::slice::from_ref(&central.db));
+    assert_matches_truth(&docs, &fleet_truth(&[("gw-tls", &gateway.work)]));
+}
