@@ -100,11 +100,20 @@ impl Forwarder {
                             error = format!("{e:#}"),
                             attempt = failures,
                             "Forwarding to {name} failed; the outbox keeps every delta and \
-                             retries. Check upstream.{} and that it is reachable.",
+                             retries. Check upstream.{} and that it is reachable{}.",
                             match self.config.target {
                                 #[cfg(feature = "postgres")]
                                 UpstreamTarget::Postgres { .. } => "postgres",
                                 UpstreamTarget::Mqtt { .. } => "mqtt_host",
+                            },
+                            match self.config.target {
+                                UpstreamTarget::Mqtt { .. } => {
+                                    ", and that the broker lets this gateway's user publish \
+                                     on its own delta topic (a broker ACL denial can close \
+                                     the connection)"
+                                }
+                                #[cfg(feature = "postgres")]
+                                UpstreamTarget::Postgres { .. } => "",
                             }
                         );
                     }
