@@ -119,6 +119,7 @@ fn validate_central(raw: &RawCentral) -> Result<Option<ClaimsConfig>, ConfigErro
             ),
         ));
     }
+    validate_pg_tls("central.claims_postgres", &raw.claims_postgres)?;
     if !cfg!(all(feature = "central", feature = "postgres")) {
         return Err(not_built(
             "central.claims_postgres",
@@ -235,6 +236,7 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
                 "must be set when upstream.target = \"postgres\"",
             ));
         }
+        validate_pg_tls("upstream.postgres", &raw.postgres)?;
         #[cfg(not(feature = "postgres"))]
         return Err(not_built("upstream.target", &["postgres"]));
         #[cfg(feature = "postgres")]
@@ -1390,6 +1392,157 @@ pub fn redact_conninfo(conninfo: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// A PostgreSQL connection string's `sslmode` is one bucketd knows, and TLS is built in if it
+/// asks for TLS.
+fn validate_pg_tls(key: &str, conninfo: &str) -> Result<(), ConfigError> {
+    let tls = pg_tls(conninfo).map_err(|m| invalid(key, m))?;
+    let wants_tls = !matches!(tls.mode, SslMode::Disable | SslMode::Prefer);
+    if wants_tls && !cfg!(feature = "tls") {
+        return Err(not_built(key, &["tls"]));
+    }
+    Ok(())
+}
+
+/// libpq's `sslmode`, as bucketd's PostgreSQL client honours it (`fleet::pg_tls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS if the server offers it, else plain; the certificate is not checked (libpq's default).
+    Prefer,
+    /// TLS; the certificate is checked only when `sslrootcert` names the CA (as libpq does).
+    Require,
+    /// TLS with a certificate signed by `sslrootcert` (or a system CA); any host name.
+    VerifyCa,
+    /// TLS with a certificate signed by `sslrootcert` (or a system CA) for the host connected to.
+    VerifyFull,
+}
+
+/// A connection string's TLS settings, taken out of it: tokio-postgres knows only `disable`,
+/// `prefer` and `require`, and no `sslrootcert`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTls {
+    pub mode: SslMode,
+    pub root_cert: Option<PathBuf>,
+    /// The connection string for tokio-postgres: without `sslrootcert`, and with `sslmode`
+    /// one it knows.
+    pub conninfo: String,
+}
+
+/// The TLS settings of a libpq connection string (key-value or URL form); `Err` names a value
+/// that is not one.
+pub fn pg_tls(conninfo: &str) -> Result<PgTls, String> {
+    let (mode, rest) = take_conninfo_option(conninfo, "sslmode");
+    let (root_cert, rest) = take_conninfo_option(&rest, "sslrootcert");
+    let mode = match mode.as_deref() {
+        None | Some("prefer") => SslMode::Prefer,
+        Some("disable") => SslMode::Disable,
+        Some("require") => SslMode::Require,
+        Some("verify-ca") => SslMode::VerifyCa,
+        Some("verify-full") => SslMode::VerifyFull,
+        Some(other) => {
+            return Err(format!(
+                "sslmode={other} is not one of disable, prefer, require, verify-ca, verify-full"
+            ));
+        }
+    };
+    let theirs = match mode {
+        SslMode::Disable => "disable",
+        SslMode::Prefer => "prefer",
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => "require",
+    };
+    let url = ["postgresql://", "postgres://"]
+        .iter()
+        .any(|scheme| rest.starts_with(scheme));
+    let conninfo = match (url, rest.contains('?')) {
+        (true, true) => format!("{rest}&sslmode={theirs}"),
+        (true, false) => format!("{rest}?sslmode={theirs}"),
+        (false, _) => format!("{} sslmode={theirs}", rest.trim_end()),
+    };
+    Ok(PgTls {
+        mode,
+        root_cert: root_cert.filter(|p| !p.is_empty()).map(PathBuf::from),
+        conninfo: conninfo.trim_start().to_owned(),
+    })
+}
+
+/// Takes `key=value` out of a libpq connection string: its (last) value, and the string
+/// without it. Key-value form: `key = value`, the value a word or single-quoted; URL form: a
+/// query parameter.
+fn take_conninfo_option(conninfo: &str, key: &str) -> (Option<String>, String) {
+    if ["postgresql://", "postgres://"]
+        .iter()
+        .any(|scheme| conninfo.starts_with(scheme))
+    {
+        let Some((head, query)) = conninfo.split_once('?') else {
+            return (None, conninfo.to_owned());
+        };
+        let mut value = None;
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|kv| match kv.split_once('=') {
+                Some((k, v)) if k == key => {
+                    value = Some(v.to_owned());
+                    false
+                }
+                _ => true,
+            })
+            .collect();
+        let out = if kept.is_empty() {
+            head.to_owned()
+        } else {
+            format!("{head}?{}", kept.join("&"))
+        };
+        return (value, out);
+    }
+    let mut value = None;
+    let mut out = String::with_capacity(conninfo.len());
+    let mut rest = conninfo;
+    while !rest.is_empty() {
+        let start = rest.len() - rest.trim_start().len();
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        // One `k = v` pair.
+        let key_end = rest
+            .find(|c: char| c == '=' || c.is_whitespace())
+            .unwrap_or(rest.len());
+        let k = &rest[..key_end];
+        let after = rest[key_end..].trim_start();
+        let Some(v) = after.strip_prefix('=') else {
+            out.push_str(rest);
+            break;
+        };
+        let v = v.trim_start();
+        let (text, end) = if let Some(quoted) = v.strip_prefix('\'') {
+            let mut escaped = false;
+            let mut text = String::new();
+            let mut close = v.len();
+            for (i, c) in quoted.char_indices() {
+                if c == '\'' && !escaped {
+                    close = i + 2;
+                    break;
+                }
+                escaped = c == '\\' && !escaped;
+                if !escaped {
+                    text.push(c);
+                }
+            }
+            (text, close)
+        } else {
+            let end = v.find(char::is_whitespace).unwrap_or(v.len());
+            (v[..end].to_owned(), end)
+        };
+        let pair_len = rest.len() - v.len() + end;
+        if k == key {
+            value = Some(text);
+        } else {
+            out.push_str(&rest[..pair_len]);
+        }
+        rest = &rest[pair_len..];
+    }
+    (value, out)
 }
 
 #[cfg(test)]

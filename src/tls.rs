@@ -18,33 +18,8 @@ pub fn client_config(
     credentials: Option<&Path>,
 ) -> Result<Arc<rustls::ClientConfig>, String> {
     let t = keys.table;
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(ca) = &files.ca_file {
-        for cert in certificates(&format!("{t}.ca_file"), ca)? {
-            roots.add(cert).map_err(|e| {
-                format!(
-                    "{t}.ca_file {}: not a usable CA certificate: {e}",
-                    ca.display()
-                )
-            })?;
-        }
-    } else {
-        let found = rustls_native_certs::load_native_certs();
-        let (added, _) = roots.add_parsable_certificates(found.certs);
-        if added == 0 {
-            return Err(format!(
-                "{t}.ca_file is empty and no system CA certificates were found ({} errors); \
-                 install ca-certificates or set {t}.ca_file",
-                found.errors.len()
-            ));
-        }
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("ring supports the default protocol versions")
-    .with_root_certificates(roots);
+    let roots = roots(&format!("{t}.ca_file"), files.ca_file.as_deref())?;
+    let builder = builder().with_root_certificates(roots);
     let config = match &files.client {
         None => builder.with_no_client_auth(),
         Some((cert_file, key_file)) => {
@@ -60,6 +35,36 @@ pub fn client_config(
         }
     };
     Ok(Arc::new(config))
+}
+
+/// The CAs to trust: those of `ca_file` (config key `key`), else the system's.
+pub fn roots(key: &str, ca_file: Option<&Path>) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(ca) = ca_file {
+        for cert in certificates(key, ca)? {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{key} {}: not a usable CA certificate: {e}", ca.display()))?;
+        }
+    } else {
+        let found = rustls_native_certs::load_native_certs();
+        let (added, _) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            return Err(format!(
+                "{key} is empty and no system CA certificates were found ({} errors); install \
+                 ca-certificates or set {key}",
+                found.errors.len()
+            ));
+        }
+    }
+    Ok(roots)
+}
+
+/// A client configuration builder with the `ring` provider and rustls's safe protocol versions.
+pub fn builder() -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier> {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
 }
 
 /// Every certificate in a PEM file; none at all is an error.

@@ -563,3 +563,40 @@ fn upstream_tls_is_configured_like_the_brokers() {
     );
     assert!(message.contains("sslmode"), "{message}");
 }
+
+/// Issue 20: libpq's `sslmode` and `sslrootcert` are taken out of a connection string (in
+/// either form) for the TLS bucketd does itself; what tokio-postgres gets is a mode it knows.
+#[test]
+fn sslmode_and_sslrootcert_are_read_from_either_form_of_connection_string() {
+    use crate::config::{SslMode, pg_tls};
+    let t = pg_tls("host=db user=gw sslmode=verify-full sslrootcert='/etc/my ca.pem' dbname=f")
+        .unwrap();
+    assert_eq!(t.mode, SslMode::VerifyFull);
+    assert_eq!(t.root_cert.as_deref(), Some(Path::new("/etc/my ca.pem")));
+    let words: Vec<&str> = t.conninfo.split_whitespace().collect();
+    assert_eq!(words, ["host=db", "user=gw", "dbname=f", "sslmode=require"]);
+    #[cfg(feature = "postgres")]
+    assert!(t.conninfo.parse::<tokio_postgres::Config>().is_ok());
+    let t = pg_tls("postgresql://gw@db/fleet?sslrootcert=ca.pem&sslmode=verify-ca").unwrap();
+    assert_eq!(
+        (t.mode, t.root_cert.as_deref()),
+        (SslMode::VerifyCa, Some(Path::new("ca.pem")))
+    );
+    assert_eq!(t.conninfo, "postgresql://gw@db/fleet?sslmode=require");
+    let t = pg_tls("postgres://db/fleet").unwrap();
+    assert_eq!(
+        (t.mode, t.conninfo.as_str()),
+        (SslMode::Prefer, "postgres://db/fleet?sslmode=prefer")
+    );
+    let t = pg_tls("host=db sslmode = disable").unwrap();
+    assert_eq!(
+        (t.mode, t.conninfo.as_str()),
+        (SslMode::Disable, "host=db sslmode=disable")
+    );
+    assert_eq!(
+        pg_tls("host=db sslmode=require").unwrap().mode,
+        SslMode::Require
+    );
+    let e = pg_tls("host=db sslmode=always").unwrap_err();
+    assert!(e.contains("sslmode=always"), "{e}");
+}

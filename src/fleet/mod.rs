@@ -14,5 +14,7 @@ pub mod claims;
 pub mod forwarder;
 #[cfg(all(test, feature = "central"))]
 mod fuzz;
+#[cfg(all(feature = "postgres", feature = "tls"))]
+pub mod pg_tls;
 #[cfg(feature = "postgres")]
 pub mod postgres;

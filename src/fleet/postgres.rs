@@ -48,18 +48,30 @@ pub async fn connect(
     application_name: String,
     schema: &str,
 ) -> anyhow::Result<tokio_postgres::Client> {
-    let mut config: tokio_postgres::Config = conninfo.parse()?;
+    // Config validation checked the TLS settings (and refused TLS in a build without it).
+    let tls = crate::config::pg_tls(conninfo).map_err(anyhow::Error::msg)?;
+    let mut config: tokio_postgres::Config = tls.conninfo.parse()?;
     if let Some(password) = password {
         config.password(password.expose());
     }
     config.application_name(application_name);
     config.connect_timeout(Duration::from_secs(10));
-    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "The PostgreSQL connection ended.");
-        }
-    });
+    let ended = |e: tokio_postgres::Error| {
+        tracing::debug!(error = %e, "The PostgreSQL connection ended.");
+    };
+    #[cfg(feature = "tls")]
+    let mut client = {
+        let connector = super::pg_tls::connector(&tls, "sslmode").map_err(anyhow::Error::msg)?;
+        let (client, connection) = config.connect(connector).await?;
+        tokio::spawn(async move { connection.await.unwrap_or_else(ended) });
+        client
+    };
+    #[cfg(not(feature = "tls"))]
+    let mut client = {
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(async move { connection.await.unwrap_or_else(ended) });
+        client
+    };
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;

@@ -202,3 +202,97 @@ async fn a_gateway_with_a_replaced_database_is_applied_from_its_start() {
     drop(pg);
     testdb.drop_it().await;
 }
+
+/// Issue 20: bucketd's PostgreSQL client honours libpq's `sslmode` over rustls, against the
+/// machine's PostgreSQL with TLS on (Debian's snakeoil certificate; `.ci/run` turns TLS on if it
+/// is off). Each connection reports whether it is encrypted (`pg_stat_ssl`), so `disable` in the
+/// same run is the comparison; `verify-ca` and `verify-full` check the chain against
+/// `sslrootcert` (the server's own certificate) and the host name.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresql_over_tls_honours_sslmode() {
+    let admin = connect(&admin_conninfo()).await;
+    let on: String = admin.query_one("SHOW ssl", &[]).await.unwrap().get(0);
+    assert_eq!(
+        on, "on",
+        "PostgreSQL has TLS off: ALTER SYSTEM SET ssl = on; SELECT pg_reload_conf(); (.ci/run does it)"
+    );
+    let cert: String = admin
+        .query_one("SHOW ssl_cert_file", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let data: String = admin
+        .query_one("SHOW data_directory", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let cert = std::path::Path::new(&data).join(cert); // a relative path is in the data directory
+    // The name the certificate is for (make-ssl-cert uses the machine's name).
+    let san = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(&cert)
+        .output()
+        .expect("openssl (Debian's ssl-cert, which PostgreSQL's package depends on)");
+    let san = String::from_utf8(san.stdout).unwrap();
+    let name = san
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .find_map(|part| part.strip_prefix("DNS:"))
+        .unwrap_or_else(|| panic!("no DNS name in {}: {san}", cert.display()))
+        .to_owned();
+    // TCP to the local server, as the admin role (trust on 127.0.0.1).
+    let user = admin_conninfo()
+        .split_whitespace()
+        .find(|kv| kv.starts_with("user="))
+        .unwrap_or("user=postgres")
+        .to_owned();
+    let encrypted = async |conninfo: String| -> Result<bool, String> {
+        let client =
+            bucketd::fleet::postgres::connect(&conninfo, None, "bucketd tls test".into(), "")
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+        let row = client
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        Ok(row.get(0))
+    };
+    let at = |host: &str, mode: &str| {
+        format!(
+            "host={host} hostaddr=127.0.0.1 {user} dbname=postgres sslmode={mode} sslrootcert={}",
+            cert.display()
+        )
+    };
+    assert_eq!(encrypted(at("127.0.0.1", "disable")).await, Ok(false));
+    assert_eq!(encrypted(at("127.0.0.1", "prefer")).await, Ok(true));
+    assert_eq!(
+        encrypted(format!(
+            "host=127.0.0.1 {user} dbname=postgres sslmode=require"
+        ))
+        .await,
+        Ok(true)
+    );
+    assert_eq!(encrypted(at("127.0.0.1", "verify-ca")).await, Ok(true));
+    assert_eq!(encrypted(at(&name, "verify-full")).await, Ok(true));
+    // The certificate is for `name`, not for 127.0.0.1.
+    let e = encrypted(at("127.0.0.1", "verify-full")).await.unwrap_err();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    // A CA that did not sign the server's certificate.
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let rogue = dir.path().join("rogue-ca.pem");
+    std::fs::write(&rogue, params.self_signed(&key).unwrap().pem()).unwrap();
+    for mode in ["verify-ca", "require"] {
+        let conninfo = format!(
+            "host={name} hostaddr=127.0.0.1 {user} dbname=postgres sslmode={mode} sslrootcert={}",
+            rogue.display()
+        );
+        let e = encrypted(conninfo).await.unwrap_err();
+        assert!(e.to_lowercase().contains("certificate"), "{mode}: {e}");
+    }
+}
