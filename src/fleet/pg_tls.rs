@@ -154,18 +154,20 @@ where
 {
     type Stream = RustlsStream<S>;
     type TlsConnect = RustlsConnect;
-    type Error = rustls::pki_types::InvalidDnsNameError;
+    type Error = io::Error;
 
-    fn make_tls_connect(&mut self, domain: &str) -> Result<RustlsConnect, Self::Error> {
+    /// `domain` is a Unix socket's directory for a socket host: no name, and a server never
+    /// offers TLS there (with `prefer` the connection goes on in plain).
+    fn make_tls_connect(&mut self, domain: &str) -> io::Result<RustlsConnect> {
         Ok(RustlsConnect {
-            name: ServerName::try_from(domain.to_owned())?,
+            name: ServerName::try_from(domain.to_owned()).ok(),
             connector: tokio_rustls::TlsConnector::from(self.0.clone()),
         })
     }
 }
 
 pub struct RustlsConnect {
-    name: ServerName<'static>,
+    name: Option<ServerName<'static>>,
     connector: tokio_rustls::TlsConnector,
 }
 
@@ -179,7 +181,13 @@ where
 
     fn connect(self, stream: S) -> Self::Future {
         Box::pin(async move {
-            let tls = self.connector.connect(self.name, stream).await?;
+            let name = self.name.ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "TLS needs a host name or address, not a Unix socket",
+                )
+            })?;
+            let tls = self.connector.connect(name, stream).await?;
             Ok(RustlsStream(tls))
         })
     }

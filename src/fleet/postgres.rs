@@ -1,4 +1,5 @@
-//! PostgreSQL for the fleet tier: connecting (schema applied once, under an advisory lock),
+//! PostgreSQL for the fleet tier: connecting (schema applied once, under an advisory lock,
+//! unless the role may not: `deploy/postgres/roles.sql`),
 //! and applying a gateway's outbox entries exactly once ([`apply`]). Used by the forwarder and
 //! by the claims of central instances ([`super::claims`]).
 
@@ -75,7 +76,17 @@ pub async fn connect(
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
-    tx.batch_execute(schema).await?;
+    // A gateway's own role (deploy/postgres/roles.sql) may not create or alter tables: an admin
+    // made them, and the schema step is skipped.
+    tx.batch_execute("SAVEPOINT bucketd_schema").await?;
+    if let Err(e) = tx.batch_execute(schema).await {
+        if e.code() != Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+            return Err(e.into());
+        }
+        tx.batch_execute("ROLLBACK TO SAVEPOINT bucketd_schema")
+            .await?;
+        tracing::debug!(error = %e, "This role may not create the schema; using the tables as they are.");
+    }
     tx.commit().await?;
     Ok(client)
 }

@@ -296,3 +296,128 @@ async fn postgresql_over_tls_honours_sslmode() {
         assert!(e.to_lowercase().contains("certificate"), "{mode}: {e}");
     }
 }
+
+/// Issue 20: with `deploy/postgres/roles.sql`, a gateway's own PostgreSQL role connects (the
+/// schema step skipped: it may not create tables), applies its own entries, and can neither
+/// write as another gateway nor touch another gateway's rows or `last_seq`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_role_touches_only_its_own_rows() {
+    use bucketd::fleet::postgres::{SCHEMA, apply, connect as bucketd_connect};
+    use bucketd::store::OutboxDoc;
+
+    let testdb = TestDb::create().await;
+    let admin = connect(&testdb.conninfo()).await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let roles = include_str!("../../../deploy/postgres/roles.sql");
+    admin.batch_execute(roles).await.unwrap();
+    admin
+        .batch_execute(roles)
+        .await
+        .expect("roles.sql runs twice");
+    // Role names are global to the server: unique ones, dropped at the end.
+    let a = unique("gw-a").to_lowercase();
+    let b = unique("gw-b").to_lowercase();
+    for role in [&a, &b] {
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE \"{role}\" LOGIN IN ROLE bucketd_gateway"
+            ))
+            .await
+            .unwrap();
+    }
+    let as_role = |role: &str| {
+        let conninfo = testdb.conninfo();
+        let words: Vec<&str> = conninfo
+            .split_whitespace()
+            .filter(|w| !w.starts_with("user="))
+            .collect();
+        format!("{} user={role}", words.join(" "))
+    };
+    let hour = 1_763_719_200;
+    let entry = |seq: i64, value: f64| OutboxDoc {
+        seq,
+        created_ns: 0,
+        buckets: vec![BucketDoc::new(
+            "boiler/t",
+            hour,
+            3600,
+            &bucketd::summary::Summary::of(hour * 1_000_000_000, value),
+        )],
+    };
+    let origin = "2026-11-22T12:00:00.000Z";
+    let mut gw_a = bucketd_connect(&as_role(&a), None, "gw-a".into(), SCHEMA)
+        .await
+        .expect("connects without rights to create the schema");
+    let mut gw_b = bucketd_connect(&as_role(&b), None, "gw-b".into(), SCHEMA)
+        .await
+        .unwrap();
+    assert_eq!(
+        apply(&mut gw_a, &a, origin, &[entry(0, 1.0)])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        apply(&mut gw_b, &b, origin, &[entry(0, 2.0)])
+            .await
+            .unwrap(),
+        1
+    );
+    // Writing as the other gateway: refused by the policy, nothing applied.
+    let e = apply(&mut gw_a, &b, origin, &[entry(1, 9.0)])
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("row-level security"), "{e:#}");
+    // Touching the other's rows: invisible, so nothing changes; deleting is not granted.
+    let changed = gw_a
+        .execute("UPDATE bucketd_gateways SET last_seq = 1000000", &[])
+        .await
+        .unwrap();
+    assert_eq!(changed, 1, "its own row only");
+    let changed = gw_a
+        .execute("UPDATE bucketd_buckets SET count = 0", &[])
+        .await
+        .unwrap();
+    assert_eq!(changed, 1, "its own row only");
+    assert!(
+        gw_a.execute("DELETE FROM bucketd_buckets", &[])
+            .await
+            .is_err()
+    );
+    assert!(
+        gw_a.batch_execute("DROP TABLE bucketd_gateways")
+            .await
+            .is_err()
+    );
+    let seen: i64 = gw_a
+        .query_one("SELECT count(*) FROM bucketd_buckets", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, 1, "the other gateway's rows are not visible");
+    let (count, last): (i64, i64) = {
+        let row = admin
+            .query_one(
+                "SELECT b.count, g.last_seq FROM bucketd_buckets b JOIN bucketd_gateways g \
+                 USING (gateway_id) WHERE gateway_id = $1",
+                &[&b],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        (count, last),
+        (1, 0),
+        "gw-b's row and position are as gw-b left them"
+    );
+    drop((gw_a, gw_b, admin));
+    testdb.drop_it().await;
+    let server = connect(&admin_conninfo()).await;
+    for role in [&a, &b] {
+        server
+            .batch_execute(&format!("DROP ROLE \"{role}\""))
+            .await
+            .unwrap();
+    }
+}

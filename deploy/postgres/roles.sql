@@ -1,0 +1,39 @@
+-- Least rights for gateways (docs/FLEET.md, "Threat model"). Run once, as the tables' owner or
+-- a superuser, after schema.sql:
+--
+--   psql -d fleet -f schema.sql -f roles.sql
+--
+-- and then one login role per gateway, named exactly as its upstream.gateway_id, in the group:
+--
+--   CREATE ROLE "site-17" LOGIN PASSWORD '...' IN ROLE bucketd_gateway;
+--
+-- A gateway can then read and write only its own rows: bucketd_buckets rows whose gateway_id and
+-- series prefix are its name, and its own bucketd_gateways row (last_seq, origin). It cannot
+-- create or alter tables (bucketd skips its schema step when the tables are there and the role
+-- may not create them), delete, or see another gateway's rows. The tables' owner, and roles
+-- given SELECT for queries, are not limited by these policies.
+--
+-- Idempotent: running it again changes nothing.
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bucketd_gateway') THEN
+        CREATE ROLE bucketd_gateway NOLOGIN;
+    END IF;
+END
+$$;
+
+GRANT SELECT, INSERT, UPDATE ON bucketd_buckets, bucketd_gateways TO bucketd_gateway;
+
+ALTER TABLE bucketd_buckets ENABLE ROW LEVEL SECURITY;
+ALTER TABLE bucketd_gateways ENABLE ROW LEVEL SECURITY;
+
+DROP POLICY IF EXISTS bucketd_own_rows ON bucketd_buckets;
+CREATE POLICY bucketd_own_rows ON bucketd_buckets TO bucketd_gateway
+    USING (gateway_id = current_user)
+    WITH CHECK (gateway_id = current_user AND starts_with(series, current_user || ':'));
+
+DROP POLICY IF EXISTS bucketd_own_row ON bucketd_gateways;
+CREATE POLICY bucketd_own_row ON bucketd_gateways TO bucketd_gateway
+    USING (gateway_id = current_user)
+    WITH CHECK (gateway_id = current_user);
