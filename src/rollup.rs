@@ -114,6 +114,25 @@ mod tests {
         assert_eq!(window_start(-1, 86_400), -86_400);
     }
 
+    /// Issue 20: three buckets of a day counting `i64::MAX` readings each (from a forged delta)
+    /// aborted `/api/v1/buckets?step=1d` on the merge's `expect`; the count now saturates.
+    #[test]
+    fn a_daily_rollup_of_huge_counts_saturates() {
+        let day = 1_763_683_200;
+        let docs: Vec<BucketDoc> = (0..3)
+            .map(|h| BucketDoc {
+                count: i64::MAX,
+                ..doc(day + h * 3600, &[1.0])
+            })
+            .collect();
+        let windows = rollup(&docs, 86_400);
+        assert_eq!(windows.len(), 1);
+        assert_eq!(windows[0].summary.count, u64::MAX);
+        let json =
+            crate::export::summary_json(windows[0].start, windows[0].end, &windows[0].summary);
+        assert_eq!(json["count"], serde_json::json!(u64::MAX));
+    }
+
     #[test]
     fn a_daily_rollup_merges_the_hours_of_each_day() {
         let day = 1_763_683_200;

@@ -371,6 +371,16 @@ fn a_publisher_cannot_write_as_or_silence_another_gateway() {
         a.admit(&message(topic, &silencer)).verdict,
         Verdict::Rejected(DecodeError::InvalidDelta)
     );
+    // Nor with a negative position (claims trimming computed `seq - keep_entries` from it).
+    let negative = bson::serialize_to_vec(&DeltaMessage {
+        gateway_id: "site-2".into(),
+        origin: "2026-11-22T12:00:00.000Z".into(),
+        seq: i64::MIN,
+        part: 0,
+        buckets: Vec::new(),
+    })
+    .unwrap();
+    assert!(a.claim_needed(topic.as_bytes(), &negative, NOW).is_none());
     // site-2's real messages are still new.
     let real = delta_of("site-2", 1, &["a/t"]);
     assert!(a.claim_needed(topic.as_bytes(), &real, NOW).is_some());
