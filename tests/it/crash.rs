@@ -237,3 +237,145 @@ fn report_loss(db: &std::path::Path, readings: &[crate::support::Expected], logs
         path.display()
     );
 }
+
+/// Power cuts under QoS 1 load: the daemon runs in process over the simulated power supply of
+/// `bucketd::store::Faults` (writes since the last fsync sit in a page cache; at a random write
+/// or fsync the power fails and none of them, a prefix, or a prefix and a torn part of the next
+/// reach the file), while a publisher streams readings through a real broker. After each cut
+/// the "dead" daemon is stopped (nothing it does reaches the file or the broker as an
+/// acknowledgement any more: every commit fails) and a new one opens the same file, which the
+/// cut may have left mid-commit or mid-checkpoint. At the end every bucket equals the ground
+/// truth: what was acknowledged survived the cut exactly once, what was not the broker
+/// redelivered, and a commit the cut interrupted but that reached the disk is recognised.
+/// Half the cycles commit with `durability = "two_phase"`. `BUCKETD_POWER_CUT_CYCLES=N` sets
+/// the cuts per broker and protocol (default 8); docs/RELIABILITY.md records a long run.
+async fn power_cuts_under_load_lose_nothing_and_count_nothing_twice(
+    broker: Broker,
+    protocol: Protocol,
+) {
+    use std::sync::Arc;
+
+    use bucketd::config::Durability;
+    use bucketd::daemon;
+    use bucketd::decode::DecodeError;
+    use bucketd::stats::Stats;
+    use bucketd::store::{Cut, Faults};
+
+    let cycles: u32 = std::env::var("BUCKETD_POWER_CUT_CYCLES")
+        .ok()
+        .map_or(8, |v| {
+            v.parse().expect("BUCKETD_POWER_CUT_CYCLES is a number")
+        });
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, protocol, &db, &topics);
+    raw.batch.flush_interval = Duration::from_millis(20);
+    raw.store.checkpoint_interval = Duration::from_secs(1);
+    let seed = 0x9C07 + u64::from(cycles);
+    // Three chunks per cycle (messages hold 9 readings on average); a cut comes within the
+    // first in most cycles.
+    let readings = cycles as usize * 3 * CHUNK * 9;
+    // Receive-time readings are recognised by DUP, which rumqttd does not set.
+    let work = if broker.sets_dup {
+        workload(&topics, seed, readings, 0)
+    } else {
+        stamped_workload(&topics, seed, readings)
+    };
+    // The persistent session exists before the first cut, as on a gateway that has run before
+    // (a cut before the first subscription would lose what the broker had no session for).
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    d.stop().await.unwrap();
+    // Published a chunk at a time, until the power fails: an idle daemon writes nothing, so
+    // the load goes on as long as the cut has not come.
+    let mut chunks = work.messages.chunks(CHUNK);
+    let mut rng = Rng::new(seed);
+    let (mut at_open, mut in_commit, mut acked_at_cut, mut recognised) = (0, 0, 0, 0);
+    let wait = Duration::from_mins(1);
+    for cycle in 0..cycles {
+        raw.store.durability = if cycle % 2 == 1 {
+            Durability::TwoPhase
+        } else {
+            Durability::Immediate
+        };
+        let cut = match rng.below(3) {
+            0 => Cut::Nothing,
+            1 => Cut::Prefix(rng.below(8) as usize),
+            _ => Cut::Torn {
+                n: rng.below(8) as usize,
+                bytes: 1 + rng.below(8192) as usize,
+            },
+        };
+        let faults = Arc::new(Faults::default());
+        // Counted from the file's opening, which writes too: some cuts land there.
+        faults.arm_power_cut(1 + rng.below(150), cut);
+        let d = match daemon::start_with_faults(&config(&raw), Some(faults.clone())) {
+            Ok(d) => d,
+            Err(e) => {
+                assert!(
+                    faults.power_is_off(),
+                    "cycle {cycle}: the daemon does not start: {e}"
+                );
+                at_open += 1;
+                continue;
+            }
+        };
+        while !faults.power_is_off() {
+            let chunk = chunks
+                .next()
+                .unwrap_or_else(|| panic!("cycle {cycle}: the workload ended before the cut"));
+            publish_with(&broker, chunk, 1, Pace::Rate(RATE)).await;
+        }
+        let stats = d.stats.clone();
+        let acks = Stats::get(&stats.acks_sent);
+        in_commit += u32::from(Stats::get(&stats.commit_errors) > 0);
+        // The process is gone as far as the file is concerned; stopping it commits nothing more.
+        let _ = d.stop().await;
+        assert_eq!(
+            Stats::get(&stats.acks_sent),
+            acks,
+            "cycle {cycle}: nothing is acknowledged after the cut"
+        );
+        acked_at_cut += acks;
+        recognised += Stats::get(&stats.duplicates);
+    }
+    let d = daemon::start(&config(&raw)).unwrap();
+    let stats = d.stats.clone();
+    let rest: Vec<_> = chunks.flatten().cloned().collect();
+    publish_with(&broker, &rest, 1, Pace::Rate(RATE)).await;
+    let markers = markers(&work.messages);
+    publish_all(&broker, &markers, 1).await;
+    eventually(wait, "every marker", || {
+        stats.rejected(DecodeError::EmptyPayload) == markers.len() as u64
+    })
+    .await;
+    d.stop().await.unwrap();
+    let docs = StoreReader::open(&db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    let truth = truth(&work.readings, 3600);
+    let (lost, twice) = lost_and_twice(&docs, &truth);
+    eprintln!(
+        "power cuts under load ({} {protocol:?}): {cycles} cuts ({at_open} while opening, \
+         {in_commit} with a failed commit), {acked_at_cut} messages acknowledged before the cuts, \
+         {} messages, {} readings published; counted {}; lost {lost}; counted twice {twice}; \
+         redeliveries recognised {}",
+        broker.name,
+        work.messages.len(),
+        work.readings.len(),
+        docs.iter().map(|d| d.count).sum::<i64>(),
+        recognised + Stats::get(&stats.duplicates),
+    );
+    if (lost, twice) != (0, 0) {
+        report_loss(&db, &work.readings, &[]);
+    }
+    assert_eq!((lost, twice), (0, 0), "readings lost and counted twice");
+    assert_matches_truth(&docs, &truth);
+}
+
+on_every_broker!(power_cuts_under_load_lose_nothing_and_count_nothing_twice);
+
+/// Messages the power-cut test publishes at a time.
+const CHUNK: usize = 100;
