@@ -298,6 +298,7 @@ pub struct RawHttp {
     pub token_file: String,
     pub metrics_token_file: String,
     pub max_buckets_per_query: usize,
+    pub max_points_per_query: u64,
     pub max_raw_readings: usize,
     pub max_connections: usize,
     pub max_concurrent_queries: usize,
@@ -540,6 +541,8 @@ pub struct HttpConfig {
     /// Bearer token guarding `/metrics`, separately (a scraper needs no query rights).
     pub metrics_token_file: Option<PathBuf>,
     pub max_buckets_per_query: usize,
+    /// Stored buckets one `/prom` query may read, and points (or label sets) it may answer.
+    pub max_points_per_query: u64,
     pub max_raw_readings: usize,
     /// Open HTTP connections at once; more are closed as they come (counted).
     pub max_connections: usize,
@@ -803,6 +806,12 @@ impl TryFrom<RawConfig> for Config {
         if raw.http.max_raw_readings == 0 {
             return Err(invalid("http.max_raw_readings", "must be at least 1"));
         }
+        if !(1..=100_000_000).contains(&raw.http.max_points_per_query) {
+            return Err(invalid(
+                "http.max_points_per_query",
+                "must be 1..=100000000 (an answer of that many points is held in memory)",
+            ));
+        }
         for (key, value, most) in [
             ("http.max_connections", raw.http.max_connections, 4096),
             (
@@ -828,6 +837,7 @@ impl TryFrom<RawConfig> for Config {
             token_file: non_empty_path(&raw.http.token_file),
             metrics_token_file: non_empty_path(&raw.http.metrics_token_file),
             max_buckets_per_query: raw.http.max_buckets_per_query,
+            max_points_per_query: raw.http.max_points_per_query,
             max_raw_readings: raw.http.max_raw_readings,
             max_connections: raw.http.max_connections,
             max_concurrent_queries: raw.http.max_concurrent_queries,

@@ -242,6 +242,7 @@ fn start_over(
         flush_slots: Arc::new(tokio::sync::Semaphore::new(FLUSH_REQUESTS_MAX)),
         bucket_width_secs: width_secs,
         max_buckets_per_query: config.http.max_buckets_per_query,
+        max_points_per_query: config.http.max_points_per_query,
         max_raw_readings: config.http.max_raw_readings,
         api_token: api_token.map(Arc::new),
         metrics_token: metrics_token.map(Arc::new),

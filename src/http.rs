@@ -1,4 +1,5 @@
-//! The HTTP server (axum): `/metrics`, `/healthz`, `/readyz` and the query API under `/api/v1`.
+//! The HTTP server (axum): `/metrics`, `/healthz`, `/readyz`, the query API under `/api/v1` and
+//! the Prometheus API under `/prom` ([`crate::prom`]).
 //! Reads run in redb read transactions on the blocking pool: they never block ingestion or the
 //! writer. Every error is a 4xx/5xx with `{"error": "..."}` naming the bad parameter.
 
@@ -40,6 +41,8 @@ pub struct ApiState {
     pub flush_slots: Arc<tokio::sync::Semaphore>,
     pub bucket_width_secs: i64,
     pub max_buckets_per_query: usize,
+    /// `http.max_points_per_query`, for the Prometheus API.
+    pub max_points_per_query: u64,
     pub max_raw_readings: usize,
     /// Bearer token for `/api/*` (`http.token_file`); `None`: open.
     pub api_token: Option<Arc<Secret>>,
@@ -52,10 +55,16 @@ pub struct ApiState {
 pub fn router(state: ApiState) -> Router {
     // Queries take turns (inside the token check: a refused request takes none); a flush has
     // its own bound and holds no answer in memory.
+    let prom = crate::prom::router(crate::prom::PromState {
+        reader: state.reader.clone(),
+        bucket_width_secs: state.bucket_width_secs,
+        max_points: state.max_points_per_query,
+    });
     let queries = Router::new()
         .route("/api/v1/series", get(series))
         .route("/api/v1/buckets", get(buckets))
         .route("/api/v1/raw", get(raw))
+        .nest_service("/prom", prom)
         .route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
     let api = Router::new()
         .route("/api/v1/flush", post(flush))
@@ -560,6 +569,7 @@ mod tests {
             flush_slots: Arc::new(tokio::sync::Semaphore::new(flush_slots)),
             bucket_width_secs: 3600,
             max_buckets_per_query: 10,
+            max_points_per_query: 1000,
             max_raw_readings: 10,
             api_token: None,
             metrics_token: None,

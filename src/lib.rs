@@ -17,6 +17,7 @@
 //! - [`batcher`]: the open batch and the flush policy. [`config`]: `RawConfig` -> `Config`.
 //! - [`admit`]: what one message becomes (decode, redelivery, width folding, interning).
 //! - [`rollup`]: buckets merged into day/week windows. [`export`]: JSON/CSV formatting.
+//! - [`promql`]: the PromQL subset of the Prometheus query API, evaluated over buckets.
 //!
 //! Shells and tasks:
 //! - [`stats`]: counters and gauges; [`metrics`]: their Prometheus rendering.
@@ -24,7 +25,8 @@
 //! - [`mqtt`]: the rumqttc client (v5 / v3.1.1). [`notify`]: systemd notifications.
 //! - [`store`]: the redb file; the only importer of redb. [`query`]: `bucketd query`.
 //! - [`writer`]: the writer thread; the only place that commits.
-//! - [`http`]: metrics, health and the query API.
+//! - [`prom`]: the Prometheus HTTP API under `/prom` (for Grafana). [`http`]: metrics, health,
+//!   the query API and the chart page.
 //! - [`ingest`]: the MQTT loop: admit, batch, hand over, acknowledge after commit.
 //! - [`fleet`]: forwarder, PostgreSQL, applied positions, claims (attached by `daemon` only).
 //! - [`daemon`]: wiring and shutdown order.
@@ -59,6 +61,8 @@ pub mod metrics;
 pub mod mqtt;
 pub mod notify;
 pub mod page;
+pub mod prom;
+pub mod promql;
 pub mod query;
 pub mod reading;
 pub mod reject;

@@ -27,6 +27,8 @@ mod fleet;
 mod ingest;
 /// The import rules: no cycle among `src/`'s modules; the edge does not import the fleet.
 mod layers;
+/// The Prometheus API (`/prom`) through promtool and Grafana's requests.
+mod prom_api;
 /// Every bug fixed so far and the test that guards it.
 mod regression;
 /// TLS, passwords, client certificates, credentials and HTTP tokens, against Mosquitto.

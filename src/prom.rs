@@ -1,0 +1,384 @@
+//! The Prometheus HTTP API, the part Grafana's Prometheus data source and `promtool` use, over
+//! the buckets (served under `/prom` by [`crate::http`]): `query_range`, `query`, `labels`,
+//! `label/<name>/values`, `series`, `metadata`, `status/buildinfo`, with Prometheus's JSON
+//! shapes and errors. Queries are [`crate::promql`]'s subset. GET and form POST alike, as
+//! Prometheus serves them (Grafana and promtool POST by default).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::promql::{self, Budget, Expr, Field, Grid, SeriesLabels};
+use crate::store::StoreReader;
+
+/// Largest form body a request may send (a query is at most [`promql::QUERY_BYTES_MAX`]).
+const BODY_BYTES_MAX: usize = 64 * 1024;
+
+#[derive(Clone)]
+pub struct PromState {
+    pub reader: StoreReader,
+    pub bucket_width_secs: i64,
+    /// `http.max_points_per_query`: stored buckets read and points answered per query, and
+    /// label sets per `series` answer.
+    pub max_points: u64,
+}
+
+/// The routes, relative to where they are nested (`/prom`).
+pub fn router(state: PromState) -> Router {
+    Router::new()
+        .route("/api/v1/query_range", get(query_range).post(query_range))
+        .route("/api/v1/query", get(query).post(query))
+        .route("/api/v1/labels", get(labels).post(labels))
+        .route("/api/v1/label/{name}/values", get(label_values))
+        .route("/api/v1/series", get(series).post(series))
+        .route("/api/v1/metadata", get(metadata))
+        .route("/api/v1/status/buildinfo", get(buildinfo))
+        .route("/api/v1/query_exemplars", get(exemplars).post(exemplars))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(state)
+}
+
+/// An error in Prometheus's shape: `{"status":"error","errorType":..,"error":..}`.
+#[derive(Debug)]
+pub struct PromError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+}
+
+impl PromError {
+    fn bad(message: impl Into<String>) -> PromError {
+        PromError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "bad_data",
+            message: message.into(),
+        }
+    }
+
+    /// The details go to the log only, as for the JSON API.
+    fn internal(e: impl std::fmt::Display) -> PromError {
+        tracing::error!(error = %e, "Prometheus API query failed.");
+        PromError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "internal",
+            message: "reading the store failed (see bucketd's log)".into(),
+        }
+    }
+}
+
+impl IntoResponse for PromError {
+    fn into_response(self) -> Response {
+        let body = json!({"status": "error", "errorType": self.kind, "error": self.message});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+fn success(data: &Value) -> Response {
+    axum::Json(json!({"status": "success", "data": data})).into_response()
+}
+
+/// The parameters of a request: the URL's query, then a form body's (Prometheus reads both).
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn of(query: Option<&str>, body: &Bytes) -> Result<Params, PromError> {
+        let mut pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+            .map_err(|e| PromError::bad(format!("the URL's query string: {e}")))?;
+        if !body.is_empty() {
+            let form: Vec<(String, String)> = serde_urlencoded::from_bytes(body).map_err(|e| {
+                PromError::bad(format!(
+                    "the body must be application/x-www-form-urlencoded: {e}"
+                ))
+            })?;
+            pairs.extend(form);
+        }
+        Ok(Params(pairs))
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, v)| k == name && !v.is_empty())
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn required(&self, name: &str) -> Result<&str, PromError> {
+        self.get(name)
+            .ok_or_else(|| PromError::bad(format!("missing parameter `{name}`")))
+    }
+
+    fn time(&self, name: &str) -> Result<Option<i64>, PromError> {
+        self.get(name)
+            .map(|t| {
+                promql::parse_time(t)
+                    .map_err(|e| PromError::bad(format!("parameter `{name}`: {e}")))
+            })
+            .transpose()
+    }
+
+    /// The selectors of `match[]`, each a plain selector.
+    fn matches(&self) -> Result<Vec<promql::Selector>, PromError> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == "match[]")
+            .map(|(_, v)| match promql::parse(v) {
+                Ok(Expr::Vector(promql::VectorExpr {
+                    selector,
+                    aggregate: None,
+                })) => Ok(selector),
+                Ok(_) => Err(PromError::bad(format!(
+                    "parameter `match[]`: `{v}` is not a series selector"
+                ))),
+                Err(e) => Err(PromError::bad(format!("parameter `match[]`: {e}"))),
+            })
+            .collect()
+    }
+}
+
+fn now_ms() -> i64 {
+    crate::reading::Timestamp::now()
+        .as_nanos()
+        .div_euclid(1_000_000)
+}
+
+/// Runs a blocking store read off the async workers.
+async fn read<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, PromError> + Send + 'static,
+) -> Result<T, PromError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(PromError::internal)?
+}
+
+/// Evaluates `query` at `grid`: the series and their points, or the number of a scalar query.
+async fn evaluate(
+    s: &PromState,
+    query: &str,
+    grid: Grid,
+) -> Result<Result<Vec<promql::Series>, f64>, PromError> {
+    let expr = match promql::parse(query) {
+        Ok(Expr::Scalar(n)) => return Ok(Err(n)),
+        Ok(Expr::Vector(v)) => v,
+        Err(e) => return Err(PromError::bad(format!("invalid parameter \"query\": {e}"))),
+    };
+    let (reader, width) = (s.reader.clone(), s.bucket_width_secs);
+    let budget = Budget {
+        max_points: s.max_points,
+    };
+    read(move || {
+        let names = reader.series().map_err(PromError::internal)?;
+        promql::evaluate(&expr, &names, grid, width, budget, |name, from, to| {
+            reader.buckets(Some(name), from, to)
+        })
+        .map_err(|e| match e {
+            promql::EvalError::TooLarge(m) => PromError::bad(m),
+            promql::EvalError::Read(e) => PromError::internal(e),
+        })
+    })
+    .await
+    .map(Ok)
+}
+
+fn point(t: i64, v: f64) -> Value {
+    json!([promql::format_time(t), promql::format_value(v)])
+}
+
+async fn query_range(
+    State(s): State<PromState>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, PromError> {
+    let p = Params::of(q.as_deref(), &body)?;
+    let query = p.required("query")?;
+    let start = p
+        .time("start")?
+        .ok_or_else(|| PromError::bad("missing parameter `start`"))?;
+    let end = p
+        .time("end")?
+        .ok_or_else(|| PromError::bad("missing parameter `end`"))?;
+    let step = promql::parse_duration(p.required("step")?)
+        .map_err(|e| PromError::bad(format!("invalid parameter \"step\": {e}")))?;
+    let grid = Grid::range(start, end, step).map_err(PromError::bad)?;
+    let result: Vec<Value> = match evaluate(&s, query, grid).await? {
+        Ok(series) => series
+            .into_iter()
+            .map(|s| {
+                let values: Vec<Value> = s.points.iter().map(|(t, v)| point(*t, *v)).collect();
+                json!({"metric": s.labels, "values": values})
+            })
+            .collect(),
+        Err(n) => {
+            let values: Vec<Value> = (0..grid.count)
+                .map(|k| point(grid.start_ms + k as i64 * grid.step_ms, n))
+                .collect();
+            vec![json!({"metric": {}, "values": values})]
+        }
+    };
+    Ok(success(&json!({"resultType": "matrix", "result": result})))
+}
+
+async fn query(
+    State(s): State<PromState>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, PromError> {
+    let p = Params::of(q.as_deref(), &body)?;
+    let query = p.required("query")?;
+    let at = p.time("time")?.unwrap_or_else(now_ms);
+    let data = match evaluate(&s, query, Grid::instant(at)).await? {
+        Ok(series) => {
+            let result: Vec<Value> = series
+                .into_iter()
+                .filter_map(|s| {
+                    let (t, v) = *s.points.first()?;
+                    Some(json!({"metric": s.labels, "value": point(t, v)}))
+                })
+                .collect();
+            json!({"resultType": "vector", "result": result})
+        }
+        Err(n) => json!({"resultType": "scalar", "result": point(at, n)}),
+    };
+    Ok(success(&data))
+}
+
+/// The stored series that one of `selectors` selects (all when there are none), with the
+/// fields each selector selects.
+async fn selected(
+    s: &PromState,
+    selectors: Vec<promql::Selector>,
+) -> Result<Vec<(String, Vec<Field>)>, PromError> {
+    let reader = s.reader.clone();
+    let names = read(move || reader.series().map_err(PromError::internal)).await?;
+    Ok(names
+        .into_iter()
+        .filter_map(|name| {
+            let labels = SeriesLabels::of(&name);
+            let fields: BTreeSet<Field> = if selectors.is_empty() {
+                Field::ALL.into_iter().collect()
+            } else {
+                selectors
+                    .iter()
+                    .filter(|sel| sel.matches_series(&labels))
+                    .flat_map(promql::Selector::fields)
+                    .collect()
+            };
+            (!fields.is_empty()).then(|| (name.clone(), fields.into_iter().collect()))
+        })
+        .collect())
+}
+
+async fn labels(
+    State(s): State<PromState>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, PromError> {
+    let p = Params::of(q.as_deref(), &body)?;
+    let any = !selected(&s, p.matches()?).await?.is_empty();
+    let names: Vec<&str> = if any {
+        std::iter::once("__name__").chain(promql::LABELS).collect()
+    } else {
+        Vec::new()
+    };
+    Ok(success(&json!(names)))
+}
+
+async fn label_values(
+    State(s): State<PromState>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, PromError> {
+    let p = Params::of(q.as_deref(), &Bytes::new())?;
+    let selected = selected(&s, p.matches()?).await?;
+    let values: BTreeSet<String> = selected
+        .iter()
+        .flat_map(|(series, fields)| {
+            let labels = SeriesLabels::of(series);
+            let one = match name.as_str() {
+                "series" => Some(labels.series),
+                "sensor" => Some(labels.sensor),
+                "metric" => Some(labels.metric),
+                _ => None,
+            };
+            let names = fields
+                .iter()
+                .map(|f| f.metric_name())
+                .filter(|_| name == "__name__");
+            one.into_iter().chain(names).map(str::to_owned)
+        })
+        .collect();
+    Ok(success(&json!(values)))
+}
+
+async fn series(
+    State(s): State<PromState>,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, PromError> {
+    let p = Params::of(q.as_deref(), &body)?;
+    let selectors = p.matches()?;
+    if selectors.is_empty() {
+        return Err(PromError::bad("no match[] parameter provided"));
+    }
+    let selected = selected(&s, selectors).await?;
+    let total: u64 = selected.iter().map(|(_, f)| f.len() as u64).sum();
+    if total > s.max_points {
+        return Err(PromError::bad(format!(
+            "the selectors match {total} series, more than http.max_points_per_query ({}); \
+             narrow them",
+            s.max_points
+        )));
+    }
+    let list: Vec<Value> = selected
+        .iter()
+        .flat_map(|(series, fields)| {
+            let labels = SeriesLabels::of(series);
+            fields.iter().map(move |f| json!(labels.with_name(*f)))
+        })
+        .collect();
+    Ok(success(&json!(list)))
+}
+
+async fn metadata(RawQuery(q): RawQuery) -> Result<Response, PromError> {
+    let p = Params::of(q.as_deref(), &Bytes::new())?;
+    let only = p.get("metric");
+    let limit = match p.get("limit") {
+        None => usize::MAX,
+        Some(l) => match l.parse::<i64>() {
+            Ok(n) if n > 0 => usize::try_from(n).unwrap_or(usize::MAX),
+            Ok(_) => usize::MAX,
+            Err(_) => return Err(PromError::bad(format!("limit must be a number, not `{l}`"))),
+        },
+    };
+    let data: BTreeMap<&str, Value> = Field::ALL
+        .into_iter()
+        .filter(|f| only.is_none_or(|m| m == f.metric_name()))
+        .take(limit)
+        .map(|f| {
+            let meta = json!([{"type": "gauge", "help": f.help(), "unit": ""}]);
+            (f.metric_name(), meta)
+        })
+        .collect();
+    Ok(success(&json!(data)))
+}
+
+async fn buildinfo() -> Response {
+    success(&json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "revision": "",
+        "branch": "",
+        "buildUser": "",
+        "buildDate": "",
+        "goVersion": "",
+    }))
+}
+
+/// Exemplars: bucketd keeps none (Grafana asks when a query has exemplars turned on).
+async fn exemplars() -> Response {
+    success(&json!([]))
+}

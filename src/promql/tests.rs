@@ -1,0 +1,390 @@
+use super::*;
+
+const HOUR: i64 = 3600;
+/// 2025-11-21T00:00Z, a midnight.
+const DAY0: i64 = 1_763_683_200;
+
+fn doc(series: &str, start: i64, values: &[f64]) -> BucketDoc {
+    let mut s = Summary::of(start * 1_000_000_000, values[0]);
+    for (i, v) in values[1..].iter().enumerate() {
+        s.push((start + i as i64 + 1) * 1_000_000_000, *v);
+    }
+    BucketDoc::new(series, start, HOUR, &s)
+}
+
+fn vector(text: &str) -> VectorExpr {
+    match parse(text) {
+        Ok(Expr::Vector(v)) => v,
+        other => panic!("{text}: {other:?}"),
+    }
+}
+
+fn error(text: &str) -> String {
+    match parse(text) {
+        Err(e) => e,
+        Ok(e) => panic!("{text} parsed: {e:?}"),
+    }
+}
+
+fn selects(text: &str, series: &str) -> Vec<Field> {
+    let v = vector(text);
+    if v.selector.matches_series(&SeriesLabels::of(series)) {
+        v.selector.fields()
+    } else {
+        Vec::new()
+    }
+}
+
+#[test]
+fn selectors_match_names_and_labels_with_all_four_operators() {
+    assert_eq!(selects("bucketd_bucket_mean", "boiler/temp"), [Field::Mean]);
+    assert_eq!(
+        selects(r#"bucketd_bucket_p99{sensor="boiler"}"#, "boiler/temp"),
+        [Field::P99]
+    );
+    assert!(selects(r#"bucketd_bucket_p99{sensor="boiler"}"#, "attic/temp").is_empty());
+    assert!(selects(r#"bucketd_bucket_max{sensor!="boiler"}"#, "boiler/temp").is_empty());
+    assert_eq!(
+        selects(r#"bucketd_bucket_max{sensor!="boiler"}"#, "attic/temp"),
+        [Field::Max]
+    );
+    // Regular expressions are anchored at both ends, as in Prometheus.
+    assert!(selects(r#"bucketd_bucket_min{sensor=~"boil"}"#, "boiler/temp").is_empty());
+    assert_eq!(
+        selects(
+            r#"bucketd_bucket_min{sensor=~"boil.*|attic"}"#,
+            "attic/temp"
+        ),
+        [Field::Min]
+    );
+    assert!(selects(r#"bucketd_bucket_min{metric!~"te.*"}"#, "attic/temp").is_empty());
+    assert_eq!(
+        selects(
+            r#"{__name__=~"bucketd_bucket_(mean|p50)", series="a/b"}"#,
+            "a/b"
+        ),
+        [Field::Mean, Field::P50]
+    );
+    // Single quotes, backquotes, a trailing comma, escapes kept for the regular expression.
+    assert_eq!(
+        selects(r"bucketd_bucket_sum{series='a.b/c', }", "a.b/c"),
+        [Field::Sum]
+    );
+    assert!(selects(r#"bucketd_bucket_sum{series=~"a\\.b/c"}"#, "aXb/c").is_empty());
+    assert_eq!(
+        selects(r"bucketd_bucket_sum{series=~`a\.b/c`}", "a.b/c"),
+        [Field::Sum]
+    );
+    // A name that is not one of ours selects nothing; an unknown label has the empty value.
+    assert!(selects("up", "a/b").is_empty());
+    assert_eq!(
+        selects(r#"bucketd_bucket_count{job=""}"#, "a/b"),
+        [Field::Count]
+    );
+}
+
+#[test]
+fn numbers_are_computed_for_grafanas_health_check() {
+    for (text, want) in [
+        ("1+1", 2.0),
+        ("2 * 3 - 4 / 2", 4.0),
+        ("-(1 + 2)", -3.0),
+        ("1.5e3", 1500.0),
+        ("(2)", 2.0),
+    ] {
+        match parse(text) {
+            Ok(Expr::Scalar(n)) => assert_eq!(n, want, "{text}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+    assert!(matches!(parse("NaN"), Ok(Expr::Scalar(n)) if n.is_nan()));
+}
+
+#[test]
+fn aggregations_parse_with_the_grouping_before_or_after() {
+    let v = vector(r#"sum by (sensor) (bucketd_bucket_count{metric="t"})"#);
+    assert_eq!(
+        v.aggregate,
+        Some((AggOp::Sum, Grouping::By(vec!["sensor".into()])))
+    );
+    let v = vector(r#"avg(bucketd_bucket_mean{metric="t"}) without (series, sensor)"#);
+    assert_eq!(
+        v.aggregate,
+        Some((
+            AggOp::Avg,
+            Grouping::Without(vec!["series".into(), "sensor".into()])
+        ))
+    );
+    let v = vector("max(bucketd_bucket_max)");
+    assert_eq!(v.aggregate, Some((AggOp::Max, Grouping::By(Vec::new()))));
+    assert_eq!(v.selector.fields(), [Field::Max]);
+}
+
+#[test]
+fn what_is_not_supported_is_named_in_the_error() {
+    for (text, names) in [
+        ("rate(bucketd_bucket_count[5m])", "function `rate`"),
+        ("bucketd_bucket_count[5m]", "`[`"),
+        ("bucketd_bucket_count offset 5m", "`offset`"),
+        ("bucketd_bucket_count == 1", "`==`"),
+        (
+            "bucketd_bucket_sum / bucketd_bucket_count",
+            "operator `/` between series",
+        ),
+        ("-bucketd_bucket_sum", "negating"),
+        ("topk(3, bucketd_bucket_max)", "function `topk`"),
+        ("sum(sum(bucketd_bucket_max))", "takes a series selector"),
+        (r#"{sensor=~".*"}"#, "a selector needs"),
+        (r#"{sensor=""}"#, "a selector needs"),
+        (r#"bucketd_bucket_max{sensor="a"#, "unterminated string"),
+        (
+            r#"bucketd_bucket_max{sensor=~"("}"#,
+            "bad regular expression",
+        ),
+        (r"bucketd_bucket_max{sensor=boiler}", "quoted string"),
+        ("sum by sensor (bucketd_bucket_max)", "label list"),
+        ("", "empty"),
+        ("1 +", "ends too early"),
+        ("bucketd_bucket_max )", "after the expression"),
+    ] {
+        let e = error(text);
+        assert!(e.contains(names), "{text}: {e}");
+    }
+    let long = format!(
+        "bucketd_bucket_max{{series=\"{}\"}}",
+        "a".repeat(QUERY_BYTES_MAX)
+    );
+    assert!(error(&long).contains("longer than"));
+}
+
+#[test]
+fn times_and_durations_parse_as_prometheus_writes_them() {
+    assert_eq!(parse_time("1763683200"), Ok(1_763_683_200_000));
+    assert_eq!(parse_time("1763683200.123"), Ok(1_763_683_200_123));
+    assert_eq!(parse_time("2025-11-21T00:00:00Z"), Ok(1_763_683_200_000));
+    assert!(parse_time("yesterday").is_err());
+    assert!(parse_time("1e300").is_err());
+    assert!(parse_time("NaN").is_err());
+    assert_eq!(parse_duration("15"), Ok(15_000));
+    assert_eq!(parse_duration("0.5"), Ok(500));
+    assert_eq!(parse_duration("1h30m"), Ok(5_400_000));
+    assert_eq!(parse_duration("1d"), Ok(86_400_000));
+    assert_eq!(parse_duration("1w"), Ok(604_800_000));
+    assert_eq!(parse_duration("1y"), Ok(31_536_000_000));
+    assert_eq!(parse_duration("250ms"), Ok(250));
+    for bad in ["", "h", "1x", "5m3", "99999999999999999999y", "-"] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+    assert_eq!(format_value(21.5), "21.5");
+    assert_eq!(format_value(1e21), "1000000000000000000000");
+    assert_eq!(format_value(f64::NEG_INFINITY), "-Inf");
+    assert_eq!(
+        format_time(1_763_683_200_000),
+        serde_json::json!(1_763_683_200)
+    );
+    assert_eq!(
+        format_time(1_763_683_200_500),
+        serde_json::json!(1_763_683_200.5)
+    );
+}
+
+const BUDGET: Budget = Budget { max_points: 10_000 };
+
+fn eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Vec<Series> {
+    let mut names: Vec<String> = docs.iter().map(|d| d.series.clone()).collect();
+    names.dedup();
+    evaluate(
+        &vector(text),
+        &names,
+        grid,
+        HOUR,
+        BUDGET,
+        |name, from, to| {
+            Ok::<_, ()>(
+                docs.iter()
+                    .filter(|d| d.series == name && (from..to).contains(&d.start))
+                    .cloned()
+                    .collect(),
+            )
+        },
+    )
+    .unwrap()
+}
+
+fn hourly_docs() -> Vec<BucketDoc> {
+    let mut docs = Vec::new();
+    for series in ["a/t", "b/t"] {
+        for h in 0..30 {
+            // b has no reading in hour 5.
+            if series == "b/t" && h == 5 {
+                continue;
+            }
+            let base = if series == "a/t" { 0.0 } else { 100.0 };
+            docs.push(doc(
+                series,
+                DAY0 + h * HOUR,
+                &[base + h as f64, base - h as f64],
+            ));
+        }
+    }
+    docs
+}
+
+#[test]
+fn a_point_is_the_bucket_that_contains_its_time() {
+    let docs = hourly_docs();
+    // Hourly steps: one point per bucket.
+    let grid = Grid::range(DAY0 * 1000, (DAY0 + 3 * HOUR) * 1000, HOUR * 1000).unwrap();
+    let out = eval(r#"bucketd_bucket_max{series="a/t"}"#, &docs, grid);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].labels["__name__"], "bucketd_bucket_max");
+    assert_eq!(out[0].labels["sensor"], "a");
+    assert_eq!(out[0].labels["metric"], "t");
+    let t = |h: i64| (DAY0 + h * HOUR) * 1000;
+    assert_eq!(
+        out[0].points,
+        [(t(0), 0.0), (t(1), 1.0), (t(2), 2.0), (t(3), 3.0)]
+    );
+    // Finer steps: the bucket's value holds over its hour.
+    let grid = Grid::range(t(1), t(2), 15 * 60 * 1000).unwrap();
+    let out = eval(r#"bucketd_bucket_count{series="b/t"}"#, &docs, grid);
+    let values: Vec<f64> = out[0].points.iter().map(|p| p.1).collect();
+    assert_eq!(values, [2.0; 5]);
+    // A missing bucket is a missing point, not a zero.
+    let grid = Grid::range(t(4), t(6), HOUR * 1000).unwrap();
+    let out = eval(r#"bucketd_bucket_mean{series="b/t"}"#, &docs, grid);
+    assert_eq!(out[0].points, [(t(4), 100.0), (t(6), 100.0)]);
+    // An instant query.
+    let out = eval(
+        r#"bucketd_bucket_min{sensor="a"}"#,
+        &docs,
+        Grid::instant(t(7) + 1234),
+    );
+    assert_eq!(out[0].points, [(t(7) + 1234, -7.0)]);
+}
+
+#[test]
+fn a_step_coarser_than_a_bucket_merges_its_buckets_exactly() {
+    let docs = hourly_docs();
+    let day = 86_400_000;
+    let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + day, day).unwrap();
+    let out = eval(
+        r#"{__name__=~"bucketd_bucket_(count|sum|min|max|mean|stddev|p50)", series="a/t"}"#,
+        &docs,
+        grid,
+    );
+    let merged: Vec<Summary> = rollup::rollup(
+        &docs
+            .iter()
+            .filter(|d| d.series == "a/t")
+            .cloned()
+            .collect::<Vec<_>>(),
+        86_400,
+    )
+    .into_iter()
+    .map(|w| w.summary)
+    .collect();
+    assert_eq!(merged.len(), 2);
+    for s in &out {
+        let field = Field::ALL
+            .into_iter()
+            .find(|f| f.metric_name() == s.labels["__name__"])
+            .unwrap();
+        let want: Vec<(i64, f64)> = merged
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (DAY0 * 1000 + i as i64 * day, field.value(m).unwrap()))
+            .collect();
+        assert_eq!(s.points, want, "{field:?}");
+    }
+    assert_eq!(out.len(), 7);
+    // The first day: 48 readings from -23 to 23, the second 12.
+    let count = out
+        .iter()
+        .find(|s| s.labels["__name__"] == "bucketd_bucket_count")
+        .unwrap();
+    assert_eq!(count.points[0].1, 48.0);
+    assert_eq!(count.points[1].1, 12.0);
+    // A step that is no rollup step is refused, naming the rule.
+    let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + day, 5 * HOUR * 1000).unwrap();
+    let e = evaluate(
+        &vector("bucketd_bucket_max"),
+        &["a/t".into()],
+        grid,
+        HOUR,
+        BUDGET,
+        |_, _, _| Ok::<_, ()>(Vec::new()),
+    );
+    assert!(matches!(e, Err(EvalError::TooLarge(m)) if m.contains("divides a day")));
+}
+
+#[test]
+fn aggregations_follow_promql_over_the_series_present_at_each_time() {
+    let docs = hourly_docs();
+    let t = |h: i64| (DAY0 + h * HOUR) * 1000;
+    let grid = Grid::range(t(4), t(5), HOUR * 1000).unwrap();
+    let by_op = |op: &str| {
+        let out = eval(
+            &format!(r#"{op}(bucketd_bucket_max{{metric="t"}})"#),
+            &docs,
+            grid,
+        );
+        assert_eq!(out.len(), 1, "{op}");
+        assert!(out[0].labels.is_empty(), "{op}: {:?}", out[0].labels);
+        out[0].points.clone()
+    };
+    // Hour 4: a's max 4, b's 104; hour 5: only a (5).
+    assert_eq!(by_op("sum"), [(t(4), 108.0), (t(5), 5.0)]);
+    assert_eq!(by_op("avg"), [(t(4), 54.0), (t(5), 5.0)]);
+    assert_eq!(by_op("min"), [(t(4), 4.0), (t(5), 5.0)]);
+    assert_eq!(by_op("max"), [(t(4), 104.0), (t(5), 5.0)]);
+    assert_eq!(by_op("count"), [(t(4), 2.0), (t(5), 1.0)]);
+    let out = eval(
+        r#"sum by (sensor) (bucketd_bucket_count{metric="t"})"#,
+        &docs,
+        grid,
+    );
+    let sensors: Vec<&str> = out.iter().map(|s| s.labels["sensor"].as_str()).collect();
+    assert_eq!(sensors, ["a", "b"]);
+    assert_eq!(out[1].points, [(t(4), 2.0)]);
+    let out = eval(
+        r#"max without (series, sensor) (bucketd_bucket_max{metric="t"})"#,
+        &docs,
+        grid,
+    );
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].labels,
+        BTreeMap::from([("metric".to_owned(), "t".to_owned())])
+    );
+}
+
+#[test]
+fn a_query_past_the_budget_is_refused_before_reading() {
+    let names: Vec<String> = (0..50).map(|i| format!("s{i}/t")).collect();
+    let day = 86_400_000;
+    let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + 30 * day, day).unwrap();
+    let mut reads = 0;
+    let e = evaluate(
+        &vector(r#"bucketd_bucket_mean{metric="t"}"#),
+        &names,
+        grid,
+        HOUR,
+        Budget { max_points: 10_000 },
+        |_, _, _| {
+            reads += 1;
+            Ok::<_, ()>(Vec::new())
+        },
+    );
+    // 50 series x 31 days of hourly buckets = 37,200 buckets to read.
+    let Err(EvalError::TooLarge(m)) = e else {
+        panic!("not refused: {e:?}")
+    };
+    assert!(m.contains("http.max_points_per_query (10000)"), "{m}");
+    assert_eq!(reads, 0);
+    assert!(Grid::range(0, 11_000_000, 1000).is_err(), "11,001 points");
+    assert!(Grid::range(0, 10_999_000, 1000).is_ok());
+    assert!(Grid::range(10, 0, 1000).is_err());
+    assert!(Grid::range(0, 10, 0).is_err());
+    assert!(Grid::range(i64::MIN, i64::MAX, 1).is_err(), "no overflow");
+}
