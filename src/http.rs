@@ -89,6 +89,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .merge(crate::chart::routes())
         .merge(api)
         .merge(metrics)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })

@@ -25,8 +25,8 @@
 //! - [`mqtt`]: the rumqttc client (v5 / v3.1.1). [`notify`]: systemd notifications.
 //! - [`store`]: the redb file; the only importer of redb. [`query`]: `bucketd query`.
 //! - [`writer`]: the writer thread; the only place that commits.
-//! - [`prom`]: the Prometheus HTTP API under `/prom` (for Grafana). [`http`]: metrics, health,
-//!   the query API and the chart page.
+//! - [`prom`]: the Prometheus HTTP API under `/prom` (for Grafana). [`chart`]: the chart page
+//!   at `/`. [`http`]: metrics, health and the query APIs.
 //! - [`ingest`]: the MQTT loop: admit, batch, hand over, acknowledge after commit.
 //! - [`fleet`]: forwarder, PostgreSQL, applied positions, claims (attached by `daemon` only).
 //! - [`daemon`]: wiring and shutdown order.
@@ -45,6 +45,7 @@ pub mod admit;
 #[cfg(test)]
 mod alloc_count;
 pub mod batcher;
+pub mod chart;
 pub mod commitlog;
 pub mod config;
 pub mod daemon;

@@ -15,6 +15,8 @@ mod support;
 
 /// The HTTP API, `bucketd query` and `/metrics`.
 mod api;
+/// The chart page at `/` in headless Chromium.
+mod chart;
 /// The `bucketd` binary: SIGTERM shutdown, export, exit codes.
 mod cli;
 /// `kill -9` under load: nothing lost, nothing counted twice.

@@ -57,7 +57,7 @@ fn two_sensors(topics: &Topics) -> (i64, Workload) {
 }
 
 /// A daemon with the workload ingested, and an API token if `token`.
-async fn daemon_with_data(token: bool) -> (tempfile::TempDir, RunningDaemon, i64, Workload) {
+pub async fn daemon_with_data(token: bool) -> (tempfile::TempDir, RunningDaemon, i64, Workload) {
     let broker = Broker::hermetic();
     let dir = tempfile::tempdir().unwrap();
     let topics = Topics::new();
@@ -77,7 +77,7 @@ async fn daemon_with_data(token: bool) -> (tempfile::TempDir, RunningDaemon, i64
     (dir, d, day, work)
 }
 
-fn close(a: f64, b: f64) -> bool {
+pub fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
 }
 
