@@ -22,6 +22,10 @@ pub const QUERY_BYTES_MAX: usize = 4096;
 /// Most compiled size of one regular expression (the regex engine's limit): a matcher from
 /// an HTTP client cannot take much memory, and matching is linear in the input anyway.
 const REGEX_SIZE_MAX: usize = 1 << 20;
+/// Deepest nesting of parentheses, signs and aggregations in a query.
+const NESTING_MAX: usize = 64;
+/// Deepest nesting in a regular expression.
+const REGEX_NESTING_MAX: u32 = 64;
 /// Most points per series in one answer, as Prometheus refuses more.
 pub const POINTS_PER_SERIES_MAX: u64 = 11_000;
 
@@ -125,6 +129,7 @@ impl Matcher {
             MatchOp::Regex | MatchOp::NotRegex => Some(
                 regex_lite::RegexBuilder::new(&format!("^(?:{value})$"))
                     .size_limit(REGEX_SIZE_MAX)
+                    .nest_limit(REGEX_NESTING_MAX)
                     .build()
                     .map_err(|e| format!("label matcher {label}: bad regular expression: {e}"))?,
             ),
@@ -254,7 +259,11 @@ pub fn parse(text: &str) -> Result<Expr, String> {
         return Err(format!("the query is longer than {QUERY_BYTES_MAX} bytes"));
     }
     let tokens = lex(text)?;
-    let mut p = Parser { tokens, at: 0 };
+    let mut p = Parser {
+        tokens,
+        at: 0,
+        depth: 0,
+    };
     let expr = p.sum()?;
     match p.peek() {
         None => Ok(expr),
@@ -421,6 +430,8 @@ fn string(chars: &[char]) -> Result<(String, usize), String> {
 struct Parser {
     tokens: Vec<Token>,
     at: usize,
+    /// Operands being parsed inside each other (parentheses, signs, aggregations).
+    depth: usize,
 }
 
 /// Something that can be a number or a selection of series, while parsing.
@@ -496,7 +507,18 @@ impl Parser {
         Ok(acc)
     }
 
+    /// Every nesting passes here: the depth is bounded, so that no query can overflow the stack.
     fn unary(&mut self) -> Result<Operand, String> {
+        if self.depth >= NESTING_MAX {
+            return Err(format!("the query nests deeper than {NESTING_MAX} levels"));
+        }
+        self.depth += 1;
+        let operand = self.unary_unbounded();
+        self.depth -= 1;
+        operand
+    }
+
+    fn unary_unbounded(&mut self) -> Result<Operand, String> {
         match self.peek() {
             Some(Token::Minus) => {
                 self.at += 1;

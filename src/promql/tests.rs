@@ -388,3 +388,63 @@ fn a_query_past_the_budget_is_refused_before_reading() {
     assert!(Grid::range(0, 10, 0).is_err());
     assert!(Grid::range(i64::MIN, i64::MAX, 1).is_err(), "no overflow");
 }
+
+/// Deep nesting is an error, not a stack overflow (which would abort the daemon: the query
+/// comes from any HTTP client).
+#[test]
+fn deep_nesting_is_refused_before_it_overflows_the_stack() {
+    for deep in [
+        format!("{}1{}", "(".repeat(2000), ")".repeat(2000)),
+        format!("{}1", "-".repeat(4000)),
+        format!("{}1", "+(".repeat(1000)),
+        format!(
+            "sum({}bucketd_bucket_max{})",
+            "(".repeat(1000),
+            ")".repeat(1000)
+        ),
+    ] {
+        let e = error(&deep);
+        assert!(e.contains("nests deeper than 64"), "{e}");
+    }
+    let regex = format!(
+        "bucketd_bucket_max{{series=~\"{}a{}\"}}",
+        "(".repeat(500),
+        ")".repeat(500)
+    );
+    assert!(error(&regex).contains("bad regular expression"));
+    let fine = format!("{}1{}", "(".repeat(60), ")".repeat(60));
+    assert!(matches!(parse(&fine), Ok(Expr::Scalar(n)) if n == 1.0));
+}
+
+proptest::proptest! {
+    /// Any query text, made of PromQL's pieces in any order, parses to a query or an error and
+    /// evaluates without a panic (an HTTP client chooses it).
+    #[test]
+    fn any_query_parses_or_fails_cleanly(
+        pieces in proptest::collection::vec(
+            proptest::sample::select(vec![
+                "bucketd_bucket_mean", "sum", "avg", "count", "by", "without", "(", ")", "{", "}",
+                ",", "=", "!=", "=~", "!~", "\"a.*\"", "'t'", "`(`", "sensor", "series",
+                "__name__", "1", "2.5e3", "-", "+", "*", "/", "[5m]", "offset", "rate", "Inf",
+                "NaN", "\"\\", "#", " ", "\u{e9}", "==", "@",
+            ]),
+            0..40,
+        ),
+        step in 1i64..200_000_000,
+    ) {
+        let text: String = pieces.concat();
+        if let Ok(Expr::Vector(v)) = parse(&text) {
+            let docs = hourly_docs();
+            let grid = Grid::range(DAY0 * 1000, (DAY0 + 30 * HOUR) * 1000, step).unwrap();
+            let names = vec!["a/t".to_owned(), "b/t".to_owned()];
+            let _ = evaluate(&v, &names, grid, HOUR, BUDGET, |name, from, to| {
+                Ok::<_, ()>(
+                    docs.iter()
+                        .filter(|d| d.series == name && (from..to).contains(&d.start))
+                        .cloned()
+                        .collect(),
+                )
+            });
+        }
+    }
+}
