@@ -3,7 +3,8 @@
 //! page reads the JSON API; it holds no data itself and needs no token to load.
 
 use axum::Router;
-use axum::http::header;
+use axum::extract::Path;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
@@ -25,22 +26,18 @@ pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
             "/",
             get(|| async { file("text/html; charset=utf-8", INDEX) }),
         )
-        .route(
-            "/ui/chart.js",
-            get(|| async { file("text/javascript; charset=utf-8", SCRIPT) }),
-        )
-        .route(
-            "/ui/chart.css",
-            get(|| async { file("text/css; charset=utf-8", STYLE) }),
-        )
-        .route(
-            "/ui/uplot.iife.min.js",
-            get(|| async { file("text/javascript; charset=utf-8", UPLOT_JS) }),
-        )
-        .route(
-            "/ui/uplot.min.css",
-            get(|| async { file("text/css; charset=utf-8", UPLOT_CSS) }),
-        )
+        .route("/ui/{name}", get(asset))
+}
+
+async fn asset(Path(name): Path<String>) -> Response {
+    let (content_type, body) = match name.as_str() {
+        "chart.js" => ("text/javascript; charset=utf-8", SCRIPT),
+        "chart.css" => ("text/css; charset=utf-8", STYLE),
+        "uplot.iife.min.js" => ("text/javascript; charset=utf-8", UPLOT_JS),
+        "uplot.min.css" => ("text/css; charset=utf-8", UPLOT_CSS),
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    file(content_type, body)
 }
 
 fn file(content_type: &'static str, body: &'static str) -> Response {

@@ -1,5 +1,5 @@
-//! The HTTP server (axum): `/metrics`, `/healthz`, `/readyz`, the query API under `/api/v1` and
-//! the Prometheus API under `/prom` ([`crate::prom`]).
+//! The HTTP server (axum): `/metrics`, `/healthz`, `/readyz`, the query API under `/api/v1`, and
+//! with feature `ui` the chart page at `/` and the Prometheus API under `/prom` (`crate::prom`).
 //! Reads run in redb read transactions on the blocking pool: they never block ingestion or the
 //! writer. Every error is a 4xx/5xx with `{"error": "..."}` naming the bad parameter.
 
@@ -55,17 +55,20 @@ pub struct ApiState {
 pub fn router(state: ApiState) -> Router {
     // Queries take turns (inside the token check: a refused request takes none); a flush has
     // its own bound and holds no answer in memory.
-    let prom = crate::prom::router(crate::prom::PromState {
-        reader: state.reader.clone(),
-        bucket_width_secs: state.bucket_width_secs,
-        max_points: state.max_points_per_query,
-    });
     let queries = Router::new()
         .route("/api/v1/series", get(series))
         .route("/api/v1/buckets", get(buckets))
-        .route("/api/v1/raw", get(raw))
-        .nest_service("/prom", prom)
-        .route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
+        .route("/api/v1/raw", get(raw));
+    #[cfg(feature = "ui")]
+    let queries = queries.nest_service(
+        "/prom",
+        crate::prom::router(crate::prom::PromState {
+            reader: state.reader.clone(),
+            bucket_width_secs: state.bucket_width_secs,
+            max_points: state.max_points_per_query,
+        }),
+    );
+    let queries = queries.route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
     let api = Router::new()
         .route("/api/v1/flush", post(flush))
         .route("/api/v1/rejected", get(rejected))
@@ -86,11 +89,12 @@ pub fn router(state: ApiState) -> Router {
             },
             require_token,
         ));
-    Router::new()
+    let open = Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .merge(crate::chart::routes())
-        .merge(api)
+        .route("/readyz", get(readyz));
+    #[cfg(feature = "ui")]
+    let open = open.merge(crate::chart::routes());
+    open.merge(api)
         .merge(metrics)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state)

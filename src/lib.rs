@@ -17,7 +17,7 @@
 //! - [`batcher`]: the open batch and the flush policy. [`config`]: `RawConfig` -> `Config`.
 //! - [`admit`]: what one message becomes (decode, redelivery, width folding, interning).
 //! - [`rollup`]: buckets merged into day/week windows. [`export`]: JSON/CSV formatting.
-//! - [`promql`]: the PromQL subset of the Prometheus query API, evaluated over buckets.
+//! - `promql` (feature `ui`): the PromQL subset of the Prometheus query API, over buckets.
 //!
 //! Shells and tasks:
 //! - [`stats`]: counters and gauges; [`metrics`]: their Prometheus rendering.
@@ -25,8 +25,8 @@
 //! - [`mqtt`]: the rumqttc client (v5 / v3.1.1). [`notify`]: systemd notifications.
 //! - [`store`]: the redb file; the only importer of redb. [`query`]: `bucketd query`.
 //! - [`writer`]: the writer thread; the only place that commits.
-//! - [`prom`]: the Prometheus HTTP API under `/prom` (for Grafana). [`chart`]: the chart page
-//!   at `/`. [`http`]: metrics, health and the query APIs.
+//! - `prom` (feature `ui`): the Prometheus HTTP API under `/prom` (for Grafana). `chart`
+//!   (feature `ui`): the chart page at `/`. [`http`]: metrics, health and the query APIs.
 //! - [`ingest`]: the MQTT loop: admit, batch, hand over, acknowledge after commit.
 //! - [`fleet`]: forwarder, PostgreSQL, applied positions, claims (attached by `daemon` only).
 //! - [`daemon`]: wiring and shutdown order.
@@ -45,6 +45,7 @@ pub mod admit;
 #[cfg(test)]
 mod alloc_count;
 pub mod batcher;
+#[cfg(feature = "ui")]
 pub mod chart;
 pub mod commitlog;
 pub mod config;
@@ -62,7 +63,9 @@ pub mod metrics;
 pub mod mqtt;
 pub mod notify;
 pub mod page;
+#[cfg(feature = "ui")]
 pub mod prom;
+#[cfg(feature = "ui")]
 pub mod promql;
 pub mod query;
 pub mod reading;

@@ -7,11 +7,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::any;
 use serde_json::{Value, json};
 
 use crate::promql::{self, Budget, Expr, Field, Grid, SeriesLabels};
@@ -31,17 +31,68 @@ pub struct PromState {
 
 /// The routes, relative to where they are nested (`/prom`).
 pub fn router(state: PromState) -> Router {
+    // One route and a match on the path, rather than a route per endpoint: each axum route is
+    // generic code of its own, and the binary has a size budget (docs/EDGE.md).
     Router::new()
-        .route("/api/v1/query_range", get(query_range).post(query_range))
-        .route("/api/v1/query", get(query).post(query))
-        .route("/api/v1/labels", get(labels).post(labels))
-        .route("/api/v1/label/{name}/values", get(label_values))
-        .route("/api/v1/series", get(series).post(series))
-        .route("/api/v1/metadata", get(metadata))
-        .route("/api/v1/status/buildinfo", get(buildinfo))
-        .route("/api/v1/query_exemplars", get(exemplars).post(exemplars))
-        .layer(axum::extract::DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .route("/api/v1/{*endpoint}", any(dispatch))
         .with_state(state)
+}
+
+async fn dispatch(
+    State(s): State<PromState>,
+    Path(endpoint): Path<String>,
+    method: Method,
+    RawQuery(q): RawQuery,
+    body: Body,
+) -> Response {
+    match answer(&s, &endpoint, &method, q.as_deref(), body).await {
+        Ok(data) => axum::Json(json!({"status": "success", "data": data})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn answer(
+    s: &PromState,
+    endpoint: &str,
+    method: &Method,
+    query: Option<&str>,
+    body: Body,
+) -> Result<Value, PromError> {
+    if method != Method::GET && method != Method::POST {
+        return Err(PromError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            kind: "bad_data",
+            message: format!("{method} is not allowed here: use GET or POST"),
+        });
+    }
+    let body = axum::body::to_bytes(body, BODY_BYTES_MAX)
+        .await
+        .map_err(|_| PromError::bad(format!("the body is larger than {BODY_BYTES_MAX} bytes")))?;
+    let p = Params::of(query, &body)?;
+    match endpoint {
+        "query_range" => query_range(s, &p).await,
+        "query" => instant_query(s, &p).await,
+        "labels" => labels(s, &p).await,
+        "series" => series(s, &p).await,
+        "metadata" => metadata(&p),
+        "status/buildinfo" => Ok(buildinfo()),
+        // Exemplars: bucketd keeps none (Grafana asks when a query has them turned on).
+        "query_exemplars" => Ok(json!([])),
+        other => match other
+            .strip_prefix("label/")
+            .and_then(|r| r.strip_suffix("/values"))
+        {
+            Some(name) => label_values(s, name, &p).await,
+            None => Err(PromError {
+                status: StatusCode::NOT_FOUND,
+                kind: "not_found",
+                message: format!(
+                    "no endpoint api/v1/{other}: bucketd answers query_range, query, labels, \
+                     label/<name>/values, series, metadata, status/buildinfo"
+                ),
+            }),
+        },
+    }
 }
 
 /// An error in Prometheus's shape: `{"status":"error","errorType":..,"error":..}`.
@@ -79,15 +130,11 @@ impl IntoResponse for PromError {
     }
 }
 
-fn success(data: &Value) -> Response {
-    axum::Json(json!({"status": "success", "data": data})).into_response()
-}
-
 /// The parameters of a request: the URL's query, then a form body's (Prometheus reads both).
 struct Params(Vec<(String, String)>);
 
 impl Params {
-    fn of(query: Option<&str>, body: &Bytes) -> Result<Params, PromError> {
+    fn of(query: Option<&str>, body: &[u8]) -> Result<Params, PromError> {
         let mut pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
             .map_err(|e| PromError::bad(format!("the URL's query string: {e}")))?;
         if !body.is_empty() {
@@ -189,12 +236,7 @@ fn point(t: i64, v: f64) -> Value {
     json!([promql::format_time(t), promql::format_value(v)])
 }
 
-async fn query_range(
-    State(s): State<PromState>,
-    RawQuery(q): RawQuery,
-    body: Bytes,
-) -> Result<Response, PromError> {
-    let p = Params::of(q.as_deref(), &body)?;
+async fn query_range(s: &PromState, p: &Params) -> Result<Value, PromError> {
     let query = p.required("query")?;
     let start = p
         .time("start")?
@@ -205,7 +247,7 @@ async fn query_range(
     let step = promql::parse_duration(p.required("step")?)
         .map_err(|e| PromError::bad(format!("invalid parameter \"step\": {e}")))?;
     let grid = Grid::range(start, end, step).map_err(PromError::bad)?;
-    let result: Vec<Value> = match evaluate(&s, query, grid).await? {
+    let result: Vec<Value> = match evaluate(s, query, grid).await? {
         Ok(series) => series
             .into_iter()
             .map(|s| {
@@ -220,18 +262,13 @@ async fn query_range(
             vec![json!({"metric": {}, "values": values})]
         }
     };
-    Ok(success(&json!({"resultType": "matrix", "result": result})))
+    Ok(json!({"resultType": "matrix", "result": result}))
 }
 
-async fn query(
-    State(s): State<PromState>,
-    RawQuery(q): RawQuery,
-    body: Bytes,
-) -> Result<Response, PromError> {
-    let p = Params::of(q.as_deref(), &body)?;
+async fn instant_query(s: &PromState, p: &Params) -> Result<Value, PromError> {
     let query = p.required("query")?;
     let at = p.time("time")?.unwrap_or_else(now_ms);
-    let data = match evaluate(&s, query, Grid::instant(at)).await? {
+    let data = match evaluate(s, query, Grid::instant(at)).await? {
         Ok(series) => {
             let result: Vec<Value> = series
                 .into_iter()
@@ -244,7 +281,7 @@ async fn query(
         }
         Err(n) => json!({"resultType": "scalar", "result": point(at, n)}),
     };
-    Ok(success(&data))
+    Ok(data)
 }
 
 /// The stored series that one of `selectors` selects (all when there are none), with the
@@ -273,33 +310,23 @@ async fn selected(
         .collect())
 }
 
-async fn labels(
-    State(s): State<PromState>,
-    RawQuery(q): RawQuery,
-    body: Bytes,
-) -> Result<Response, PromError> {
-    let p = Params::of(q.as_deref(), &body)?;
-    let any = !selected(&s, p.matches()?).await?.is_empty();
+async fn labels(s: &PromState, p: &Params) -> Result<Value, PromError> {
+    let any = !selected(s, p.matches()?).await?.is_empty();
     let names: Vec<&str> = if any {
         std::iter::once("__name__").chain(promql::LABELS).collect()
     } else {
         Vec::new()
     };
-    Ok(success(&json!(names)))
+    Ok(json!(names))
 }
 
-async fn label_values(
-    State(s): State<PromState>,
-    Path(name): Path<String>,
-    RawQuery(q): RawQuery,
-) -> Result<Response, PromError> {
-    let p = Params::of(q.as_deref(), &Bytes::new())?;
-    let selected = selected(&s, p.matches()?).await?;
+async fn label_values(s: &PromState, name: &str, p: &Params) -> Result<Value, PromError> {
+    let selected = selected(s, p.matches()?).await?;
     let values: BTreeSet<String> = selected
         .iter()
         .flat_map(|(series, fields)| {
             let labels = SeriesLabels::of(series);
-            let one = match name.as_str() {
+            let one = match name {
                 "series" => Some(labels.series),
                 "sensor" => Some(labels.sensor),
                 "metric" => Some(labels.metric),
@@ -312,20 +339,15 @@ async fn label_values(
             one.into_iter().chain(names).map(str::to_owned)
         })
         .collect();
-    Ok(success(&json!(values)))
+    Ok(json!(values))
 }
 
-async fn series(
-    State(s): State<PromState>,
-    RawQuery(q): RawQuery,
-    body: Bytes,
-) -> Result<Response, PromError> {
-    let p = Params::of(q.as_deref(), &body)?;
+async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
     let selectors = p.matches()?;
     if selectors.is_empty() {
         return Err(PromError::bad("no match[] parameter provided"));
     }
-    let selected = selected(&s, selectors).await?;
+    let selected = selected(s, selectors).await?;
     let total: u64 = selected.iter().map(|(_, f)| f.len() as u64).sum();
     if total > s.max_points {
         return Err(PromError::bad(format!(
@@ -341,11 +363,10 @@ async fn series(
             fields.iter().map(move |f| json!(labels.with_name(*f)))
         })
         .collect();
-    Ok(success(&json!(list)))
+    Ok(json!(list))
 }
 
-async fn metadata(RawQuery(q): RawQuery) -> Result<Response, PromError> {
-    let p = Params::of(q.as_deref(), &Bytes::new())?;
+fn metadata(p: &Params) -> Result<Value, PromError> {
     let only = p.get("metric");
     let limit = match p.get("limit") {
         None => usize::MAX,
@@ -364,21 +385,16 @@ async fn metadata(RawQuery(q): RawQuery) -> Result<Response, PromError> {
             (f.metric_name(), meta)
         })
         .collect();
-    Ok(success(&json!(data)))
+    Ok(json!(data))
 }
 
-async fn buildinfo() -> Response {
-    success(&json!({
+fn buildinfo() -> Value {
+    json!({
         "version": env!("CARGO_PKG_VERSION"),
         "revision": "",
         "branch": "",
         "buildUser": "",
         "buildDate": "",
         "goVersion": "",
-    }))
-}
-
-/// Exemplars: bucketd keeps none (Grafana asks when a query has exemplars turned on).
-async fn exemplars() -> Response {
-    success(&json!([]))
+    })
 }

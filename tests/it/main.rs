@@ -16,6 +16,7 @@ mod support;
 /// The HTTP API, `bucketd query` and `/metrics`.
 mod api;
 /// The chart page at `/` in headless Chromium.
+#[cfg(feature = "ui")]
 mod chart;
 /// The `bucketd` binary: SIGTERM shutdown, export, exit codes.
 mod cli;
@@ -30,6 +31,7 @@ mod ingest;
 /// The import rules: no cycle among `src/`'s modules; the edge does not import the fleet.
 mod layers;
 /// The Prometheus API (`/prom`) through promtool and Grafana's requests.
+#[cfg(feature = "ui")]
 mod prom_api;
 /// Every bug fixed so far and the test that guards it.
 mod regression;
