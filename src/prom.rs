@@ -19,6 +19,9 @@ use crate::store::StoreReader;
 
 /// Largest form body a request may send (a query is at most [`promql::QUERY_BYTES_MAX`]).
 const BODY_BYTES_MAX: usize = 64 * 1024;
+/// Most `match[]` selectors in one request: with [`promql::MATCHERS_MAX`] matchers each, what
+/// one request compiles into regular expressions stays within a few MiB.
+const MATCH_MAX: usize = 8;
 
 #[derive(Clone)]
 pub struct PromState {
@@ -169,8 +172,14 @@ impl Params {
             .transpose()
     }
 
-    /// The selectors of `match[]`, each a plain selector.
+    /// The selectors of `match[]`, each a plain selector, at most [`MATCH_MAX`].
     fn matches(&self) -> Result<Vec<promql::Selector>, PromError> {
+        let given = self.0.iter().filter(|(k, _)| k == "match[]").count();
+        if given > MATCH_MAX {
+            return Err(PromError::bad(format!(
+                "at most {MATCH_MAX} match[] parameters, not {given}"
+            )));
+        }
         self.0
             .iter()
             .filter(|(k, _)| k == "match[]")

@@ -19,9 +19,12 @@ use crate::summary::Summary;
 
 /// Longest query text.
 pub const QUERY_BYTES_MAX: usize = 4096;
-/// Most compiled size of one regular expression (the regex engine's limit): a matcher from
-/// an HTTP client cannot take much memory, and matching is linear in the input anyway.
-const REGEX_SIZE_MAX: usize = 1 << 20;
+/// Most compiled size of one regular expression (the regex engine's limit): with at most
+/// [`MATCHERS_MAX`] matchers per selector, what a client's query compiles stays small. Label
+/// filters (`boil.*|attic`) take a few KiB; matching is linear in the input anyway.
+const REGEX_SIZE_MAX: usize = 32 * 1024;
+/// Most label matchers in one selector.
+pub const MATCHERS_MAX: usize = 8;
 /// Deepest nesting of parentheses, signs and aggregations in a query.
 const NESTING_MAX: usize = 64;
 /// Deepest nesting in a regular expression.
@@ -680,6 +683,11 @@ impl Parser {
                     "label matcher {label}: the value must be a quoted string"
                 ));
             };
+            if matchers.len() > MATCHERS_MAX {
+                return Err(format!(
+                    "a selector may have at most {MATCHERS_MAX} label matchers"
+                ));
+            }
             matchers.push(Matcher::new(label, op, value)?);
             match self.next() {
                 Some(Token::Comma) => {}

@@ -448,3 +448,16 @@ proptest::proptest! {
         }
     }
 }
+
+/// What a query can make the daemon compile is bounded: matchers per selector, and the size of
+/// each regular expression.
+#[test]
+fn matchers_and_their_regular_expressions_are_bounded() {
+    let nine: Vec<String> = (0..9).map(|i| format!("l{i}=~\"a.*\"")).collect();
+    let e = error(&format!("bucketd_bucket_max{{{}}}", nine.join(",")));
+    assert!(e.contains("at most 8 label matchers"), "{e}");
+    assert!(parse(&format!("bucketd_bucket_max{{{}}}", nine[..8].join(","))).is_ok());
+    let e = error(r#"bucketd_bucket_max{series=~"(a{100}){100}"}"#);
+    assert!(e.contains("bad regular expression"), "{e}");
+    assert!(parse(r#"bucketd_bucket_max{series=~"(boiler|attic|kitchen)/t.*"}"#).is_ok());
+}

@@ -445,6 +445,18 @@ async fn grafanas_requests_get_prometheus_answers() {
         (400, &json!("bad_data")),
         "{body}"
     );
+    let many: Vec<(&str, String)> = (0..9)
+        .map(|i| ("match[]", format!("{{sensor=~\"s{i}.*\"}}")))
+        .collect();
+    let (status, body) = grafana(&d, "POST", "/api/v1/series", &many).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("at most 8 match[]"),
+        "{body}"
+    );
 
     // The token guards /prom as it guards /api: Prometheus's Go client with and without it.
     let query = [
