@@ -192,6 +192,14 @@ fn bad_values_are_errors_that_name_the_key() {
             "[http]\nmax_buckets_per_query = 0\n",
             "http.max_buckets_per_query",
         ),
+        (
+            "[http]\nmax_points_per_query = 0\n",
+            "http.max_points_per_query",
+        ),
+        (
+            "[http]\nmax_points_per_query = 1000000000\n",
+            "http.max_points_per_query",
+        ),
     ];
     for (text, key) in cases {
         let e = error_of(text);
