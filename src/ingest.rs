@@ -106,7 +106,7 @@ impl Session {
     fn send_acks(&mut self) {
         while let Some(ack) = self.ack_backlog.front() {
             if self.mqtt.try_ack(ack).is_err() {
-                break; // Full: the next AckSent event makes room.
+                break; // Full: the next AcksSent event makes room.
             }
             self.ack_backlog.pop_front();
             self.acks_unwritten += 1;
@@ -390,11 +390,11 @@ impl Ingest {
                     self.on_publish(st, session, &topic, &payload, pkid, qos, dup);
                 }
             }
-            Ok(MqttEvent::AckSent) => {
+            Ok(MqttEvent::AcksSent(n)) => {
                 let s = &mut self.sessions[session];
-                s.acks_unwritten = s.acks_unwritten.saturating_sub(1);
+                s.acks_unwritten = s.acks_unwritten.saturating_sub(n);
                 s.send_acks();
-                self.stats.acks_sent.fetch_add(1, Ordering::Relaxed);
+                self.stats.acks_sent.fetch_add(n as u64, Ordering::Relaxed);
                 self.update_gauges(st);
             }
             Ok(MqttEvent::Connected {

@@ -8,6 +8,7 @@
 //! subscriptions bucketd never got to send (a daemon that never subscribes). The task polls only
 //! when the last event was taken, so backpressure is as if the ingest loop polled itself.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -39,8 +40,9 @@ pub enum MqttEvent {
         /// DUP: the broker says this may be a redelivery.
         dup: bool,
     },
-    /// A PUBACK or PUBREC was written to the socket.
-    AckSent,
+    /// This many PUBACKs or PUBRECs were written to the socket (the event loop writes the acks
+    /// queued together in one write, and their events come as one).
+    AcksSent(usize),
     /// Our DISCONNECT was written to the socket.
     DisconnectSent,
     /// Anything else (pings, outgoing subscribe, ...).
@@ -314,7 +316,14 @@ impl Driver {
                         dup: p.dup,
                     }),
                     Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
-                        Ok(MqttEvent::AckSent)
+                        Ok(MqttEvent::AcksSent(
+                            1 + take_acks_sent(&mut eventloop.state.events, |e| {
+                                matches!(
+                                    e,
+                                    Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))
+                                )
+                            }),
+                        ))
                     }
                     Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
                     Ok(_) => Ok(MqttEvent::Other),
@@ -367,7 +376,14 @@ impl Driver {
                         dup: p.dup,
                     }),
                     Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
-                        Ok(MqttEvent::AckSent)
+                        Ok(MqttEvent::AcksSent(
+                            1 + take_acks_sent(&mut eventloop.state.events, |e| {
+                                matches!(
+                                    e,
+                                    Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))
+                                )
+                            }),
+                        ))
                     }
                     Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
                     Ok(_) => Ok(MqttEvent::Other),
@@ -380,6 +396,19 @@ impl Driver {
             }
         }
     }
+}
+
+/// Pops the events at the front of the event loop's queue that `is_ack` says are acks written
+/// (the rest of a batch the event loop wrote together) and returns how many: one hand-over to
+/// the ingest task for the batch instead of one each. Stops at the first other event, so the
+/// order of events is kept.
+fn take_acks_sent<E>(queued: &mut VecDeque<E>, is_ack: impl Fn(&E) -> bool) -> usize {
+    let mut n = 0;
+    while queued.front().is_some_and(&is_ack) {
+        queued.pop_front();
+        n += 1;
+    }
+    n
 }
 
 /// MQTT 3.1.1 has no way to tell the broker our packet size limit, so a QoS 1 message over it
@@ -607,6 +636,131 @@ mod tests {
             };
             assert!(quickack, "{protocol:?}");
         }
+    }
+
+    /// Reads one MQTT packet (fixed header, remaining length, body) from `stream`.
+    async fn read_packet(stream: &mut tokio::net::TcpStream) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut packet = vec![stream.read_u8().await.expect("a packet")];
+        let (mut len, mut shift) = (0usize, 0);
+        loop {
+            let b = stream.read_u8().await.expect("a remaining length");
+            packet.push(b);
+            len |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        let start = packet.len();
+        packet.resize(start + len, 0);
+        stream
+            .read_exact(&mut packet[start..])
+            .await
+            .expect("a body");
+        packet
+    }
+
+    /// The acks queued while the event loop was busy go out with one flush and come back as
+    /// one event (vendor/rumqttc/PATCHED.md): one write and one TCP segment per window of
+    /// acknowledgements instead of one each, and one hand-over to the ingest task.
+    #[tokio::test]
+    async fn queued_acks_go_out_together_and_come_back_as_one_event() {
+        use tokio::io::AsyncWriteExt;
+        for protocol in [Protocol::V311, Protocol::V5] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let mut raw = crate::config::RawConfig::load(None, []).expect("the defaults load");
+            raw.mqtt.protocol = protocol;
+            raw.mqtt.host = "127.0.0.1".into();
+            raw.mqtt.port = listener.local_addr().unwrap().port();
+            let cfg = crate::config::Config::try_from(raw).expect("valid");
+            let mut mqtt = Mqtt::new(&cfg.mqtt, 0, None, None, &cfg.subscriptions);
+            let mut driver = mqtt.driver.take().expect("not started");
+            let broker = async {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                assert_eq!(read_packet(&mut stream).await[0], 0x10, "CONNECT");
+                let connack: &[u8] = match protocol {
+                    Protocol::V311 => &[0x20, 2, 0, 0],
+                    Protocol::V5 => &[0x20, 3, 0, 0, 0],
+                };
+                stream.write_all(connack).await.unwrap();
+                stream
+            };
+            let (connected, mut stream) = tokio::join!(driver.poll_client(), broker);
+            assert!(
+                matches!(connected, Ok(MqttEvent::Connected { .. })),
+                "{connected:?}"
+            );
+
+            for pkid in 1..=5 {
+                let token = AckToken {
+                    arrival: u64::from(pkid),
+                    connection: 1,
+                    session: 0,
+                    pkid,
+                    qos: 1,
+                };
+                mqtt.try_ack(&token).unwrap();
+            }
+            let sent = driver.poll_client().await;
+            assert!(
+                matches!(sent, Ok(MqttEvent::AcksSent(5))),
+                "{protocol:?}: {sent:?}"
+            );
+            for pkid in 1..=5u16 {
+                let packet = read_packet(&mut stream).await;
+                assert_eq!(packet[0], 0x40, "{protocol:?}: PUBACK");
+                assert_eq!(packet[2..4], pkid.to_be_bytes(), "{protocol:?}: in order");
+            }
+
+            // A batch ends at a DISCONNECT: what was queued after it stays queued.
+            let token = |pkid| AckToken {
+                arrival: 0,
+                connection: 1,
+                session: 0,
+                pkid,
+                qos: 1,
+            };
+            mqtt.try_ack(&token(6)).unwrap();
+            mqtt.try_disconnect().unwrap();
+            mqtt.try_ack(&token(7)).unwrap();
+            let sent = driver.poll_client().await;
+            assert!(
+                matches!(sent, Ok(MqttEvent::AcksSent(1))),
+                "{protocol:?}: {sent:?}"
+            );
+            let sent = driver.poll_client().await;
+            assert!(
+                matches!(sent, Ok(MqttEvent::DisconnectSent)),
+                "{protocol:?}: {sent:?}"
+            );
+            let queued = match &driver.client {
+                Client::V4 { eventloop, .. } => eventloop.state.events.len(),
+                Client::V5 { eventloop, .. } => eventloop.state.events.len(),
+            };
+            assert_eq!(
+                queued, 0,
+                "{protocol:?}: nothing written after the DISCONNECT"
+            );
+            assert_eq!(
+                read_packet(&mut stream).await[0],
+                0x40,
+                "{protocol:?}: PUBACK 6"
+            );
+            assert_eq!(
+                read_packet(&mut stream).await[0] & 0xf0,
+                0xe0,
+                "{protocol:?}: DISCONNECT"
+            );
+        }
+    }
+
+    #[test]
+    fn take_acks_sent_stops_at_the_first_other_event() {
+        let mut queued: VecDeque<char> = "aab a".chars().collect();
+        assert_eq!(take_acks_sent(&mut queued, |c| *c == 'a'), 2);
+        assert_eq!(queued.iter().collect::<String>(), "b a");
+        assert_eq!(take_acks_sent(&mut queued, |c| *c == 'a'), 0);
     }
 
     #[test]
