@@ -7,7 +7,8 @@
 //!    is durable like bucketd's), one transaction per message, acknowledged after it; and
 //!    `sqlite-1000`: the same with one transaction per 1,000 messages, acknowledged after it.
 //! 3. `bucketd`: the real binary at its default settings, and 4. `bucketd-durable`: at its most
-//!    durable ones (`durability = "two_phase"`, quick repair on); and 5. `bucketd-noraw`: default
+//!    durable ones (`durability = "two_phase"`, quick repair on; since quick repair, on by
+//!    default, already makes redb commit in two phases, the same commits); and 5. `bucketd-noraw`: default
 //!    settings without raw readings (`store_raw = false`: summaries only, like the SQLite table).
 //!
 //! Measured from the first publish to the last message received (null) or the last reading
@@ -26,7 +27,7 @@
 //! Knobs: `BENCH_MESSAGES` (default 200000), `BENCH_SERIES` (1000), `BENCH_READINGS_PER_MESSAGE`
 //! (1 = `value` payloads; more = JSON arrays), `BENCH_RATE` (messages/s; 0 = flat out),
 //! `BENCH_RUNS` (3), `BENCH_CHECKPOINT_SECS` (10: bucketd's `store.checkpoint_interval` in the
-//! runs), `BENCH_QR=0` (the storage-alone store without quick repair),
+//! runs), `BENCH_QR=0` (quick repair off: the storage-alone store and `bucketd`),
 //! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_WINDOW` (a strict
 //! broker instead: an in-process rumqttd that sends each subscriber at most that many messages
 //! unacknowledged), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
@@ -607,6 +608,9 @@ async fn run_bucketd(
     raw.store.checkpoint_interval = Duration::from_secs(env_or("BENCH_CHECKPOINT_SECS", 10u64));
     if let Ok(mib) = std::env::var("BENCH_CACHE_MIB") {
         raw.store.cache_size = bytesize::ByteSize::mib(mib.parse().unwrap());
+    }
+    if std::env::var("BENCH_QR").is_ok_and(|v| v == "0") {
+        raw.store.quick_repair = false;
     }
     match variant {
         "bucketd-durable" => {
