@@ -7,9 +7,10 @@
 //!    is durable like bucketd's), one transaction per message, acknowledged after it; and
 //!    `sqlite-1000`: the same with one transaction per 1,000 messages, acknowledged after it.
 //! 3. `bucketd`: the real binary at its default settings, and 4. `bucketd-durable`: at its most
-//!    durable ones (`durability = "two_phase"`, quick repair on; since quick repair, on by
-//!    default, already makes redb commit in two phases, the same commits); and 5. `bucketd-noraw`: default
-//!    settings without raw readings (`store_raw = false`: summaries only, like the SQLite table).
+//!    durable ones (`durability = "two_phase"`, quick repair on; quick repair, on by default,
+//!    already makes every commit two-phase, so the two commit alike); and 5. `bucketd-noraw`:
+//!    default settings without raw readings (`store_raw = false`: summaries only, like the
+//!    SQLite table).
 //!
 //! Measured from the first publish to the last message received (null) or the last reading
 //! committed (the others): the sustained rate, CPU seconds per million readings, peak RSS and
