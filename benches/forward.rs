@@ -219,6 +219,7 @@ async fn forward(
         page_capacity: 1000,
         dedup_window: 8192,
         outbox_max_entries: entries + 1,
+        journal_bytes: 8 << 20,
     })
     .unwrap();
     let names: Vec<Arc<str>> = (0..buckets)

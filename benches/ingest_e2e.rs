@@ -441,6 +441,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             page_capacity: 1000,
             dedup_window: 8192,
             outbox_max_entries: 0,
+            journal_bytes: 8 << 20,
         })
         .unwrap();
         let policy = FlushPolicy {

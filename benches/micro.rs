@@ -1,6 +1,6 @@
 //! Micro-benchmarks of the hot paths: decode (value, JSON object, JSON array of 100), summary
-//! merge, folding readings into the open batch, and one commit of N touched buckets at each
-//! durability setting.
+//! merge, folding readings into the open batch, and one commit of N touched buckets through the
+//! journal (the default) and without one at each durability setting.
 //!
 //! `cargo bench --bench micro` (criterion; `-- decode` etc. to pick some). `MICRO_CACHE_MIB`
 //! sets the stores' redb cache (default 16, as config/default.toml); `MICRO_CHECKPOINT_SERIES` the
@@ -164,8 +164,17 @@ fn bench_batcher(c: &mut Criterion) {
     g.finish();
 }
 
-/// A store in `dir` with the daemon's defaults, but for durability and quick repair.
-fn open_store(dir: &std::path::Path, durability: Durability, quick_repair: bool) -> Store {
+/// The daemon's default `store.journal_size`.
+const JOURNAL: u64 = 8 << 20;
+
+/// A store in `dir` with the daemon's defaults, but for durability, quick repair and the
+/// journal's size (0: none, every commit a durable redb transaction).
+fn open_store(
+    dir: &std::path::Path,
+    durability: Durability,
+    quick_repair: bool,
+    journal_bytes: u64,
+) -> Store {
     Store::open(&StoreSettings {
         path: dir.join("bench.redb"),
         bucket_width_secs: 3600,
@@ -180,6 +189,7 @@ fn open_store(dir: &std::path::Path, durability: Durability, quick_repair: bool)
         page_capacity: 1000,
         dedup_window: 8192,
         outbox_max_entries: 0,
+        journal_bytes,
     })
     .unwrap()
 }
@@ -199,14 +209,15 @@ fn batch_of(n: usize, second: i64) -> Batch {
 fn bench_commit(c: &mut Criterion) {
     let mut g = c.benchmark_group("commit");
     g.sample_size(20);
-    for (name, durability, quick_repair) in [
-        ("immediate+quick_repair", Durability::Immediate, true),
-        ("immediate", Durability::Immediate, false),
-        ("two_phase", Durability::TwoPhase, false),
+    for (name, durability, quick_repair, journal) in [
+        ("journal", Durability::Immediate, true, JOURNAL),
+        ("immediate+quick_repair", Durability::Immediate, true, 0),
+        ("immediate", Durability::Immediate, false, 0),
+        ("two_phase", Durability::TwoPhase, false, 0),
     ] {
-        for n in [100usize, 1_000, 10_000] {
+        for n in [20usize, 100, 1_000, 10_000] {
             let dir = tempfile::tempdir().unwrap();
-            let mut store = open_store(dir.path(), durability, quick_repair);
+            let mut store = open_store(dir.path(), durability, quick_repair, journal);
             store.commit(&batch_of(n, 0)).unwrap();
             let mut second = 0;
             g.throughput(Throughput::Elements(n as u64));
@@ -234,7 +245,7 @@ fn bench_store_path(c: &mut Criterion) {
     g.throughput(Throughput::Elements(10_000));
     for raw in [false, true] {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = open_store(dir.path(), Durability::Immediate, true);
+        let mut store = open_store(dir.path(), Durability::Immediate, true, JOURNAL);
         store.commit(&batch_of(1000, 0)).unwrap();
         let mut round = 0i64;
         let id = if raw {
@@ -253,9 +264,14 @@ fn bench_store_path(c: &mut Criterion) {
                 }
                 store.commit(&batcher.take().0).unwrap();
                 // Flat out, the writer checkpoints once the log holds the default
-                // `store.checkpoint_bytes`: its share is part of the path.
+                // `store.checkpoint_bytes`, and makes the file durable once the journal is
+                // three quarters full: their share is part of the path.
                 if store.log_bytes() >= 4 << 20 {
                     store.checkpoint().unwrap();
+                }
+                let (used, room) = store.journal_use();
+                if used >= room / 4 * 3 {
+                    store.sync_file().unwrap();
                 }
             });
         });
@@ -279,7 +295,7 @@ fn bench_checkpoint(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Elements(series as u64));
     let dir = tempfile::tempdir().unwrap();
-    let mut store = open_store(dir.path(), Durability::Immediate, true);
+    let mut store = open_store(dir.path(), Durability::Immediate, true, JOURNAL);
     let mut round = 0i64;
     let mut checkpoint_bytes = Vec::new();
     g.bench_function(&id, |b| {

@@ -70,6 +70,7 @@ fn store_size(path: &std::path::Path, data: &[(i64, f64)], raw: bool) -> u64 {
         page_capacity: PAGE as u32,
         dedup_window: 8192,
         outbox_max_entries: 0,
+        journal_bytes: 8 << 20,
     })
     .unwrap();
     for chunk in data.chunks(COMMIT_EVERY as usize) {

@@ -423,6 +423,7 @@ pub struct RawStore {
     #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
     pub checkpoint_bytes: ByteSize,
+    pub journal_size: ByteSize,
 }
 
 /// How a commit reaches the disk. Both are durable before `commit()` returns.
@@ -623,6 +624,8 @@ pub struct StoreConfig {
     pub page_capacity: u32,
     pub retention: Retention,
     pub checkpoint: Checkpoint,
+    /// Size of the journal file (`store.journal_size`); 0: none.
+    pub journal_bytes: u64,
 }
 
 /// When the commit log is folded into the bucket documents, from `[store]`.
@@ -1121,7 +1124,18 @@ fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
             ),
         ));
     }
+    let journal_bytes = raw.journal_size.as_u64();
+    if journal_bytes != 0 && journal_bytes < crate::limits::MIN_JOURNAL_BYTES {
+        return Err(invalid(
+            "store.journal_size",
+            format!(
+                "must be 0 (no journal) or at least {}",
+                ByteSize(crate::limits::MIN_JOURNAL_BYTES)
+            ),
+        ));
+    }
     Ok(StoreConfig {
+        journal_bytes,
         checkpoint: Checkpoint {
             interval: raw.checkpoint_interval,
             bytes: raw.checkpoint_bytes.as_u64(),

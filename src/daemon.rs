@@ -181,6 +181,7 @@ fn start_over(
         page_capacity: config.store.page_capacity,
         dedup_window: config.limits.dedup_window,
         outbox_max_entries: config.upstream.as_ref().map_or(0, |u| u.outbox_max_entries),
+        journal_bytes: config.store.journal_bytes,
     })?;
     let recent = store
         .recent_fingerprints()

@@ -563,6 +563,7 @@ mod tests {
             page_capacity: 1000,
             dedup_window: 0,
             outbox_max_entries: 0,
+            journal_bytes: 1 << 20,
         })
         .unwrap();
         let (flush, requests) = mpsc::channel(16);

@@ -84,6 +84,10 @@ const _: () = assert!(
 /// as commits, and each rewrites every bucket the log touched.
 pub const MIN_CHECKPOINT_BYTES: u64 = 64 * 1024;
 
+/// Smallest `store.journal_size` other than 0 (validated): the journal's 4 KiB header and a
+/// few commits' records.
+pub const MIN_JOURNAL_BYTES: u64 = 64 * 1024;
+
 /// `store.sketch_accuracy`, and the accuracy a delta's sketch may have at a central.
 pub const SKETCH_ACCURACY: RangeInclusive<f64> = 0.0001..=0.2;
 

@@ -1,10 +1,12 @@
 //! The writer thread: the only place that writes to redb. It takes one [`Batch`] at a time,
-//! appends it to the commit log in one durable write transaction, and reports back; the ingest
-//! task acknowledges the batch's messages only on `Ok`. Between batches it runs checkpoints
-//! (every `store.checkpoint_interval`, or once the log holds `store.checkpoint_bytes`: the log
-//! folded into the bucket documents) and, right after a checkpoint, retention: bounded passes
-//! that delete expired raw pages and buckets, so neither holds up a commit for long. redb is
-//! blocking, so this is an OS thread, not a task.
+//! appends it to the commit log (durable through the journal, `store::journal`), and reports
+//! back; the ingest task acknowledges the batch's messages only on `Ok`. Between batches it runs
+//! checkpoints (every `store.checkpoint_interval`, or once the log holds
+//! `store.checkpoint_bytes`: the log folded into the bucket documents, and the file made durable)
+//! and, right after a checkpoint, retention: bounded passes that delete expired raw pages and
+//! buckets, so neither holds up a commit for long. A journal three quarters full is emptied by
+//! making the file durable early. When the batches end (shutdown) the file is made durable, so
+//! that it holds everything on its own. redb is blocking, so this is an OS thread, not a task.
 //!
 //! A commit that fails on I/O (a full disk, a failing card) is retried, after reopening the
 //! file, with a capped backoff until it lands: the ingest task keeps filling the next batch up
@@ -86,6 +88,14 @@ pub fn spawn(
                     run_checkpoint(&mut store, &stats, &metrics);
                     next_checkpoint = Instant::now() + checkpoint.interval;
                 }
+                let (journal_used, journal_room) = store.journal_use();
+                if journal_used > 0 && journal_used >= journal_room / 4 * 3 {
+                    // A failure changes nothing: the next commit finds the journal full and
+                    // commits durably in the file, or fails and reopens.
+                    if let Err(e) = store.sync_file() {
+                        warn!(error = %e, "Could not make the database file durable; retrying later.");
+                    }
+                }
                 let wait = next_pass
                     .min(next_checkpoint)
                     .saturating_duration_since(Instant::now());
@@ -109,7 +119,18 @@ pub fn spawn(
                         };
                         continue;
                     }
-                    Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        // Shutdown: the file alone then holds every commit (for `bucketd export`,
+                        // a copy, a downgrade). On failure the journal keeps them for the next start.
+                        if let Err(e) = store.sync_file() {
+                            warn!(
+                                error = %e,
+                                "Could not make the database file durable at shutdown; the \
+                                 journal keeps every commit and the next start applies them."
+                            );
+                        }
+                        break;
+                    }
                 };
                 let started = Instant::now();
                 let result =
@@ -171,7 +192,7 @@ fn commit_retrying(
                 }
                 return Ok(s);
             }
-            Err(e @ (CommitError::Redb(_) | CommitError::Closed)) => e,
+            Err(e @ (CommitError::Redb(_) | CommitError::Closed | CommitError::Journal(_))) => e,
             Err(e) => return Err(e),
         };
         stats.commit_errors.fetch_add(1, Ordering::Relaxed);

@@ -318,6 +318,7 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
         page_capacity: 1000,
         dedup_window: 16,
         outbox_max_entries: 0,
+        journal_bytes: 1 << 20,
     })
     .unwrap();
     let mut admit = admitter();

@@ -1,13 +1,15 @@
-//! The fault seam: write faults injected under redb ([`Faults`]), for tests of what bucketd does
-//! when the disk fails. Compiled only for tests (`feature = "fault-injection"`).
+//! The fault seam: write faults injected under redb and the journal ([`Faults`]), for tests of
+//! what bucketd does when the disk fails. Compiled only for tests (`feature = "fault-injection"`).
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Write faults injected under redb, for tests of what bucketd does when the disk fails: while
-/// `fail_writes` is set every write, resize and sync of the file fails with "No space left on
-/// device", as a full SD card does; `sync_delay` slows every fsync, as a worn one does. Reads
-/// are untouched.
+/// Write faults injected under redb and the journal (one disk), for tests of what bucketd does
+/// when the disk fails: while `fail_writes` is set every write, resize and sync of either file
+/// fails with "No space left on device", as a full SD card does; `sync_delay` slows every fsync,
+/// as a worn one does. Reads are untouched.
 #[derive(Debug, Default)]
 pub struct Faults {
     pub fail_writes: std::sync::atomic::AtomicBool,
@@ -29,25 +31,118 @@ pub enum Cut {
     Torn { n: usize, bytes: usize },
 }
 
-/// The simulated power supply: once armed, writes stay in a "page cache" (seen by reads) until
-/// a sync puts them on the file; the `ops`-th write or sync from arming fails, and what reaches
-/// the file of the unsynced writes is decided by [`Cut`]. From then on every write, resize and
-/// sync fails: the process is gone as far as the file is concerned.
+/// The simulated power supply of the disk holding both files: once armed, writes stay in a
+/// "page cache" (seen by reads) until a sync of their file puts them on it; the `ops`-th write
+/// or sync from arming (of either file) fails, and what reaches the files of the unsynced
+/// writes, in the order they were made, is decided by [`Cut`]. From then on every write, resize
+/// and sync fails: the process is gone as far as the files are concerned.
 #[derive(Debug, Default)]
 struct Power {
     armed: Option<(u64, Cut)>,
-    cache: Vec<(u64, Vec<u8>)>,
+    cache: Vec<(Target, u64, Vec<u8>)>,
     off: bool,
+    /// Handles on the two files, for writing what a cut leaves.
+    files: [Option<Arc<File>>; 2],
+}
+
+/// Which file a write is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Db = 0,
+    Journal = 1,
+}
+
+impl Power {
+    /// Counts one write or sync against an armed power cut; at the cut, puts on the files what
+    /// [`Cut`] says of the unsynced writes, and fails this and every later operation.
+    fn tick(&mut self) -> std::io::Result<()> {
+        if self.off {
+            return Err(power_off());
+        }
+        let Some((ops, cut)) = self.armed.as_mut() else {
+            return Ok(());
+        };
+        *ops -= 1;
+        if *ops > 0 {
+            return Ok(());
+        }
+        let cache = std::mem::take(&mut self.cache);
+        let (keep, torn) = match *cut {
+            Cut::Nothing => (0, None),
+            Cut::Prefix(n) => (n, None),
+            Cut::Torn { n, bytes } => (n, Some(bytes)),
+        };
+        for (target, at, data) in cache.iter().take(keep) {
+            self.write_through(*target, *at, data)?;
+        }
+        if let (Some(bytes), Some((target, at, data))) = (torn, cache.get(keep)) {
+            self.write_through(*target, *at, &data[..bytes.min(data.len())])?;
+        }
+        self.off = true;
+        Err(power_off())
+    }
+
+    fn write_through(&self, target: Target, at: u64, data: &[u8]) -> std::io::Result<()> {
+        self.files[target as usize]
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("no handle on the file"))?
+            .write_all_at(data, at)
+    }
+
+    /// A sync of `target`: its cached writes go to the file.
+    fn flush(&mut self, target: Target) -> std::io::Result<()> {
+        let cache = std::mem::take(&mut self.cache);
+        let (mine, others): (Vec<_>, Vec<_>) = cache.into_iter().partition(|e| e.0 == target);
+        self.cache = others;
+        for (_, at, data) in mine {
+            self.write_through(target, at, &data)?;
+        }
+        Ok(())
+    }
+
+    /// Unsynced writes of `target` over `out`, read from `offset`, in the order they were made.
+    fn overlay(&self, target: Target, offset: u64, out: &mut [u8]) {
+        let end = offset + out.len() as u64;
+        for (t, at, data) in &self.cache {
+            if *t != target {
+                continue;
+            }
+            let (from, to) = (offset.max(*at), end.min(*at + data.len() as u64));
+            if from < to {
+                let (o, d) = ((from - offset) as usize, (from - at) as usize);
+                let n = (to - from) as usize;
+                out[o..o + n].copy_from_slice(&data[d..d + n]);
+            }
+        }
+    }
+
+    /// A write of `target`: cached while a cut is armed (and counted), else written.
+    fn write(&mut self, target: Target, offset: u64, data: &[u8]) -> std::io::Result<bool> {
+        if self.armed.is_some() {
+            self.tick()?;
+            self.cache.push((target, offset, data.to_vec()));
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// A sync of `target`: counted while a cut is armed, and its cached writes go to the file.
+    fn sync(&mut self, target: Target) -> std::io::Result<()> {
+        if self.armed.is_some() {
+            self.tick()?;
+            self.flush(target)?;
+        }
+        Ok(())
+    }
 }
 
 impl Faults {
     /// Arms a power cut at the `ops`-th write or sync from now (1: the next one).
     pub fn arm_power_cut(&self, ops: u64, cut: Cut) {
         let mut power = self.power.lock().expect("not poisoned");
-        *power = Power {
-            armed: Some((ops.max(1), cut)),
-            ..Power::default()
-        };
+        power.armed = Some((ops.max(1), cut));
+        power.cache.clear();
+        power.off = false;
     }
 
     /// Whether the armed power cut has happened.
@@ -66,43 +161,39 @@ struct FaultyBackend {
     faults: Arc<Faults>,
 }
 
-impl FaultyBackend {
-    /// Counts one write or sync against an armed power cut; at the cut, puts on the file what
-    /// [`Cut`] says of the unsynced writes, and fails this and every later operation.
-    fn tick(&self, power: &mut Power) -> std::io::Result<()> {
-        if power.off {
-            return Err(power_off());
-        }
-        let Some((ops, cut)) = power.armed.as_mut() else {
-            return Ok(());
-        };
-        *ops -= 1;
-        if *ops > 0 {
-            return Ok(());
-        }
-        let cache = std::mem::take(&mut power.cache);
-        let (keep, torn) = match *cut {
-            Cut::Nothing => (0, None),
-            Cut::Prefix(n) => (n, None),
-            Cut::Torn { n, bytes } => (n, Some(bytes)),
-        };
-        for (at, data) in cache.iter().take(keep) {
-            redb::StorageBackend::write(&self.inner, *at, data)?;
-        }
-        if let (Some(bytes), Some((at, data))) = (torn, cache.get(keep)) {
-            redb::StorageBackend::write(&self.inner, *at, &data[..bytes.min(data.len())])?;
-        }
-        power.off = true;
-        Err(power_off())
-    }
-
+impl Faults {
     fn check(&self) -> std::io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.faults.fail_writes.load(Relaxed) {
-            self.faults.failed.fetch_add(1, Relaxed);
+        if self.fail_writes.load(Relaxed) {
+            self.failed.fetch_add(1, Relaxed);
             return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
         }
         Ok(())
+    }
+
+    /// A sync of `target`: the full-disk fault, the slow-sync delay, then the power supply.
+    fn sync(&self, target: Target) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.check()?;
+        let delay = self.sync_delay_micros.load(Relaxed);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
+        self.power.lock().expect("not poisoned").sync(target)
+    }
+
+    /// A write of `target`: the full-disk fault, then the power supply. `true` when the write
+    /// stays in the simulated page cache (the caller must not write it).
+    fn write(&self, target: Target, offset: u64, data: &[u8]) -> std::io::Result<bool> {
+        self.check()?;
+        self.power
+            .lock()
+            .expect("not poisoned")
+            .write(target, offset, data)
+    }
+
+    fn register(&self, target: Target, file: File) {
+        self.power.lock().expect("not poisoned").files[target as usize] = Some(Arc::new(file));
     }
 }
 
@@ -114,46 +205,22 @@ impl redb::StorageBackend for FaultyBackend {
         self.inner.read(offset, out)?;
         // The page cache: unsynced writes overlay the file, in the order they were made.
         let power = self.faults.power.lock().expect("not poisoned");
-        let end = offset + out.len() as u64;
-        for (at, data) in &power.cache {
-            let (from, to) = (offset.max(*at), end.min(*at + data.len() as u64));
-            if from < to {
-                let (o, d) = ((from - offset) as usize, (from - at) as usize);
-                let n = (to - from) as usize;
-                out[o..o + n].copy_from_slice(&data[d..d + n]);
-            }
-        }
+        power.overlay(Target::Db, offset, out);
         Ok(())
     }
     fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.check()?;
+        self.faults.check()?;
         if self.faults.power.lock().expect("not poisoned").off {
             return Err(power_off());
         }
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> std::io::Result<()> {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.check()?;
-        let delay = self.faults.sync_delay_micros.load(Relaxed);
-        if delay > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(delay));
-        }
-        let mut power = self.faults.power.lock().expect("not poisoned");
-        if power.armed.is_some() {
-            self.tick(&mut power)?;
-            for (at, data) in std::mem::take(&mut power.cache) {
-                self.inner.write(at, &data)?;
-            }
-        }
+        self.faults.sync(Target::Db)?;
         self.inner.sync_data()
     }
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        self.check()?;
-        let mut power = self.faults.power.lock().expect("not poisoned");
-        if power.armed.is_some() {
-            self.tick(&mut power)?;
-            power.cache.push((offset, data.to_vec()));
+        if self.faults.write(Target::Db, offset, data)? {
             return Ok(());
         }
         self.inner.write(offset, data)
@@ -211,13 +278,59 @@ pub(super) fn create(
     path: &Path,
     faults: Arc<Faults>,
 ) -> Result<redb::Database, redb::DatabaseError> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| redb::DatabaseError::Storage(redb::StorageError::Io(e)))
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+    };
+    let io = |e| redb::DatabaseError::Storage(redb::StorageError::Io(e));
+    faults.register(Target::Db, open().map_err(io)?);
+    open()
+        .map_err(io)
         .and_then(redb::backends::FileBackend::new)
         .and_then(|inner| builder.create_with_backend(FaultyBackend { inner, faults }))
+}
+
+/// The journal file under the same faults (and power supply) as the database file.
+struct FaultyJournal {
+    inner: File,
+    faults: Arc<Faults>,
+}
+
+impl super::journal::JournalFile for FaultyJournal {
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.inner.read_exact_at(out, offset)?;
+        let power = self.faults.power.lock().expect("not poisoned");
+        power.overlay(Target::Journal, offset, out);
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        if self.faults.write(Target::Journal, offset, data)? {
+            return Ok(());
+        }
+        self.inner.write_all_at(data, offset)
+    }
+    fn sync(&self) -> std::io::Result<()> {
+        self.faults.sync(Target::Journal)?;
+        self.inner.sync_data()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self.inner.metadata()?.len())
+    }
+}
+
+/// Opens the journal at `path` under `faults`.
+pub(super) fn open_journal(
+    path: &Path,
+    faults: Arc<Faults>,
+) -> std::io::Result<Box<dyn super::journal::JournalFile>> {
+    let open = || std::fs::OpenOptions::new().read(true).write(true).open(path);
+    faults.register(Target::Journal, open()?);
+    Ok(Box::new(FaultyJournal {
+        inner: open()?,
+        faults,
+    }))
 }

@@ -134,7 +134,8 @@ impl Store {
 
     /// Folds the whole commit log into the bucket documents and raw pages, deletes the folded
     /// records and trims the dedup table, in one durable transaction: a crash leaves either
-    /// the log or its fold, never both or neither. Work is bounded by the log's size, which the
+    /// the log or its fold, never both or neither. The file then holds every commit, and the
+    /// journal starts over. Work is bounded by the log's size, which the
     /// writer keeps near `store.checkpoint_bytes`.
     pub fn checkpoint(&mut self) -> Result<CheckpointStats, CommitError> {
         let mut stats = CheckpointStats::default();
@@ -142,10 +143,7 @@ impl Store {
         if self.log_bytes == 0 && trimmed.is_empty() {
             return Ok(stats);
         }
-        let mut tx = self.open_db()?.begin_write()?;
-        tx.set_durability(redb::Durability::Immediate)?;
-        tx.set_two_phase_commit(self.settings.durability == crate::config::Durability::TwoPhase);
-        tx.set_quick_repair(self.settings.quick_repair);
+        let tx = self.durable_tx()?;
         {
             let mut log = tx.open_table(LOG)?;
             let mut buckets = tx.open_table(BUCKETS)?;
@@ -208,6 +206,7 @@ impl Store {
             }
         }
         tx.commit()?;
+        self.durable_committed();
         stats.bytes = self.log_bytes;
         self.log_bytes = 0;
         self.dedup_log

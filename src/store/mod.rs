@@ -1,7 +1,14 @@
 //! [`Store`]: the redb shell. Table definitions, keys, the file's format version, opening, and
 //! the upsert-and-increment commit; the documents it keeps are [`crate::doc`]'s. The only module
 //! that imports `redb`. Split by noun: [`StoreReader`] (`reader`), retention and compaction
-//! (`retention`), the outbox (`outbox`), and the fault seam for tests (`faults`).
+//! (`retention`), the outbox (`outbox`), the journal (`journal`: where a commit becomes durable)
+//! and the fault seam for tests (`faults`).
+//!
+//! A commit is durable once its record is in the journal (`<path>.journal`, one write and one
+//! `fdatasync`); the same writes go into redb as a non-durable transaction, which readers see at
+//! once. redb's own durable commits are the checkpoints (and retention passes); after each the
+//! journal starts over. Opening the file applies the journal's records that it lacks. Without a
+//! journal (`store.journal_size = 0`) every commit is a durable redb transaction.
 //!
 //! Tables:
 //! - `log`: `u64` commit sequence number -> a [`crate::commitlog`] record: what that commit
@@ -36,6 +43,7 @@ use crate::doc::{BucketDoc, PageDoc};
 
 #[cfg(any(test, feature = "fault-injection"))]
 mod faults;
+mod journal;
 mod log;
 mod outbox;
 mod reader;
@@ -43,6 +51,7 @@ mod retention;
 
 #[cfg(any(test, feature = "fault-injection"))]
 pub use faults::{Cut, Faults};
+pub use journal::{JournalError, Redo, path_for as journal_path};
 pub use log::CheckpointStats;
 pub use outbox::{OutboxDoc, OutboxShared};
 pub use reader::StoreReader;
@@ -73,6 +82,9 @@ pub struct StoreSettings {
     pub dedup_window: usize,
     /// Most outbox entries kept for the upstream (`store::outbox`); 0: no outbox (no `[upstream]`).
     pub outbox_max_entries: usize,
+    /// Size of the journal file (`store.journal_size`); 0: no journal, every commit a durable
+    /// redb transaction.
+    pub journal_bytes: u64,
 }
 
 /// Why the database file could not be opened. Each message says what to do.
@@ -112,6 +124,24 @@ pub enum StoreOpenError {
          {FORMAT_VERSION}; use the bucketd release that wrote it"
     )]
     UnsupportedFormat { path: PathBuf, found: String },
+    #[error(
+        "database file {path} was not closed cleanly (a power cut, a crash or kill -9) and needs \
+         the recovery that bucketd does when it opens the file (it also applies the journal's \
+         commits); start bucketd once, then read it"
+    )]
+    NeedsRecovery { path: PathBuf },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(
+        "database file {path}: its journal {journal} holds {commits} acknowledged commit(s) that the \
+         file does not (bucketd stopped without a clean shutdown); start bucketd once to apply \
+         them, then read the file"
+    )]
+    JournalPending {
+        path: PathBuf,
+        journal: PathBuf,
+        commits: usize,
+    },
 }
 
 /// A commit that failed; nothing of the batch is acknowledged. After an I/O error redb refuses
@@ -139,6 +169,8 @@ pub enum CommitError {
         seq: u64,
         source: bson::error::Error,
     },
+    #[error("writing the journal failed: {0}")]
+    Journal(std::io::Error),
 }
 
 macro_rules! from_redb {
@@ -191,6 +223,9 @@ pub struct Store {
     log_bytes: u64,
     /// The record being encoded, kept to reuse its allocation.
     record_buf: Vec<u8>,
+    /// Where commits become durable; `None` without one (`journal_bytes = 0`) and between a
+    /// failed reopen and the next successful one.
+    journal: Option<journal::Journal>,
     /// Test seam: injected write faults, see [`Faults`].
     #[cfg(any(test, feature = "fault-injection"))]
     faults: Option<Arc<Faults>>,
@@ -243,6 +278,7 @@ impl Store {
             dedup_total: 0,
             log_bytes: 0,
             record_buf: Vec::new(),
+            journal: None,
             #[cfg(any(test, feature = "fault-injection"))]
             faults: None,
             outbox: Arc::new(OutboxShared::default()),
@@ -281,7 +317,8 @@ impl Store {
             path: path.clone(),
             source,
         };
-        self.init_meta().map_err(corrupt)??;
+        let journal_id = self.init_meta().map_err(corrupt)??;
+        self.open_journal(journal_id)?;
         let db = self.db.clone().expect("opened above");
         let db = &*db;
         self.series = read_series(db).map_err(corrupt)?;
@@ -299,15 +336,110 @@ impl Store {
         Ok(())
     }
 
+    /// Opens the journal (creating it when `journal_bytes` asks for one), applies the records
+    /// the file lacks in one durable transaction, and starts it over. A journal left from a run
+    /// with one is applied even when this run has none, then removed; one of another size is
+    /// made anew once applied.
+    fn open_journal(&mut self, id: u64) -> Result<(), StoreOpenError> {
+        let path = journal::path_for(&self.path);
+        let wanted = self.settings.journal_bytes;
+        self.journal = None;
+        if wanted == 0 && !path.exists() {
+            return Ok(());
+        }
+        #[cfg(any(test, feature = "fault-injection"))]
+        let faults = self.faults.clone();
+        let open_file = |p: &Path| -> std::io::Result<Box<dyn journal::JournalFile>> {
+            #[cfg(any(test, feature = "fault-injection"))]
+            if let Some(f) = faults {
+                return faults::open_journal(p, f);
+            }
+            let file = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
+            Ok(Box::new(file))
+        };
+        let mut j = journal::Journal::open(path.clone(), id, wanted, open_file)?;
+        let corrupt = |source: redb::Error| StoreOpenError::Corrupt {
+            path: self.path.clone(),
+            source,
+        };
+        let (next_seq, _) = read_dedup_log(self.db()).map_err(corrupt)?;
+        let tx = self.durable_tx().map_err(|e| corrupt(commit_to_redb(e)))?;
+        let applied = j.replay(next_seq, |seq, redo| {
+            apply_redo(&tx, seq, redo).map_err(|e| corrupt(commit_to_redb(e)))
+        })?;
+        if applied > 0 {
+            tx.commit().map_err(|e| corrupt(e.into()))?;
+            tracing::info!(
+                commits = applied,
+                journal = %path.display(),
+                "Applied the journal's commits that the database file lacked (bucketd stopped \
+                 without a clean shutdown); nothing acknowledged was lost."
+            );
+        } else {
+            tx.abort().map_err(|e| corrupt(e.into()))?;
+        }
+        j.start_over();
+        if wanted == 0 || j.room() + journal::HEADER_BYTES != wanted {
+            drop(j);
+            std::fs::remove_file(&path).map_err(|source| JournalError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            if wanted == 0 {
+                return Ok(());
+            }
+            return self.open_journal(id);
+        }
+        self.journal = Some(j);
+        Ok(())
+    }
+
+    /// A write transaction that is durable when it commits, with the configured commit mode.
+    fn durable_tx(&self) -> Result<redb::WriteTransaction, CommitError> {
+        let mut tx = self.open_db()?.begin_write()?;
+        tx.set_durability(redb::Durability::Immediate)?;
+        tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
+        tx.set_quick_repair(self.settings.quick_repair);
+        Ok(tx)
+    }
+
+    /// After a durable transaction committed: the file holds every commit, so the journal
+    /// starts over.
+    fn durable_committed(&mut self) {
+        if let Some(j) = &mut self.journal {
+            j.start_over();
+        }
+    }
+
+    /// Makes every commit durable in the file itself (one durable transaction, if the journal
+    /// holds any), so that the file alone holds everything: at shutdown, before the file is
+    /// read by `bucketd export` or copied.
+    pub fn sync_file(&mut self) -> Result<(), CommitError> {
+        if self.journal.as_ref().is_none_or(|j| j.used() == 0) {
+            return Ok(());
+        }
+        self.durable_tx()?.commit()?;
+        self.durable_committed();
+        Ok(())
+    }
+
+    /// Bytes of the journal's records since it last started over, and the room it has (both 0
+    /// without a journal).
+    pub fn journal_use(&self) -> (u64, u64) {
+        self.journal.as_ref().map_or((0, 0), |j| (j.used(), j.room()))
+    }
+
     /// Closes and reopens the file: after an I/O error redb answers every call with an error
-    /// until then. In-memory state is read back from the file, so whatever the failed commit
-    /// did or did not write, the store again agrees with it.
+    /// until then. In-memory state is read back from the file, and the journal's records that
+    /// it lacks are applied, so whatever the failed commit did or did not write, the store again
+    /// agrees with the disk.
     pub fn reopen(&mut self) -> Result<(), StoreOpenError> {
         *self
             .shared
             .write()
             .expect("no panic while holding the lock") = None;
         self.db = None;
+        self.journal = None;
         self.load()
     }
 
@@ -360,7 +492,9 @@ impl Store {
     }
 
     /// Creates the tables and meta entries of a new file, or checks those of an existing one.
-    fn init_meta(&mut self) -> Result<Result<(), StoreOpenError>, redb::Error> {
+    /// Returns the file's journal id (`meta.journal_id`, made when missing), which ties the
+    /// journal to this file.
+    fn init_meta(&mut self) -> Result<Result<u64, StoreOpenError>, redb::Error> {
         let tx = self.db().begin_write()?;
         let checked = {
             let mut meta = tx.open_table(META)?;
@@ -419,8 +553,21 @@ impl Store {
                 }
             }
         };
+        let id = {
+            let mut meta = tx.open_table(META)?;
+            let stored = meta
+                .get("journal_id")?
+                .and_then(|v| v.value().parse::<u64>().ok());
+            if let Some(id) = stored {
+                id
+            } else {
+                let id = new_journal_id(&self.path);
+                meta.insert("journal_id", id.to_string().as_str())?;
+                id
+            }
+        };
         tx.commit()?;
-        Ok(checked)
+        Ok(checked.map(|()| id))
     }
 
     pub fn path(&self) -> &Path {
@@ -451,10 +598,12 @@ impl Store {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 
-    /// Appends the batch to the commit log, in one durable write transaction: its per-bucket
-    /// deltas and raw readings as one record, and its message fingerprints, under the next
-    /// commit sequence number. When this returns `Ok`, the batch is on disk and every reader
-    /// sees it; [`Store::checkpoint`] later folds it into the bucket documents. After an error,
+    /// Appends the batch to the commit log: its per-bucket deltas and raw readings as one
+    /// record, and its message fingerprints, under the next commit sequence number. Durable
+    /// through the journal (one record, synced) with a non-durable redb transaction beside it,
+    /// or without a journal (or when the record does not fit in it) as one durable redb
+    /// transaction. When this returns `Ok`, the batch survives a power cut and every reader sees
+    /// it; [`Store::checkpoint`] later folds it into the bucket documents. After an error,
     /// [`Store::reopen`] and compare [`Store::next_seq`] to learn whether it landed.
     pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, CommitError> {
         let mut stats = CommitStats::default();
@@ -463,16 +612,12 @@ impl Store {
         }
         let seq = self.next_seq;
         let mut tx = self.open_db()?.begin_write()?;
-        // Acknowledgements wait for this commit, so it must be durable; say so explicitly.
-        tx.set_durability(redb::Durability::Immediate)?;
-        tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
-        tx.set_quick_repair(self.settings.quick_repair);
         // Series first seen in this batch; joined to `self.series` only once the commit holds.
         let mut new_series: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut new_in_order: Vec<(u64, Arc<str>)> = Vec::new();
         let fingerprints = crate::dedup::encode(&batch.fingerprints);
+        let mut record = std::mem::take(&mut self.record_buf);
         {
-            let mut by_name = tx.open_table(SERIES_BY_NAME)?;
-            let mut by_id = tx.open_table(SERIES_BY_ID)?;
             let first_new_id = self.series.len() as u64;
             let mut entries = Vec::with_capacity(batch.buckets.len());
             for ((series, start), delta) in &batch.buckets {
@@ -480,9 +625,8 @@ impl Store {
                     id
                 } else {
                     let id = first_new_id + new_series.len() as u64;
-                    by_name.insert(&**series, id)?;
-                    by_id.insert(id, &**series)?;
                     new_series.insert(series.clone(), id);
+                    new_in_order.push((id, series.clone()));
                     id
                 };
                 entries.push(crate::commitlog::EntryIn {
@@ -498,35 +642,65 @@ impl Store {
                 .values()
                 .next()
                 .map_or(crate::sketch::SketchParams::DEFAULT, |s| s.sketch.params());
-            self.record_buf.clear();
-            crate::commitlog::encode(&entries, params, &mut self.record_buf);
+            record.clear();
+            crate::commitlog::encode(&entries, params, &mut record);
             stats.buckets_written = entries.len();
-            tx.open_table(log::LOG)?
-                .insert(seq, self.record_buf.as_slice())?;
-            tx.open_table(DEDUP)?.insert(seq, fingerprints.as_slice())?;
-            if !batch.applied.is_empty() {
-                let mut applied = tx.open_table(APPLIED)?;
-                for (gateway, at) in &batch.applied {
-                    applied.insert(gateway.as_str(), at.encode().as_slice())?;
-                }
-            }
         }
-        let gate = if self.settings.outbox_max_entries > 0 {
-            outbox::record(
+        let applied: Vec<(&str, Vec<u8>)> = batch
+            .applied
+            .iter()
+            .map(|(gateway, at)| (gateway.as_str(), at.encode()))
+            .collect();
+        let (outbox_write, gate) = if self.settings.outbox_max_entries > 0 {
+            let (w, gate) = outbox::plan(
                 &tx,
                 &self.outbox,
                 self.settings.outbox_max_entries,
                 seq,
                 batch,
                 self.settings.bucket_width_secs,
-            )?
+            )?;
+            (Some(w), gate)
         } else {
-            None
+            (None, None)
         };
+        let redo = Redo {
+            series: new_in_order.iter().map(|(id, n)| (*id, &**n)).collect(),
+            log: &record,
+            fingerprints: &fingerprints,
+            applied: applied.iter().map(|(g, at)| (*g, at.as_slice())).collect(),
+            outbox: outbox_write.as_ref().map(|w| journal::OutboxRedo {
+                trim_below: w.trim_below,
+                key: w.key,
+                doc: &w.doc,
+            }),
+        };
+        // Acknowledgements wait for this commit, so it must be durable: in the journal, or
+        // else in redb itself.
+        let journaled = match &mut self.journal {
+            Some(j) => j.append(seq, &redo).map_err(CommitError::Journal)?,
+            None => false,
+        };
+        if journaled {
+            tx.set_durability(redb::Durability::None)?;
+        } else {
+            tx.set_durability(redb::Durability::Immediate)?;
+            tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
+            tx.set_quick_repair(self.settings.quick_repair);
+        }
+        apply_redo(&tx, seq, &redo)?;
+        if let Some(w) = &outbox_write {
+            outbox::note(&tx, &self.outbox, w.key)?;
+        }
+        drop(redo);
         tx.commit()?;
         drop(gate);
+        if !journaled {
+            self.durable_committed();
+        }
         stats.series_created = new_series.len();
-        stats.log_bytes = self.record_buf.len() + fingerprints.len();
+        stats.log_bytes = record.len() + fingerprints.len();
+        self.record_buf = record;
         self.log_bytes = self.log_bytes.saturating_add(stats.log_bytes as u64);
         self.series.extend(new_series);
         self.dedup_log.push_back((seq, batch.fingerprints.len()));
@@ -639,6 +813,52 @@ fn read_dedup_log(db: &redb::Database) -> Result<(u64, VecDeque<(u64, usize)>), 
     }
     let next = log.back().map_or(0, |&(seq, _)| seq + 1);
     Ok((next, log))
+}
+
+/// A journal id for a new file: unlikely to be any other file's (time, process, path).
+fn new_journal_id(path: &Path) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(&crate::reading::Timestamp::now().as_nanos().to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(path.as_os_str().as_encoded_bytes());
+    h.digest()
+}
+
+/// Writes one commit's [`Redo`] into `tx` under sequence number `seq`: the live commit and a
+/// journal replay both write through here, so they write the same.
+fn apply_redo(tx: &redb::WriteTransaction, seq: u64, redo: &Redo<'_>) -> Result<(), CommitError> {
+    if !redo.series.is_empty() {
+        let mut by_name = tx.open_table(SERIES_BY_NAME)?;
+        let mut by_id = tx.open_table(SERIES_BY_ID)?;
+        for &(id, name) in &redo.series {
+            by_name.insert(name, id)?;
+            by_id.insert(id, name)?;
+        }
+    }
+    tx.open_table(log::LOG)?.insert(seq, redo.log)?;
+    tx.open_table(DEDUP)?.insert(seq, redo.fingerprints)?;
+    if !redo.applied.is_empty() {
+        let mut applied = tx.open_table(APPLIED)?;
+        for &(gateway, at) in &redo.applied {
+            applied.insert(gateway, at)?;
+        }
+    }
+    if let Some(o) = &redo.outbox {
+        let mut table = tx.open_table(outbox::OUTBOX)?;
+        if o.trim_below > 0 {
+            table.retain_in(..o.trim_below, |_, _| false)?;
+        }
+        table.insert(o.key, o.doc)?;
+    }
+    Ok(())
+}
+
+/// A commit error as a redb error, for the open path's `Corrupt`.
+fn commit_to_redb(e: CommitError) -> redb::Error {
+    match e {
+        CommitError::Redb(e) => e,
+        other => redb::Error::Corrupted(other.to_string()),
+    }
 }
 
 fn closed_error() -> redb::Error {

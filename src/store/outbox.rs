@@ -97,17 +97,28 @@ impl OutboxShared {
     }
 }
 
-/// In the commit's transaction: trims acknowledged entries, then records `batch`'s deltas under
-/// `seq` (or merges them into the newest entry at the bound). Hold the returned guard until the
-/// transaction has committed (or failed).
-pub(super) fn record<'a>(
+/// What a commit writes to the outbox ([`super::journal::OutboxRedo`] borrows it).
+#[derive(Debug)]
+pub(super) struct OutboxWrite {
+    /// Entries below this key are acknowledged upstream: removed.
+    pub trim_below: u64,
+    /// The entry written: this commit's, or the newest one with this commit merged in.
+    pub key: u64,
+    pub doc: Vec<u8>,
+}
+
+/// In the commit's transaction: trims acknowledged entries, then decides where `batch`'s
+/// deltas go (an entry under `seq`, or merged into the newest entry at the bound) and encodes
+/// it; [`super::apply_redo`] writes it. Hold the returned guard until the transaction has
+/// committed (or failed).
+pub(super) fn plan<'a>(
     tx: &redb::WriteTransaction,
     shared: &'a OutboxShared,
     max_entries: usize,
     seq: u64,
     batch: &Batch,
     width_secs: i64,
-) -> Result<Option<MutexGuard<'a, ()>>, CommitError> {
+) -> Result<(OutboxWrite, Option<MutexGuard<'a, ()>>), CommitError> {
     let mut table = tx.open_table(OUTBOX)?;
     let acked_below = shared.acked_below.load(Ordering::Relaxed);
     if acked_below > 0 {
@@ -163,12 +174,27 @@ pub(super) fn record<'a>(
         },
     };
     let key = u64::try_from(doc.seq).expect("sequence numbers are not negative");
-    table.insert(key, doc.encode().as_slice())?;
+    let write = OutboxWrite {
+        trim_below: acked_below,
+        key,
+        doc: doc.encode(),
+    };
+    Ok((write, gate))
+}
+
+/// After a commit's outbox write, in its transaction: the table's size, newest key and oldest
+/// entry's time, into `shared`.
+pub(super) fn note(
+    tx: &redb::WriteTransaction,
+    shared: &OutboxShared,
+    key: u64,
+) -> Result<(), CommitError> {
+    let table = tx.open_table(OUTBOX)?;
     shared.entries.store(table.len()?, Ordering::Relaxed);
     shared.newest_seq.store(key, Ordering::Relaxed);
     let oldest = table.first()?.map_or(0, |(_, v)| created_ns(v.value()));
     shared.oldest_ns.store(oldest, Ordering::Relaxed);
-    Ok(gate)
+    Ok(())
 }
 
 /// An entry's `created_ns`, read without decoding its buckets (0 if unreadable).

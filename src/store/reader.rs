@@ -54,7 +54,10 @@ impl StoreReader {
         }
     }
 
-    /// Opens the file read-only. Fails with [`StoreOpenError::Locked`] while a daemon holds it.
+    /// Opens the file read-only. Fails with [`StoreOpenError::Locked`] while a daemon holds it,
+    /// with [`StoreOpenError::NeedsRecovery`] after an unclean stop (redb repairs a file only
+    /// when opening it for writing), and with [`StoreOpenError::JournalPending`] while its
+    /// journal holds commits the file does not (the daemon's next start applies them).
     pub fn open(path: &Path) -> Result<StoreReader, StoreOpenError> {
         if !path.exists() {
             return Err(StoreOpenError::Missing {
@@ -63,10 +66,47 @@ impl StoreReader {
         }
         let db = redb::Builder::new()
             .open_read_only(path)
-            .map_err(|e| open_error(path, e))?;
-        Ok(StoreReader {
+            .map_err(|e| match e {
+                redb::DatabaseError::RepairAborted => StoreOpenError::NeedsRecovery {
+                    path: path.to_owned(),
+                },
+                e => open_error(path, e),
+            })?;
+        let reader = StoreReader {
             db: ReaderDb::ReadOnly(Arc::new(db)),
-        })
+        };
+        let journal = super::journal::path_for(path);
+        if journal.exists() {
+            let corrupt = |source| StoreOpenError::Corrupt {
+                path: path.to_owned(),
+                source,
+            };
+            let (id, next_seq) = reader.journal_state().map_err(corrupt)?;
+            let commits = super::journal::Journal::pending(&journal, id, next_seq)?;
+            if commits > 0 {
+                return Err(StoreOpenError::JournalPending {
+                    path: path.to_owned(),
+                    journal,
+                    commits,
+                });
+            }
+        }
+        Ok(reader)
+    }
+
+    /// The file's journal id and next commit sequence number.
+    fn journal_state(&self) -> Result<(u64, u64), redb::Error> {
+        let tx = self.db.begin_read()?;
+        let id = tx
+            .open_table(META)?
+            .get("journal_id")?
+            .and_then(|v| v.value().parse::<u64>().ok())
+            .unwrap_or(0);
+        let next_seq = tx
+            .open_table(super::DEDUP)?
+            .last()?
+            .map_or(0, |(k, _)| k.value() + 1);
+        Ok((id, next_seq))
     }
 
     /// Up to `max` outbox entries with a sequence number above `after` (all with `None`),

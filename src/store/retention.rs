@@ -31,9 +31,7 @@ impl Store {
         let mut stats = ExpireStats::default();
         // Fold the log first: a bucket deleted here must not come back from a log entry.
         self.checkpoint()?;
-        let mut tx = self.open_db()?.begin_write()?;
-        tx.set_durability(redb::Durability::Immediate)?;
-        tx.set_quick_repair(self.settings.quick_repair);
+        let tx = self.durable_tx()?;
         {
             let mut pages = tx.open_table(PAGES)?;
             let mut buckets = tx.open_table(BUCKETS)?;
@@ -86,6 +84,7 @@ impl Store {
             }
         }
         tx.commit()?;
+        self.durable_committed();
         Ok(stats)
     }
 }

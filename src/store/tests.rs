@@ -18,6 +18,7 @@ fn settings(path: &Path) -> StoreSettings {
         page_capacity: 1000,
         dedup_window: 4,
         outbox_max_entries: 0,
+        journal_bytes: 1 << 20,
     }
 }
 
@@ -1197,4 +1198,221 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
         at_open > 0 && in_commit > 0 && in_checkpoint > 0,
         "cuts land everywhere"
     );
+}
+
+/// Every bucket's (count, total) as a reader sees it.
+fn totals_of(reader: &StoreReader) -> BTreeMap<(String, i64), (i64, f64)> {
+    reader
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|d| ((d.series.clone(), d.start), (d.count, d.summary().total())))
+        .collect()
+}
+
+/// Commits `batches` to a store over `faults`, then cuts the power (nothing unsynced reaches
+/// the disk) in a checkpoint: the file keeps only what its last durable transaction held, and
+/// the commits live in the journal alone.
+fn commit_then_cut(settings: &StoreSettings, batches: &[Batch]) -> Vec<u128> {
+    let faults = Arc::new(Faults::default());
+    let mut store = Store::open_with_faults(settings, Some(faults.clone())).unwrap();
+    for b in batches {
+        store.commit(b).unwrap();
+    }
+    let fps = store.recent_fingerprints().unwrap();
+    faults.arm_power_cut(1, Cut::Nothing);
+    assert!(store.checkpoint().is_err());
+    assert!(faults.power_is_off());
+    drop(store);
+    fps
+}
+
+#[test]
+fn a_commit_is_durable_through_the_journal_alone_and_the_next_open_applies_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("j.redb");
+    let s = StoreSettings {
+        dedup_window: 64,
+        ..settings(&path)
+    };
+    let mut batches = vec![
+        batch_with_fps(&[("a/t", 10, 1.0), ("b/t", 3700, 2.0)], &[1]),
+        batch_with_fps(&[("a/t", 20, 4.0)], &[2, 3]),
+    ];
+    let mut central = batch_with_fps(&[("c/t", 30, 8.0)], &[4]);
+    let at = crate::delta::Position {
+        origin: "2026-11-24T00:00:00.000Z".into(),
+        seq: 7,
+        part: 0,
+    };
+    central.applied.insert("gw-1".into(), at.clone());
+    batches.push(central);
+    let fps = commit_then_cut(&s, &batches);
+    assert_eq!(fps, [1, 2, 3, 4]);
+
+    // A reader of the file alone says what to do instead of answering without them.
+    let e = StoreReader::open(&path).err().unwrap();
+    assert!(matches!(e, StoreOpenError::NeedsRecovery { .. }), "{e}");
+    assert!(e.to_string().contains("start bucketd once"), "{e}");
+    let copy = dir.path().join("copy.redb");
+    std::fs::copy(&path, &copy).unwrap();
+    let alone = Store::open(&StoreSettings {
+        journal_bytes: 0,
+        ..settings(&copy)
+    })
+    .unwrap();
+    assert!(
+        totals_of(&alone.reader()).is_empty(),
+        "without its journal the file holds none of the commits"
+    );
+    drop(alone);
+    // Recovered without its journal (here, a copy of it): the reader counts what it lacks.
+    std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+    let e = StoreReader::open(&copy).err().unwrap();
+    assert!(
+        matches!(e, StoreOpenError::JournalPending { commits: 3, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("start bucketd once"), "{e}");
+
+    let store = Store::open(&s).unwrap();
+    assert_eq!(store.next_seq(), 3);
+    assert_eq!(store.recent_fingerprints().unwrap(), fps);
+    assert_eq!(store.applied_positions().unwrap(), [("gw-1".to_owned(), at)]);
+    let want: BTreeMap<_, _> = [
+        (("a/t".to_owned(), 0), (2, 5.0)),
+        (("b/t".to_owned(), 3600), (1, 2.0)),
+        (("c/t".to_owned(), 0), (1, 8.0)),
+    ]
+    .into();
+    assert_eq!(totals_of(&store.reader()), want);
+    assert_eq!(store.journal_use().0, 0, "applied and started over");
+    drop(store);
+    // Applied once: a second open finds them in the file and applies nothing again.
+    let store = Store::open(&s).unwrap();
+    assert_eq!(totals_of(&store.reader()), want);
+    drop(store);
+    assert_eq!(totals_of(&StoreReader::open(&path).unwrap()), want);
+}
+
+#[test]
+fn a_full_journal_makes_the_commit_durable_in_the_file_and_starts_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.redb");
+    let s = StoreSettings {
+        journal_bytes: crate::limits::MIN_JOURNAL_BYTES,
+        ..settings(&path)
+    };
+    // ~10 KB records: a 64 KiB journal holds six.
+    let batches: Vec<Batch> = (0..20)
+        .map(|i| {
+            raw_batch(
+                "a/t",
+                &(0..600)
+                    .map(|k| ((i * 600 + k) * 1_000_000_000, k as f64))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let faults = Arc::new(Faults::default());
+    let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+    let mut starts_over = 0;
+    for b in &batches {
+        let before = store.journal_use().0;
+        store.commit(b).unwrap();
+        starts_over += usize::from(store.journal_use().0 <= before);
+        assert!(store.journal_use().0 <= store.journal_use().1);
+    }
+    assert!(starts_over >= 2, "the journal filled and started over");
+    faults.arm_power_cut(1, Cut::Nothing);
+    assert!(store.checkpoint().is_err());
+    drop(store);
+    let store = Store::open(&s).unwrap();
+    assert_eq!(store.next_seq(), 20);
+    let raw = raw_in(&store.reader(), Some("a/t"), i64::MIN, i64::MAX);
+    assert_eq!(raw.len(), 20 * 600, "every reading, once");
+}
+
+#[test]
+fn a_journal_is_applied_by_a_run_without_one_or_with_another_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("size.redb");
+    let journal = journal_path(&path);
+    let s = settings(&path);
+    commit_then_cut(&s, &[batch_with_fps(&[("a/t", 10, 1.0)], &[1])]);
+    // Another size: applied, then made anew at the new size.
+    let bigger = StoreSettings {
+        journal_bytes: 2 << 20,
+        ..settings(&path)
+    };
+    let store = Store::open(&bigger).unwrap();
+    assert_eq!(store.next_seq(), 1);
+    drop(store);
+    assert_eq!(std::fs::metadata(&journal).unwrap().len(), 2 << 20);
+    commit_then_cut(&bigger, &[batch_with_fps(&[("a/t", 20, 2.0)], &[2])]);
+    // No journal: applied, then removed.
+    let none = StoreSettings {
+        journal_bytes: 0,
+        ..settings(&path)
+    };
+    let mut store = Store::open(&none).unwrap();
+    assert_eq!(store.next_seq(), 2);
+    assert!(!journal.exists());
+    assert_eq!(
+        totals_of(&store.reader()),
+        [(("a/t".to_owned(), 0), (2, 3.0))].into()
+    );
+    // And without one, every commit is durable in the file.
+    store.commit(&batch_with_fps(&[("a/t", 30, 4.0)], &[3])).unwrap();
+    assert_eq!(store.journal_use(), (0, 0));
+    drop(store);
+    assert_eq!(
+        totals_of(&StoreReader::open(&path).unwrap()),
+        [(("a/t".to_owned(), 0), (3, 7.0))].into()
+    );
+}
+
+#[test]
+fn another_files_journal_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.redb"), dir.path().join("b.redb"));
+    drop(Store::open(&settings(&a)).unwrap());
+    drop(Store::open(&settings(&b)).unwrap());
+    std::fs::copy(journal_path(&b), journal_path(&a)).unwrap();
+    let e = Store::open(&settings(&a)).err().unwrap();
+    assert!(
+        matches!(e, StoreOpenError::Journal(JournalError::Foreign { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("move the journal aside"), "{e}");
+    assert!(e.to_string().contains("a.redb.journal"), "names the file: {e}");
+}
+
+#[test]
+fn the_outbox_is_rebuilt_exactly_from_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ob.redb");
+    let s = StoreSettings {
+        outbox_max_entries: 3,
+        ..settings(&path)
+    };
+    // Before the cut: what the outbox held, commits merging into the newest entry at the
+    // bound, and entries trimmed once acknowledged.
+    let faults = Arc::new(Faults::default());
+    let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+    for i in 0..6i64 {
+        if i == 4 {
+            store.outbox().ack(0);
+        }
+        store
+            .commit(&batch_of(&[("a/t", i * HOUR_NS, 1.0 + i as f64)]))
+            .unwrap();
+    }
+    let before = store.reader().outbox(None, usize::MAX).unwrap();
+    assert!(before.len() >= 2, "{before:?}");
+    faults.arm_power_cut(1, Cut::Nothing);
+    assert!(store.checkpoint().is_err());
+    drop(store);
+    let store = Store::open(&s).unwrap();
+    assert_eq!(store.reader().outbox(None, usize::MAX).unwrap(), before);
 }

@@ -225,6 +225,7 @@ async fn a_shared_central_killed_mid_stream_loses_nothing_and_applies_nothing_tw
         page_capacity: 1000,
         dedup_window: 8192,
         outbox_max_entries: 0,
+        journal_bytes: 1 << 20,
     })
     .unwrap();
     let before_kill: i64 = store

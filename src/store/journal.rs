@@ -1,0 +1,458 @@
+//! The journal: the acknowledgement point of a commit. A preallocated file beside the database
+//! (`<path>.journal`) to which each commit appends one record, a *redo* of everything the commit
+//! writes to redb, with one write and one `fdatasync`; the same commit then goes into redb as a
+//! non-durable transaction (readers see it at once, nothing is synced). redb is made durable only
+//! by checkpoints (and retention passes), after which the journal starts over from its first
+//! record. At open, the records the database file lacks are applied again ([`Journal::replay`]).
+//!
+//! Why: a durable redb commit writes the copy-on-write pages of every table it touched, the
+//! allocator state (quick repair) and the header, with two `fdatasync`s, ~0.45 ms and ~2.8 KB
+//! per reading at one commit per 20 messages; a journal record is the commit's bytes once, into
+//! blocks that already exist (no file-size change, so no journal commit of the filesystem's).
+//!
+//! File: a 4 KiB header (magic, format version, the database's `journal_id`, a checksum), then
+//! records back to back: payload length (u32 LE), commit sequence number (u64 LE), an xxh3-64
+//! checksum (u64 LE) of those twelve bytes, the payload and the journal id, then the payload
+//! ([`Redo`]). The file keeps its size; starting over overwrites old records in place.
+//!
+//! Which records are live: the checksum must hold, and the records that apply are the run whose
+//! sequence numbers continue the database's (`next_seq`, `next_seq + 1`, ...). Records left from
+//! before a restart have smaller numbers (the journal starts over only once the database holds
+//! them durably) and are skipped; the first record that is torn, blank or out of sequence ends
+//! the scan. A record that a power cut tore was never acknowledged: acknowledgements wait for its
+//! `fdatasync`. The journal assumes what redb and SQLite assume of the disk: a write does not
+//! damage bytes outside the range written (a torn write leaves the earlier records intact).
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::sketch::{get_varint, put_varint};
+
+/// Bytes of the header; records start here.
+pub const HEADER_BYTES: u64 = 4096;
+/// Bytes before each record's payload: length, sequence number, checksum.
+pub const RECORD_HEADER_BYTES: usize = 20;
+#[cfg(test)]
+use crate::limits::MIN_JOURNAL_BYTES;
+const MAGIC: &[u8; 16] = b"bucketd journal\0";
+const FORMAT: u32 = 1;
+const REDO_V1: u8 = 1;
+
+/// The journal file's path for the database at `db`: `<db>.journal`.
+pub fn path_for(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push(".journal");
+    PathBuf::from(p)
+}
+
+/// I/O on the journal file: a plain file, or one under the test fault seam (`store::faults`).
+pub(super) trait JournalFile: Send + Sync {
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    fn sync(&self) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+}
+
+impl JournalFile for File {
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self, out, offset)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(self, data, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.metadata()?.len())
+    }
+}
+
+/// Why the journal cannot be used. Each message names the file and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal {path}: {source}; check that the directory is writable by this user")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "journal {path} belongs to another database file (journal id {found:016x}, the database's \
+         {expected:016x}); if the database file was replaced or restored, move the journal aside \
+         and start again"
+    )]
+    Foreign {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
+    #[error(
+        "journal {path} is damaged (its header is unreadable); move it aside and start again \
+         (commits it held after the database's last checkpoint are lost)"
+    )]
+    BadHeader { path: PathBuf },
+    #[error(
+        "journal {path} starts at commit {found} but the database file ends at commit {expected}: \
+         commits in between are missing (was an older database file restored beside a newer \
+         journal?); move the journal aside to start from the database file as it is"
+    )]
+    Gap {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
+    #[error("journal {path}: record of commit {seq} is unreadable although its checksum holds")]
+    Record { path: PathBuf, seq: u64 },
+}
+
+/// The open journal, owned by the store (the writer thread).
+pub(super) struct Journal {
+    file: Box<dyn JournalFile>,
+    path: PathBuf,
+    id: u64,
+    /// The file's size: the records fit below it.
+    capacity: u64,
+    /// Where the next record goes.
+    end: u64,
+    /// The record being written, kept to reuse its allocation.
+    buf: Vec<u8>,
+}
+
+impl Journal {
+    /// Opens the journal of the database whose `journal_id` is `id`, creating it (`capacity`
+    /// bytes, zero-filled, synced, then renamed into place) if it does not exist. `open_file`
+    /// opens an existing file for reading and writing (the fault seam passes its own).
+    pub(super) fn open(
+        path: PathBuf,
+        id: u64,
+        capacity: u64,
+        open_file: impl FnOnce(&Path) -> io::Result<Box<dyn JournalFile>>,
+    ) -> Result<Journal, JournalError> {
+        let io_err = |source| JournalError::Io {
+            path: path.clone(),
+            source,
+        };
+        if !path.exists() {
+            create(&path, id, capacity).map_err(io_err)?;
+        }
+        let file = open_file(&path).map_err(io_err)?;
+        let len = file.len().map_err(io_err)?;
+        let mut header = [0u8; 40];
+        if len < HEADER_BYTES || file.read_at(0, &mut header).is_err() {
+            return Err(JournalError::BadHeader { path });
+        }
+        let found = parse_header(&header).ok_or_else(|| JournalError::BadHeader {
+            path: path.clone(),
+        })?;
+        if found != id {
+            return Err(JournalError::Foreign {
+                path,
+                found,
+                expected: id,
+            });
+        }
+        Ok(Journal {
+            file,
+            path,
+            id,
+            capacity: len,
+            end: HEADER_BYTES,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Bytes of records written since the journal last started over.
+    pub(super) fn used(&self) -> u64 {
+        self.end - HEADER_BYTES
+    }
+
+    /// Bytes the records may take in all.
+    pub(super) fn room(&self) -> u64 {
+        self.capacity - HEADER_BYTES
+    }
+
+    /// Calls `apply` with every live record for a database whose next commit is `next_seq`, in
+    /// order (see the module docs), and returns how many there were. The journal's write position
+    /// is left after the last live record; [`Journal::start_over`] once the database holds them
+    /// durably.
+    pub(super) fn replay<E: From<JournalError>>(
+        &mut self,
+        next_seq: u64,
+        mut apply: impl FnMut(u64, &Redo<'_>) -> Result<(), E>,
+    ) -> Result<usize, E> {
+        let mut at = HEADER_BYTES;
+        let mut expected = next_seq;
+        let mut applied = 0;
+        let mut payload = Vec::new();
+        while let Some((seq, len)) = self.record_at(at, &mut payload) {
+            if seq < expected && applied == 0 {
+                // Held by the database already (written before its last durable commit).
+                at += (RECORD_HEADER_BYTES + len) as u64;
+                continue;
+            }
+            if seq != expected {
+                if applied == 0 && seq > expected {
+                    return Err(JournalError::Gap {
+                        path: self.path.clone(),
+                        found: seq,
+                        expected,
+                    }
+                    .into());
+                }
+                break; // An older record after the live run: the end.
+            }
+            let redo = Redo::parse(&payload).ok_or_else(|| JournalError::Record {
+                path: self.path.clone(),
+                seq,
+            })?;
+            apply(seq, &redo)?;
+            applied += 1;
+            expected += 1;
+            at += (RECORD_HEADER_BYTES + len) as u64;
+        }
+        self.end = at;
+        Ok(applied)
+    }
+
+    /// How many live records a database whose next commit is `next_seq` and whose journal id
+    /// is `id` lacks in the journal at `path` (0 when there is none), without changing it: a
+    /// reader of a file no daemon holds.
+    pub(super) fn pending(path: &Path, id: u64, next_seq: u64) -> Result<usize, JournalError> {
+        if !path.exists() {
+            return Ok(0);
+        }
+        let mut j = Journal::open(path.to_owned(), id, 0, |p| {
+            Ok(Box::new(File::open(p)?) as Box<dyn JournalFile>)
+        })?;
+        j.replay(next_seq, |_, _| Ok::<(), JournalError>(()))
+    }
+
+    /// Reads the record at `at` into `payload` if one is there whose checksum holds: its
+    /// sequence number and payload length.
+    fn record_at(&self, at: u64, payload: &mut Vec<u8>) -> Option<(u64, usize)> {
+        let mut head = [0u8; RECORD_HEADER_BYTES];
+        if at + RECORD_HEADER_BYTES as u64 > self.capacity {
+            return None;
+        }
+        self.file.read_at(at, &mut head).ok()?;
+        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")) as usize;
+        let seq = u64::from_le_bytes(head[4..12].try_into().expect("8 bytes"));
+        let sum = u64::from_le_bytes(head[12..20].try_into().expect("8 bytes"));
+        let body_at = at + RECORD_HEADER_BYTES as u64;
+        if len == 0 || body_at + len as u64 > self.capacity {
+            return None;
+        }
+        payload.resize(len, 0);
+        self.file.read_at(body_at, payload).ok()?;
+        (checksum(&head[0..12], payload, self.id) == sum).then_some((seq, len))
+    }
+
+    /// Whether a record with a payload of `len` bytes fits.
+    pub(super) fn fits(&self, len: usize) -> bool {
+        self.end + (RECORD_HEADER_BYTES + len) as u64 <= self.capacity
+    }
+
+    /// Appends the record of commit `seq` holding `redo`, and syncs it: when this returns `Ok`
+    /// the record survives a power cut. `false` (nothing written) when it does not fit.
+    pub(super) fn append(&mut self, seq: u64, redo: &Redo<'_>) -> io::Result<bool> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.resize(RECORD_HEADER_BYTES, 0);
+        redo.encode(&mut buf);
+        let len = buf.len() - RECORD_HEADER_BYTES;
+        if !self.fits(len) {
+            self.buf = buf;
+            return Ok(false);
+        }
+        let len32 = u32::try_from(len).expect("a record fits in the journal, far below 4 GiB");
+        buf[0..4].copy_from_slice(&len32.to_le_bytes());
+        buf[4..12].copy_from_slice(&seq.to_le_bytes());
+        let sum = checksum(&buf[0..12], &buf[RECORD_HEADER_BYTES..], self.id);
+        buf[12..20].copy_from_slice(&sum.to_le_bytes());
+        let written = self
+            .file
+            .write_at(self.end, &buf)
+            .and_then(|()| self.file.sync());
+        self.buf = buf;
+        written?;
+        self.end += (RECORD_HEADER_BYTES + len) as u64;
+        Ok(true)
+    }
+
+    /// Starts over from the first record: call only once the database holds every record
+    /// written so far durably. Nothing is written; the old records are overwritten as new ones
+    /// come, and a scan tells them apart by their sequence numbers.
+    pub(super) fn start_over(&mut self) {
+        self.end = HEADER_BYTES;
+    }
+}
+
+fn checksum(head: &[u8], payload: &[u8], id: u64) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(head);
+    h.update(payload);
+    h.update(&id.to_le_bytes());
+    h.digest()
+}
+
+fn header_bytes(id: u64) -> [u8; 40] {
+    let mut h = [0u8; 40];
+    h[0..16].copy_from_slice(MAGIC);
+    h[16..20].copy_from_slice(&FORMAT.to_le_bytes());
+    h[24..32].copy_from_slice(&id.to_le_bytes());
+    let sum = xxhash_rust::xxh3::xxh3_64(&h[0..32]);
+    h[32..40].copy_from_slice(&sum.to_le_bytes());
+    h
+}
+
+/// The journal id of a header, if it is one.
+fn parse_header(h: &[u8; 40]) -> Option<u64> {
+    let sum = u64::from_le_bytes(h[32..40].try_into().expect("8 bytes"));
+    (h[0..16] == MAGIC[..]
+        && h[16..20] == FORMAT.to_le_bytes()
+        && xxhash_rust::xxh3::xxh3_64(&h[0..32]) == sum)
+        .then(|| u64::from_le_bytes(h[24..32].try_into().expect("8 bytes")))
+}
+
+/// Writes a new journal at `path`: the header, zeros up to `capacity` (so that later writes
+/// overwrite blocks that exist), synced under a temporary name and renamed into place.
+fn create(path: &Path, id: u64, capacity: u64) -> io::Result<()> {
+    let tmp = {
+        let mut p = path.as_os_str().to_owned();
+        p.push(".new");
+        PathBuf::from(p)
+    };
+    {
+        let file = File::create(&tmp)?;
+        // A page at a time: the page cache then holds the file in single pages, and a commit
+        // dirties (and Linux counts as written, in /proc/<pid>/io) one page, not a large folio
+        // of the zero-fill (the disk writes only the changed blocks either way).
+        let zeros = vec![0u8; 4096];
+        let mut at = 0;
+        while at < capacity {
+            let n = zeros.len().min(usize::try_from(capacity - at).unwrap_or(usize::MAX));
+            JournalFile::write_at(&file, at, &zeros[..n])?;
+            at += n as u64;
+        }
+        JournalFile::write_at(&file, 0, &header_bytes(id))?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// One commit's writes to the database, as the journal keeps them: applying it to the tables
+/// (`store::apply_redo`) writes exactly what the commit wrote. Every write is a put of a key
+/// (or, for the outbox, the removal of the acknowledged entries below a key), so applying a
+/// record twice writes the same as once. Borrowed: the live commit builds it from its own
+/// buffers, a replay from the journal's bytes. Pure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Redo<'a> {
+    /// Series first seen in the commit: (id, name).
+    pub series: Vec<(u64, &'a str)>,
+    /// The commit log record ([`crate::commitlog`]).
+    pub log: &'a [u8],
+    /// The fingerprints ([`crate::dedup::encode`]).
+    pub fingerprints: &'a [u8],
+    /// Gateways' applied positions: (gateway, [`crate::delta::Position::encode`]).
+    pub applied: Vec<(&'a str, &'a [u8])>,
+    pub outbox: Option<OutboxRedo<'a>>,
+}
+
+/// A commit's outbox write: entries below `trim_below` removed (acknowledged upstream), then
+/// `doc` stored under `key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxRedo<'a> {
+    pub trim_below: u64,
+    pub key: u64,
+    pub doc: &'a [u8],
+}
+
+impl<'a> Redo<'a> {
+    /// Appends the payload: a version byte, then varint counts and lengths before each part.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(REDO_V1);
+        put_varint(out, self.series.len() as u64);
+        for (id, name) in &self.series {
+            put_varint(out, *id);
+            put_bytes(out, name.as_bytes());
+        }
+        put_bytes(out, self.log);
+        put_bytes(out, self.fingerprints);
+        put_varint(out, self.applied.len() as u64);
+        for (gateway, at) in &self.applied {
+            put_bytes(out, gateway.as_bytes());
+            put_bytes(out, at);
+        }
+        match &self.outbox {
+            None => out.push(0),
+            Some(o) => {
+                out.push(1);
+                put_varint(out, o.trim_below);
+                put_varint(out, o.key);
+                put_bytes(out, o.doc);
+            }
+        }
+    }
+
+    /// The payload's parts, or `None` if it is not one [`Redo::encode`] wrote.
+    pub fn parse(mut r: &'a [u8]) -> Option<Redo<'a>> {
+        let r = &mut r;
+        if take(r, 1)? != [REDO_V1] {
+            return None;
+        }
+        let n = get_varint(r)?;
+        let mut series = Vec::new();
+        for _ in 0..n {
+            let id = get_varint(r)?;
+            series.push((id, std::str::from_utf8(get_bytes(r)?).ok()?));
+        }
+        let log = get_bytes(r)?;
+        let fingerprints = get_bytes(r)?;
+        let n = get_varint(r)?;
+        let mut applied = Vec::new();
+        for _ in 0..n {
+            let gateway = std::str::from_utf8(get_bytes(r)?).ok()?;
+            applied.push((gateway, get_bytes(r)?));
+        }
+        let outbox = match take(r, 1)? {
+            [0] => None,
+            [1] => Some(OutboxRedo {
+                trim_below: get_varint(r)?,
+                key: get_varint(r)?,
+                doc: get_bytes(r)?,
+            }),
+            _ => return None,
+        };
+        r.is_empty().then_some(Redo {
+            series,
+            log,
+            fingerprints,
+            applied,
+            outbox,
+        })
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if r.len() < n {
+        return None;
+    }
+    let (head, rest) = r.split_at(n);
+    *r = rest;
+    Some(head)
+}
+
+fn get_bytes<'a>(r: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let n = usize::try_from(get_varint(r)?).ok()?;
+    take(r, n)
+}
+
+#[cfg(test)]
+mod tests;

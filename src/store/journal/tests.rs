@@ -1,0 +1,186 @@
+use std::fs::File;
+
+use super::*;
+
+fn redo_of(log: &[u8]) -> Redo<'_> {
+    Redo {
+        series: vec![],
+        log,
+        fingerprints: b"",
+        applied: vec![],
+        outbox: None,
+    }
+}
+
+fn open(path: &Path, id: u64, capacity: u64) -> Result<Journal, JournalError> {
+    Journal::open(path.to_owned(), id, capacity, |p| {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
+        Ok(Box::new(f) as Box<dyn JournalFile>)
+    })
+}
+
+/// The records a replay for `next_seq` applies: (seq, log bytes).
+fn replayed(j: &mut Journal, next_seq: u64) -> Result<Vec<(u64, Vec<u8>)>, JournalError> {
+    let mut out = Vec::new();
+    j.replay(next_seq, |seq, redo| {
+        out.push((seq, redo.log.to_vec()));
+        Ok::<(), JournalError>(())
+    })?;
+    Ok(out)
+}
+
+#[test]
+fn a_redo_reads_back_as_written_and_nothing_else_parses() {
+    let redo = Redo {
+        series: vec![(7, "greenhouse/temperature"), (8, "boiler/t")],
+        log: b"log record",
+        fingerprints: &[1; 32],
+        applied: vec![("gw-1", b"pos".as_slice())],
+        outbox: Some(OutboxRedo {
+            trim_below: 3,
+            key: 12,
+            doc: b"bson",
+        }),
+    };
+    let mut bytes = Vec::new();
+    redo.encode(&mut bytes);
+    assert_eq!(Redo::parse(&bytes), Some(redo.clone()));
+    // Every shorter prefix, and the record with a byte more, is refused.
+    for n in 0..bytes.len() {
+        assert_eq!(Redo::parse(&bytes[..n]), None, "prefix of {n} bytes");
+    }
+    bytes.push(0);
+    assert_eq!(Redo::parse(&bytes), None);
+}
+
+#[test]
+fn records_replay_in_order_from_the_next_commit_the_database_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let mut j = open(&path, 42, MIN_JOURNAL_BYTES).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), MIN_JOURNAL_BYTES);
+    for seq in 10..15u64 {
+        assert!(j.append(seq, &redo_of(&seq.to_le_bytes())).unwrap());
+    }
+    drop(j);
+    let mut j = open(&path, 42, MIN_JOURNAL_BYTES).unwrap();
+    // The database holds up to 11: 12, 13, 14 apply.
+    let got = replayed(&mut j, 12).unwrap();
+    assert_eq!(
+        got,
+        (12..15u64)
+            .map(|s| (s, s.to_le_bytes().to_vec()))
+            .collect::<Vec<_>>()
+    );
+    // A database that holds them all takes nothing.
+    let mut j = open(&path, 42, MIN_JOURNAL_BYTES).unwrap();
+    assert!(replayed(&mut j, 15).unwrap().is_empty());
+    assert_eq!(Journal::pending(&path, 42, 13).unwrap(), 2);
+}
+
+#[test]
+fn after_starting_over_old_records_are_never_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let mut j = open(&path, 1, MIN_JOURNAL_BYTES).unwrap();
+    // Long old records 0..5, then (the database durable at 5) two short new ones over them.
+    for seq in 0..5u64 {
+        assert!(j.append(seq, &redo_of(&[seq as u8; 300])).unwrap());
+    }
+    j.start_over();
+    for seq in 5..7u64 {
+        assert!(j.append(seq, &redo_of(&[seq as u8; 10])).unwrap());
+    }
+    drop(j);
+    let mut j = open(&path, 1, MIN_JOURNAL_BYTES).unwrap();
+    let got = replayed(&mut j, 5).unwrap();
+    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![5, 6]);
+    // With the database durable at 7 (a checkpoint after 6), nothing applies either.
+    let mut j = open(&path, 1, MIN_JOURNAL_BYTES).unwrap();
+    assert!(replayed(&mut j, 7).unwrap().is_empty());
+    // Records of the same length as the old ones: the old ones after the new run are older,
+    // and end the run.
+    let mut j = open(&path, 1, MIN_JOURNAL_BYTES).unwrap();
+    j.start_over();
+    for seq in 7..9u64 {
+        assert!(j.append(seq, &redo_of(&[seq as u8; 300])).unwrap());
+    }
+    drop(j);
+    let mut j = open(&path, 1, MIN_JOURNAL_BYTES).unwrap();
+    let got = replayed(&mut j, 7).unwrap();
+    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![7, 8]);
+}
+
+#[test]
+fn a_torn_or_damaged_last_record_ends_the_replay_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let mut j = open(&path, 9, MIN_JOURNAL_BYTES).unwrap();
+    for seq in 0..3u64 {
+        assert!(j.append(seq, &redo_of(&[seq as u8; 100])).unwrap());
+    }
+    let third = HEADER_BYTES + 2 * (RECORD_HEADER_BYTES as u64 + 100 + 6);
+    let record_len = RECORD_HEADER_BYTES as u64 + 100 + 6;
+    drop(j);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    // Any byte of the last record changed, or the record cut short (zeros past a prefix).
+    for at in [0, 5, 15, 25, record_len - 1] {
+        let original = {
+            let mut b = [0u8; 1];
+            JournalFile::read_at(&File::open(&path).unwrap(), third + at, &mut b).unwrap();
+            b[0]
+        };
+        JournalFile::write_at(&file, third + at, &[original ^ 0x40]).unwrap();
+        let mut j = open(&path, 9, MIN_JOURNAL_BYTES).unwrap();
+        let got = replayed(&mut j, 0).unwrap();
+        assert_eq!(got.len(), 2, "byte {at} of the last record changed");
+        JournalFile::write_at(&file, third + at, &[original]).unwrap();
+    }
+    JournalFile::write_at(&file, third + 30, &[0u8; 80]).unwrap();
+    let mut j = open(&path, 9, MIN_JOURNAL_BYTES).unwrap();
+    assert_eq!(replayed(&mut j, 0).unwrap().len(), 2);
+}
+
+#[test]
+fn a_journal_that_does_not_continue_the_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let mut j = open(&path, 5, MIN_JOURNAL_BYTES).unwrap();
+    assert!(j.append(20, &redo_of(b"x")).unwrap());
+    drop(j);
+    // The database ends at 10 (an older copy of the file?): commits 10..20 are missing.
+    let mut j = open(&path, 5, MIN_JOURNAL_BYTES).unwrap();
+    let e = replayed(&mut j, 10).unwrap_err();
+    assert!(
+        matches!(e, JournalError::Gap { found: 20, expected: 10, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("move the journal aside"), "{e}");
+    // Another database's journal.
+    let e = open(&path, 6, MIN_JOURNAL_BYTES).err().unwrap();
+    assert!(matches!(e, JournalError::Foreign { .. }), "{e}");
+    // A damaged header.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    JournalFile::write_at(&file, 3, b"?").unwrap();
+    let e = open(&path, 5, MIN_JOURNAL_BYTES).err().unwrap();
+    assert!(matches!(e, JournalError::BadHeader { .. }), "{e}");
+}
+
+#[test]
+fn a_record_that_does_not_fit_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let mut j = open(&path, 3, MIN_JOURNAL_BYTES).unwrap();
+    let big = vec![7u8; 20_000];
+    let mut written = 0;
+    while j.append(written, &redo_of(&big)).unwrap() {
+        written += 1;
+    }
+    assert_eq!(written, (j.room() / (20_000 + 20 + 8)) as u64);
+    let used = j.used();
+    assert!(!j.append(written, &redo_of(&big)).unwrap());
+    assert_eq!(j.used(), used, "nothing written");
+    drop(j);
+    let mut j = open(&path, 3, MIN_JOURNAL_BYTES).unwrap();
+    assert_eq!(replayed(&mut j, 0).unwrap().len() as u64, written);
+}
