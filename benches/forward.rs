@@ -232,6 +232,7 @@ async fn forward(
         window: 1,
         broker_window: None,
         sessions: 1,
+        quick_acks: false,
     };
     for e in 0..entries {
         let mut b = Batcher::new(policy, 3600);

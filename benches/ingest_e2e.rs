@@ -37,6 +37,7 @@
 //! `BENCH_MOSQUITTO_NODELAY=1` (its `set_tcp_nodelay true`: Nagle's algorithm off),
 //! `BENCH_SESSIONS` (bucketd's `mqtt.sessions`; default 1), `BENCH_RECEIVE_MAX` (bucketd's
 //! `mqtt.receive_maximum`: over MQTT 5 a window Mosquitto enforces per session),
+//! `BENCH_BROKER_WINDOW` (bucketd's `mqtt.broker_window`: the window stated, not learned),
 //! `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
@@ -450,6 +451,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             window: 1,
             broker_window: None,
             sessions: 1,
+            quick_acks: false,
         };
         let mut batcher = Batcher::new(policy, 3600);
         let now = Instant::now();
@@ -601,6 +603,9 @@ async fn run_bucketd(
     let sessions = env_or("BENCH_SESSIONS", 1u16);
     raw.mqtt.sessions = sessions;
     raw.mqtt.receive_maximum = env_or("BENCH_RECEIVE_MAX", raw.mqtt.receive_maximum);
+    if let Ok(w) = std::env::var("BENCH_BROKER_WINDOW") {
+        raw.mqtt.broker_window = w.parse().unwrap();
+    }
     raw.store.path = dir.path().join("bench.redb");
     raw.http.bind = "127.0.0.1:0".into();
     raw.subscriptions = RawSubscription::defaults_under(prefix);

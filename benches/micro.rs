@@ -135,6 +135,7 @@ fn policy() -> FlushPolicy {
         window: 1,
         broker_window: None,
         sessions: 1,
+        quick_acks: false,
     }
 }
 

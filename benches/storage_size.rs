@@ -49,6 +49,7 @@ fn batch(chunk: &[(i64, f64)], raw: bool) -> Batch {
             window: 1,
             broker_window: None,
             sessions: 1,
+            quick_acks: false,
         },
         3600,
     );

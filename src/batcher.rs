@@ -29,7 +29,20 @@
 //! only by a quiet period that outlasts any delayed ACK ([`QUIET_CONFIRM`]) in a batch that began
 //! as the echo of a release (within [`ECHO_MAX`] plus the connection's handshake time, so a
 //! 150 ms round trip is no obstacle). The unacknowledged count at that stall is the broker's
-//! window: from then on a batch that reaches it commits without waiting. The count only covers
+//! window: from then on a batch that reaches it commits without waiting.
+//!
+//! Where our TCP ACKs go out at once (`FlushPolicy::quick_acks`: Linux), a broker's Nagle
+//! gap lasts no longer than the round trip of that ACK, so a shorter quiet is proof when the
+//! batch looks like a window and nothing else: it began at once after the release (within the
+//! handshake time plus [`ECHO_FAST`]: a broker with a backlog refills within a round trip), it
+//! holds at least two messages, and they came as one burst (on average closer together than
+//! [`BURST_RATIO`] times less than the quiet: a steady stream that dense would be quiet that long
+//! about once in 3,000 gaps). That quiet
+//! ([`Batcher::quiet_fast`]) is twice the handshake time, at least [`QUIET_FAST_MIN`]: 20 ms
+//! on a LAN, the first window learned in one such pause instead of 250 ms. A steady stream
+//! rarely shows that shape (a message right after the release, a second within a few ms, then
+//! nothing for 20 ms); when it does, the window learned is forgotten at its next larger batch
+//! (below). A window of 1 (never two messages) is learned by the long quiet. The count only covers
 //! QoS 1/2 messages of the current connection: QoS 0 messages flow past a full window, and
 //! tokens of an earlier connection are not the broker's to count. If the broker ever has more
 //! than `W` messages unacknowledged (it sent more while a commit ran), its window is larger and
@@ -64,6 +77,9 @@ pub struct FlushPolicy {
     pub broker_window: Option<u16>,
     /// Sessions sharing the subscriptions (`mqtt.sessions`), each with its own window.
     pub sessions: u16,
+    /// Our TCP ACKs go out at once (`TCP_QUICKACK`, Linux): a broker's Nagle gaps last at most
+    /// a round trip, and a stall is believed after a shorter quiet (see the module docs).
+    pub quick_acks: bool,
 }
 
 impl FlushPolicy {
@@ -88,6 +104,13 @@ pub const HANDSHAKE_MAX: Duration = Duration::from_secs(1);
 /// The quiet period that proves a stall: longer than a TCP delayed ACK (Linux: 40-200 ms),
 /// which a broker using Nagle's algorithm waits for.
 pub const QUIET_CONFIRM: Duration = Duration::from_millis(250);
+/// With quick ACKs: the shortest quiet that proves the stall of a burst (see the module docs).
+pub const QUIET_FAST_MIN: Duration = Duration::from_millis(20);
+/// With quick ACKs: a burst that began within this time (plus the handshake time) after the
+/// release is the broker refilling its window.
+pub const ECHO_FAST: Duration = Duration::from_millis(5);
+/// With quick ACKs: how many times the burst's mean gap between messages the quiet must be.
+pub const BURST_RATIO: u32 = 8;
 
 /// Why a batch is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,9 +180,10 @@ pub struct Batcher {
     acks: Vec<AckToken>,
     opened_at: Option<Instant>,
     sketch: SketchParams,
-    /// Arrival times of the batch's first and last QoS 1/2 message.
+    /// Arrival times of the batch's first and last QoS 1/2 message, and how many there were.
     first_arrival: Option<Instant>,
     last_arrival: Option<Instant>,
+    arrivals: u32,
     /// Per session: acks of the open batch that its current connection will send (the others
     /// belong to an earlier connection).
     current: Vec<usize>,
@@ -199,6 +223,7 @@ impl Batcher {
             opened_at: None,
             first_arrival: None,
             last_arrival: None,
+            arrivals: 0,
             current: vec![0; usize::from(policy.sessions.max(1))],
             committing: vec![0; usize::from(policy.sessions.max(1))],
             released_at: None,
@@ -212,6 +237,7 @@ impl Batcher {
     pub fn arrived(&mut self, now: Instant) {
         self.first_arrival.get_or_insert(now);
         self.last_arrival = Some(now);
+        self.arrivals = self.arrivals.saturating_add(1);
     }
 
     /// Records that the broker was allowed to send more: the acknowledgements of the batch
@@ -281,15 +307,66 @@ impl Batcher {
             .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
         if let Some(w) = self.broker_window()
             && self.holds_window(w)
-            && (echo
-                || self
-                    .policy
-                    .broker_window
-                    .is_some_and(|s| usize::from(s) == w))
         {
-            return Some((last, FlushReason::BrokerWindow));
+            let stated = self
+                .policy
+                .broker_window
+                .is_some_and(|s| usize::from(s) == w);
+            if stated || (echo && self.is_burst(first, last)) {
+                return Some((last, FlushReason::BrokerWindow));
+            }
+            if echo {
+                // A learned window reached slowly: the broker was not refilling it, so the count
+                // is believed after a quiet in proportion to the batch's own pace (a stream that
+                // slow has gaps that long anyway).
+                return Some((
+                    last + self.paced_quiet(first, last),
+                    FlushReason::BrokerWindow,
+                ));
+            }
         }
-        echo.then(|| (last + self.quiet_confirm(), FlushReason::Stall))
+        echo.then(|| {
+            let slow = last + self.quiet_confirm();
+            let fast = self.fast_stall_at(first, last);
+            (fast.map_or(slow, |f| f.min(slow)), FlushReason::Stall)
+        })
+    }
+
+    /// With quick ACKs, when a batch shaped like a broker's full window counts as stalled: a
+    /// burst of two or more (see [`Batcher::is_burst`]), then [`Batcher::quiet_fast`] of quiet.
+    fn fast_stall_at(&self, first: Instant, last: Instant) -> Option<Instant> {
+        (self.policy.quick_acks && self.fullest() >= 2 && self.is_burst(first, last))
+            .then(|| last + self.quiet_fast())
+    }
+
+    /// Whether the batch came as a broker refilling its window does: it began at once after
+    /// the release (within the handshake time plus [`ECHO_FAST`]), and its messages came on
+    /// average [`BURST_RATIO`] times closer together than [`Batcher::quiet_fast`] (see the
+    /// module docs).
+    fn is_burst(&self, first: Instant, last: Instant) -> bool {
+        let gaps = self.arrivals.saturating_sub(1);
+        self.released_at.is_some_and(|released| {
+            first.saturating_duration_since(released) <= ECHO_FAST + self.handshake
+        }) && last.saturating_duration_since(first) * BURST_RATIO <= self.quiet_fast() * gaps
+    }
+
+    /// The quiet that proves a stall of a batch that came at its own pace: [`BURST_RATIO`]
+    /// times its mean gap between messages, at least [`Batcher::quiet_fast`], at most
+    /// [`Batcher::quiet_confirm`].
+    fn paced_quiet(&self, first: Instant, last: Instant) -> Duration {
+        let gaps = self.arrivals.saturating_sub(1).max(1);
+        (last.saturating_duration_since(first) * BURST_RATIO / gaps)
+            .max(self.quiet_fast())
+            .min(self.quiet_confirm())
+    }
+
+    /// The quiet that proves a burst's stall with quick ACKs: twice the handshake time (a
+    /// round trip or two, what a Nagle gap lasts when our ACKs go at once), at least
+    /// [`QUIET_FAST_MIN`], at most [`Batcher::quiet_confirm`].
+    fn quiet_fast(&self) -> Duration {
+        (self.handshake * 2)
+            .max(QUIET_FAST_MIN)
+            .min(self.quiet_confirm())
     }
 
     /// The quiet period that proves a stall: [`QUIET_CONFIRM`], or with a shorter flush interval
@@ -461,6 +538,7 @@ impl Batcher {
         self.opened_at = None;
         self.first_arrival = None;
         self.last_arrival = None;
+        self.arrivals = 0;
         (
             std::mem::take(&mut self.batch),
             std::mem::take(&mut self.acks),

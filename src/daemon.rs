@@ -222,6 +222,7 @@ fn start_over(
         window: config.mqtt.receive_maximum,
         broker_window: config.mqtt.broker_window,
         sessions: config.mqtt.sessions,
+        quick_acks: crate::mqtt::QUICK_ACKS,
     };
     let listener = std::net::TcpListener::bind(config.http.bind)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))

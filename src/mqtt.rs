@@ -73,6 +73,11 @@ enum Client {
     },
 }
 
+/// Whether the TCP ACKs of what the client reads go out at once (`TCP_QUICKACK`, which the
+/// vendored rumqttc re-arms after every read; Linux and Android only): the flush policy then
+/// believes a broker's stall sooner (`crate::batcher`).
+pub const QUICK_ACKS: bool = cfg!(any(target_os = "linux", target_os = "android"));
+
 /// Outgoing QoS 1/2 publishes the client keeps state for. bucketd publishes nothing; rumqttc
 /// preallocates a slot per possible packet id (for MQTT 5 by default all 65,535 of them: 14 MB
 /// of the 21 MB idle RSS before this was set).

@@ -480,6 +480,7 @@ fn once_warm_a_reading_costs_no_allocation_from_decode_to_batch() {
                 window: 100,
                 broker_window: None,
                 sessions: 1,
+                quick_acks: false,
             },
             3600,
         );

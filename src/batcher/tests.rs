@@ -20,6 +20,7 @@ fn policy(window: u16) -> FlushPolicy {
         window,
         broker_window: None,
         sessions: 1,
+        quick_acks: false,
     }
 }
 
@@ -330,6 +331,38 @@ fn flat_out(n: usize) -> Vec<Duration> {
     vec![Duration::ZERO; n]
 }
 
+/// (broker window, flush interval ms, round trip ms, every how many messages one is QoS 0,
+/// quick ACKs): every combination of the windows given with the intervals, round trips, QoS
+/// mixes and ACK modes the window tests cover.
+fn cases(windows: &[u64]) -> Vec<(u64, u64, u64, Option<u64>, bool)> {
+    let mut out = Vec::new();
+    for &w in windows {
+        for flush_ms in [200, 1000, 3_600_000] {
+            for rtt_ms in [0, 150] {
+                for qos0_every in [None, Some(3)] {
+                    for quick_acks in [false, true] {
+                        out.push((w, flush_ms, rtt_ms, qos0_every, quick_acks));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The longest the first window may take to be learned: the long quiet ([`QUIET_CONFIRM`], or
+/// three quarters of a shorter interval), or with quick ACKs and a window of two or more the
+/// short one (twice the handshake time, which the simulation makes the round trip, at least
+/// [`QUIET_FAST_MIN`]).
+fn learning(p: &FlushPolicy, broker_window: u64, rtt: Duration) -> Duration {
+    let long = QUIET_CONFIRM.min(p.flush_interval / 4 * 3);
+    if p.quick_acks && broker_window >= 2 {
+        (rtt * 2).max(QUIET_FAST_MIN).min(long)
+    } else {
+        long
+    }
+}
+
 /// A strict broker whose window is the one configured, with a one-hour flush interval as an
 /// operator might set to save SD writes. Waiting for the interval would take 500 simulated
 /// hours for 10,000 messages through a window of 20; the policy must get them through at the
@@ -343,6 +376,7 @@ fn a_strict_broker_window_never_stalls_ingestion() {
             window,
             broker_window: None,
             sessions: 1,
+            quick_acks: false,
         };
         let total = (4 * usize::from(window)).max(10_000);
         let commit = Duration::from_millis(5);
@@ -362,48 +396,44 @@ fn a_strict_broker_window_never_stalls_ingestion() {
 /// first window is learned from a stall, and from then on every window is committed the moment
 /// it is full. One commit per window (plus the tail), none waiting for the interval, whatever
 /// the interval, the round trip, or QoS 0 messages mixed in; and the time is the physical
-/// limit (a round trip and a commit per window) plus the one learning pause.
+/// limit (a round trip and a commit per window) plus the one learning pause ([`learning`]: with
+/// quick ACKs and a window of two or more, twice the round trip and at least 20 ms, not 250 ms).
 #[test]
 fn a_broker_window_smaller_than_asked_for_commits_once_per_window() {
     let commit = Duration::from_millis(2);
-    for broker_window in [1u64, 2, 20, 32, 100] {
-        for flush_ms in [200, 1000, 3_600_000] {
-            for rtt_ms in [0, 150] {
-                for qos0_every in [None, Some(3)] {
-                    let p = FlushPolicy {
-                        flush_interval: Duration::from_millis(flush_ms),
-                        max_pending_readings: 1_000_000,
-                        window: 4096,
-                        broker_window: None,
-                        sessions: 1,
-                    };
-                    let net = Net {
-                        rtt: Duration::from_millis(rtt_ms),
-                        qos0_every,
-                        ..Net::strict(broker_window)
-                    };
-                    let windows = 50u32;
-                    let mut total = u64::from(windows) * broker_window;
-                    if let Some(k) = qos0_every {
-                        total = total * k / (k - 1);
-                    }
-                    let run = simulate(p, net, &flat_out(total as usize), commit);
-                    let case = format!(
-                        "window {broker_window}, flush {flush_ms} ms, rtt {rtt_ms} ms, qos0 \
-                         {qos0_every:?}: {run:?}"
-                    );
-                    assert!(run.intervals == 0, "{case}");
-                    assert!(run.commits <= windows + 1, "{case}");
-                    // One stall teaches the window; every later window is committed when full.
-                    assert!(run.stalls <= 1, "{case}");
-                    assert!(run.full + 1 >= windows, "{case}");
-                    let learning = QUIET_CONFIRM.min(p.flush_interval);
-                    let on_wire = net.per_message * u32::try_from(total).unwrap();
-                    let limit = learning + (net.rtt + commit) * (windows + 1) + on_wire;
-                    assert!(run.elapsed <= limit, "{case}: over {limit:?}");
-                }
-            }
+    for (broker_window, flush_ms, rtt_ms, qos0_every, quick_acks) in cases(&[1, 2, 20, 32, 100]) {
+        let p = FlushPolicy {
+            flush_interval: Duration::from_millis(flush_ms),
+            max_pending_readings: 1_000_000,
+            window: 4096,
+            broker_window: None,
+            sessions: 1,
+            quick_acks,
+        };
+        let net = Net {
+            rtt: Duration::from_millis(rtt_ms),
+            qos0_every,
+            ..Net::strict(broker_window)
+        };
+        let windows = 50u32;
+        let mut total = u64::from(windows) * broker_window;
+        if let Some(k) = qos0_every {
+            total = total * k / (k - 1);
         }
+        let run = simulate(p, net, &flat_out(total as usize), commit);
+        let case = format!(
+            "window {broker_window}, flush {flush_ms} ms, rtt {rtt_ms} ms, qos0 \
+             {qos0_every:?}, quick acks {quick_acks}: {run:?}"
+        );
+        assert!(run.intervals == 0, "{case}");
+        assert!(run.commits <= windows + 1, "{case}");
+        // One stall teaches the window; every later window is committed when full.
+        assert!(run.stalls <= 1, "{case}");
+        assert!(run.full + 1 >= windows, "{case}");
+        let learning = learning(&p, broker_window, net.rtt);
+        let on_wire = net.per_message * u32::try_from(total).unwrap();
+        let limit = learning + (net.rtt + commit) * (windows + 1) + on_wire;
+        assert!(run.elapsed <= limit, "{case}: over {limit:?}");
     }
 }
 
@@ -416,48 +446,46 @@ fn a_broker_window_smaller_than_asked_for_commits_once_per_window() {
 fn four_sessions_commit_half_of_their_windows_at_a_time() {
     let commit = Duration::from_millis(2);
     let sessions = 4u16;
-    for broker_window in [1u64, 20, 32, 100] {
-        for flush_ms in [200, 1000] {
-            for rtt_ms in [0, 150] {
-                for qos0_every in [None, Some(3)] {
-                    let p = FlushPolicy {
-                        flush_interval: Duration::from_millis(flush_ms),
-                        max_pending_readings: 1_000_000,
-                        window: 4096,
-                        broker_window: None,
-                        sessions,
-                    };
-                    let net = Net {
-                        rtt: Duration::from_millis(rtt_ms),
-                        qos0_every,
-                        sessions,
-                        ..Net::strict(broker_window)
-                    };
-                    let groups = 50u32; // of four windows each
-                    let group = broker_window * u64::from(sessions);
-                    let mut total = u64::from(groups) * group;
-                    if let Some(k) = qos0_every {
-                        total = total * k / (k - 1);
-                    }
-                    let run = simulate(p, net, &flat_out(total as usize), commit);
-                    let case = format!(
-                        "window {broker_window} x {sessions} sessions, flush {flush_ms} ms, rtt \
-                         {rtt_ms} ms, qos0 {qos0_every:?}: {run:?}"
-                    );
-                    assert!(run.intervals == 0, "{case}");
-                    assert!(run.stalls <= 1, "{case}");
-                    // A window of 1 is full at every message: what arrives during a commit
-                    // is the next batch, however small.
-                    let most = if broker_window == 1 { group } else { 2 } * u64::from(groups);
-                    assert!(u64::from(run.commits) <= most + 2, "{case}");
-                    assert!(run.full + 2 >= run.commits, "{case}");
-                    let learning = QUIET_CONFIRM.min(p.flush_interval);
-                    let on_wire = net.per_message * u32::try_from(total).unwrap();
-                    let limit = learning + (net.rtt + commit * 2) * (groups + 1) + on_wire;
-                    assert!(run.elapsed <= limit, "{case}: over {limit:?}");
-                }
-            }
+    for (broker_window, flush_ms, rtt_ms, qos0_every, quick_acks) in cases(&[1, 20, 32, 100]) {
+        if flush_ms > 1000 {
+            continue;
         }
+        let p = FlushPolicy {
+            flush_interval: Duration::from_millis(flush_ms),
+            max_pending_readings: 1_000_000,
+            window: 4096,
+            broker_window: None,
+            sessions,
+            quick_acks,
+        };
+        let net = Net {
+            rtt: Duration::from_millis(rtt_ms),
+            qos0_every,
+            sessions,
+            ..Net::strict(broker_window)
+        };
+        let groups = 50u32; // of four windows each
+        let group = broker_window * u64::from(sessions);
+        let mut total = u64::from(groups) * group;
+        if let Some(k) = qos0_every {
+            total = total * k / (k - 1);
+        }
+        let run = simulate(p, net, &flat_out(total as usize), commit);
+        let case = format!(
+            "window {broker_window} x {sessions} sessions, flush {flush_ms} ms, rtt \
+             {rtt_ms} ms, qos0 {qos0_every:?}, quick acks {quick_acks}: {run:?}"
+        );
+        assert!(run.intervals == 0, "{case}");
+        assert!(run.stalls <= 1, "{case}");
+        // A window of 1 is full at every message: what arrives during a commit
+        // is the next batch, however small.
+        let most = if broker_window == 1 { group } else { 2 } * u64::from(groups);
+        assert!(u64::from(run.commits) <= most + 2, "{case}");
+        assert!(run.full + 2 >= run.commits, "{case}");
+        let learning = learning(&p, broker_window, net.rtt);
+        let on_wire = net.per_message * u32::try_from(total).unwrap();
+        let limit = learning + (net.rtt + commit * 2) * (groups + 1) + on_wire;
+        assert!(run.elapsed <= limit, "{case}: over {limit:?}");
     }
 }
 
@@ -473,6 +501,7 @@ fn a_stated_broker_window_commits_from_the_first_window_on() {
             window: 4096,
             broker_window: Some(broker_window),
             sessions: 1,
+            quick_acks: false,
         };
         let windows = 50u32;
         let total = windows as usize * usize::from(broker_window);
@@ -496,6 +525,7 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
         window: 1024,
         broker_window: None,
         sessions: 1,
+        quick_acks: false,
     };
     let mut b = Batcher::new(p, 3600);
     b.connected(0, t0, Duration::ZERO);
@@ -527,6 +557,7 @@ fn acks_of_an_earlier_connection_do_not_count_towards_the_window() {
         window: 1024,
         broker_window: Some(20),
         sessions: 1,
+        quick_acks: false,
     };
     let mut b = Batcher::new(p, 3600);
     b.connected(0, t0, Duration::ZERO);
@@ -558,6 +589,7 @@ fn bursts_paced_by_delayed_acks_are_not_stalls() {
         window: 1024,
         broker_window: None,
         sessions: 1,
+        quick_acks: false,
     };
     let seconds = 20u32;
     let steady: Vec<Duration> = (0..seconds * 1000)
@@ -578,35 +610,83 @@ fn bursts_paced_by_delayed_acks_are_not_stalls() {
 }
 
 /// Ordinary traffic must not look like a stall: a steady stream (with jitter) and a bursty one
-/// are committed about once per flush interval, not once per message or per burst.
+/// are committed about once per flush interval, not once per message or per burst, with quick
+/// ACKs (the short quiet) as without.
 #[test]
 fn steady_and_bursty_traffic_do_not_trigger_stall_flushes() {
+    for quick_acks in [false, true] {
+        let p = FlushPolicy {
+            flush_interval: Duration::from_secs(1),
+            max_pending_readings: 1_000_000,
+            window: 4096,
+            broker_window: None,
+            sessions: 1,
+            quick_acks,
+        };
+        let commit = Duration::from_millis(5);
+        let seconds = 30u32;
+        // Steady: one message every 30..70 ms.
+        let mut t = Duration::ZERO;
+        let mut x = 12345u64;
+        let mut steady = Vec::new();
+        while t < Duration::from_secs(seconds.into()) {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            t += Duration::from_millis(30 + (x >> 33) % 41);
+            steady.push(t);
+        }
+        let run = simulate(p, Net::strict(4096), &steady, commit);
+        assert!(run.commits <= seconds + 1, "steady, {quick_acks}: {run:?}");
+        // Bursty: five messages 1 ms apart every 300 ms.
+        let bursty: Vec<Duration> = (0..seconds * 1000 / 300)
+            .flat_map(|burst| {
+                (0..5).map(move |i| Duration::from_millis(u64::from(burst * 300 + i)))
+            })
+            .collect();
+        let run = simulate(p, Net::strict(4096), &bursty, commit);
+        assert!(
+            run.commits <= 2 * seconds + 1,
+            "bursty, {quick_acks}: {run:?}"
+        );
+    }
+}
+
+/// Random (Poisson) arrivals at 20, 200 and 2,000 messages/s through a broker that enforces no
+/// window, with quick ACKs: the short quiet rule must not turn chance gaps into commits. About
+/// one commit per flush interval (the half window is never reached), a few more at most.
+#[test]
+fn random_arrivals_are_not_taken_for_a_window_with_quick_acks() {
     let p = FlushPolicy {
         flush_interval: Duration::from_secs(1),
         max_pending_readings: 1_000_000,
-        window: 4096,
+        window: 65_535,
         broker_window: None,
         sessions: 1,
+        quick_acks: true,
     };
-    let commit = Duration::from_millis(5);
-    let seconds = 30u32;
-    // Steady: one message every 30..70 ms.
-    let mut t = Duration::ZERO;
-    let mut x = 12345u64;
-    let mut steady = Vec::new();
-    while t < Duration::from_secs(seconds.into()) {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-        t += Duration::from_millis(30 + (x >> 33) % 41);
-        steady.push(t);
+    let seconds = 60u32;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for rate in [20.0f64, 200.0, 2000.0] {
+        let mut t = 0.0f64;
+        let mut schedule = Vec::new();
+        while t < f64::from(seconds) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            t += -(1.0 - u).ln() / rate;
+            schedule.push(Duration::from_secs_f64(t));
+        }
+        let run = simulate(
+            p,
+            Net::strict(65_535),
+            &schedule,
+            Duration::from_micros(200),
+        );
+        assert!(
+            run.commits <= seconds + seconds / 10,
+            "{rate} messages/s: {run:?}"
+        );
     }
-    let run = simulate(p, Net::strict(4096), &steady, commit);
-    assert!(run.commits <= seconds + 1, "steady: {run:?}");
-    // Bursty: five messages 1 ms apart every 300 ms.
-    let bursty: Vec<Duration> = (0..seconds * 1000 / 300)
-        .flat_map(|burst| (0..5).map(move |i| Duration::from_millis(u64::from(burst * 300 + i))))
-        .collect();
-    let run = simulate(p, Net::strict(4096), &bursty, commit);
-    assert!(run.commits <= 2 * seconds + 1, "bursty: {run:?}");
 }
 
 /// A connection whose handshake crawled (5 s: a broker under load) widens the echo window by at

@@ -296,6 +296,7 @@ fn batcher() -> Batcher {
             window: 100,
             broker_window: None,
             sessions: 1,
+            quick_acks: false,
         },
         WIDTH,
         CENTRAL,

@@ -327,7 +327,12 @@ pub(super) fn open_journal(
     path: &Path,
     faults: Arc<Faults>,
 ) -> std::io::Result<Box<dyn super::journal::JournalFile>> {
-    let open = || std::fs::OpenOptions::new().read(true).write(true).open(path);
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+    };
     faults.register(Target::Journal, open()?);
     Ok(Box::new(FaultyJournal {
         inner: open()?,

@@ -139,9 +139,8 @@ impl Journal {
         if len < HEADER_BYTES || file.read_at(0, &mut header).is_err() {
             return Err(JournalError::BadHeader { path });
         }
-        let found = parse_header(&header).ok_or_else(|| JournalError::BadHeader {
-            path: path.clone(),
-        })?;
+        let found =
+            parse_header(&header).ok_or_else(|| JournalError::BadHeader { path: path.clone() })?;
         if found != id {
             return Err(JournalError::Foreign {
                 path,
@@ -328,7 +327,9 @@ fn create(path: &Path, id: u64, capacity: u64) -> io::Result<()> {
         let zeros = vec![0u8; 4096];
         let mut at = 0;
         while at < capacity {
-            let n = zeros.len().min(usize::try_from(capacity - at).unwrap_or(usize::MAX));
+            let n = zeros
+                .len()
+                .min(usize::try_from(capacity - at).unwrap_or(usize::MAX));
             JournalFile::write_at(&file, at, &zeros[..n])?;
             at += n as u64;
         }

@@ -426,7 +426,9 @@ impl Store {
     /// Bytes of the journal's records since it last started over, and the room it has (both 0
     /// without a journal).
     pub fn journal_use(&self) -> (u64, u64) {
-        self.journal.as_ref().map_or((0, 0), |j| (j.used(), j.room()))
+        self.journal
+            .as_ref()
+            .map_or((0, 0), |j| (j.used(), j.room()))
     }
 
     /// Closes and reopens the file: after an I/O error redb answers every call with an error
@@ -675,6 +677,12 @@ impl Store {
                 doc: &w.doc,
             }),
         };
+        // The writes first (nobody sees them before the commit), so that little is left to do
+        // between the journal's sync and the acknowledgements.
+        apply_redo(&tx, seq, &redo)?;
+        if let Some(w) = &outbox_write {
+            outbox::note(&tx, &self.outbox, w.key)?;
+        }
         // Acknowledgements wait for this commit, so it must be durable: in the journal, or
         // else in redb itself.
         let journaled = match &mut self.journal {
@@ -687,10 +695,6 @@ impl Store {
             tx.set_durability(redb::Durability::Immediate)?;
             tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
             tx.set_quick_repair(self.settings.quick_repair);
-        }
-        apply_redo(&tx, seq, &redo)?;
-        if let Some(w) = &outbox_write {
-            outbox::note(&tx, &self.outbox, w.key)?;
         }
         drop(redo);
         tx.commit()?;

@@ -53,6 +53,7 @@ fn test_batcher() -> Batcher {
             window: 1,
             broker_window: None,
             sessions: 1,
+            quick_acks: false,
         },
         3600,
     )
@@ -1278,7 +1279,10 @@ fn a_commit_is_durable_through_the_journal_alone_and_the_next_open_applies_it() 
     let store = Store::open(&s).unwrap();
     assert_eq!(store.next_seq(), 3);
     assert_eq!(store.recent_fingerprints().unwrap(), fps);
-    assert_eq!(store.applied_positions().unwrap(), [("gw-1".to_owned(), at)]);
+    assert_eq!(
+        store.applied_positions().unwrap(),
+        [("gw-1".to_owned(), at)]
+    );
     let want: BTreeMap<_, _> = [
         (("a/t".to_owned(), 0), (2, 5.0)),
         (("b/t".to_owned(), 3600), (1, 2.0)),
@@ -1363,7 +1367,9 @@ fn a_journal_is_applied_by_a_run_without_one_or_with_another_size() {
         [(("a/t".to_owned(), 0), (2, 3.0))].into()
     );
     // And without one, every commit is durable in the file.
-    store.commit(&batch_with_fps(&[("a/t", 30, 4.0)], &[3])).unwrap();
+    store
+        .commit(&batch_with_fps(&[("a/t", 30, 4.0)], &[3]))
+        .unwrap();
     assert_eq!(store.journal_use(), (0, 0));
     drop(store);
     assert_eq!(
@@ -1385,7 +1391,10 @@ fn another_files_journal_is_refused_with_what_to_do() {
         "{e}"
     );
     assert!(e.to_string().contains("move the journal aside"), "{e}");
-    assert!(e.to_string().contains("a.redb.journal"), "names the file: {e}");
+    assert!(
+        e.to_string().contains("a.redb.journal"),
+        "names the file: {e}"
+    );
 }
 
 #[test]

@@ -152,7 +152,14 @@ fn a_journal_that_does_not_continue_the_database_is_refused() {
     let mut j = open(&path, 5, MIN_JOURNAL_BYTES).unwrap();
     let e = replayed(&mut j, 10).unwrap_err();
     assert!(
-        matches!(e, JournalError::Gap { found: 20, expected: 10, .. }),
+        matches!(
+            e,
+            JournalError::Gap {
+                found: 20,
+                expected: 10,
+                ..
+            }
+        ),
         "{e}"
     );
     assert!(e.to_string().contains("move the journal aside"), "{e}");
