@@ -38,6 +38,8 @@
 //! `BENCH_SESSIONS` (bucketd's `mqtt.sessions`; default 1), `BENCH_RECEIVE_MAX` (bucketd's
 //! `mqtt.receive_maximum`: over MQTT 5 a window Mosquitto enforces per session),
 //! `BENCH_BROKER_WINDOW` (bucketd's `mqtt.broker_window`: the window stated, not learned),
+//! `BENCH_JOURNAL_MIB` (bucketd's `store.journal_size` in MiB; 0: no journal, every commit a
+//! durable redb transaction),
 //! `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
@@ -619,6 +621,9 @@ async fn run_bucketd(
     if std::env::var("BENCH_QR").is_ok_and(|v| v == "0") {
         raw.store.quick_repair = false;
     }
+    if let Ok(mib) = std::env::var("BENCH_JOURNAL_MIB") {
+        raw.store.journal_size = bytesize::ByteSize::mib(mib.parse().unwrap());
+    }
     match variant {
         "bucketd-durable" => {
             raw.store.durability = bucketd::config::Durability::TwoPhase;
@@ -698,8 +703,17 @@ async fn run_bucketd(
                 let commits = metric(&text, "bucketd_flushes_total") as u64;
                 // The commit's own time (the writer's, from batch to fsync): the bound a
                 // strict window of 1 sets is 1 / (round trip + this).
+                // By reason, e.g. "broker_window 999, stall 1".
+                let reasons: Vec<String> = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("bucketd_flushes_total{reason=\""))
+                    .filter_map(|l| l.split_once("\"} "))
+                    .filter(|(_, n)| *n != "0")
+                    .map(|(r, n)| format!("{r} {n}"))
+                    .collect();
                 eprintln!(
-                    "  bucketd: {commits} commits of {:.3} ms on average; {} checkpoints, {:.1} ms in all",
+                    "  bucketd: {commits} commits ({}) of {:.3} ms on average; {} checkpoints, {:.1} ms in all",
+                    reasons.join(", "),
                     1000.0 * metric(&text, "bucketd_flush_duration_seconds_sum")
                         / metric(&text, "bucketd_flush_duration_seconds_count"),
                     metric(&text, "bucketd_checkpoint_duration_seconds_count"),

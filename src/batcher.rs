@@ -42,7 +42,13 @@
 //! on a LAN, the first window learned in one such pause instead of 250 ms. A steady stream
 //! rarely shows that shape (a message right after the release, a second within a few ms, then
 //! nothing for 20 ms); when it does, the window learned is forgotten at its next larger batch
-//! (below). A window of 1 (never two messages) is learned by the long quiet. The count only covers
+//! (below). A window of 1 (never two messages) is learned by the long quiet.
+//!
+//! The first window of a connection has no release before it to echo (the broker sends when
+//! the publishers do). Once per connection, a burst followed by that short quiet (without quick
+//! ACKs: the long one) is committed as a probe (`FlushReason::Stall`, nothing learned): if the broker stopped at its window, it
+//! refills it right after the release, and that refill proves the window as above. A device's
+//! burst spends the one probe on a commit; a refill that does not come teaches nothing. The count only covers
 //! QoS 1/2 messages of the current connection: QoS 0 messages flow past a full window, and
 //! tokens of an earlier connection are not the broker's to count. If the broker ever has more
 //! than `W` messages unacknowledged (it sent more while a commit ran), its window is larger and
@@ -197,6 +203,8 @@ pub struct Batcher {
     /// The broker's window, as the last proven stall showed it: unacknowledged messages at
     /// which it stops sending.
     window_seen: Option<usize>,
+    /// Whether this connection's probe was spent (see the module docs).
+    probed: bool,
 }
 
 impl Batcher {
@@ -229,6 +237,7 @@ impl Batcher {
             released_at: None,
             handshake: Duration::ZERO,
             window_seen: None,
+            probed: false,
         }
     }
 
@@ -263,6 +272,7 @@ impl Batcher {
             *n = 0;
         }
         self.window_seen = None;
+        self.probed = false;
     }
 
     /// The broker's window as learned from stalls, if one was.
@@ -325,11 +335,44 @@ impl Batcher {
                 ));
             }
         }
-        echo.then(|| {
-            let slow = last + self.quiet_confirm();
-            let fast = self.fast_stall_at(first, last);
-            (fast.map_or(slow, |f| f.min(slow)), FlushReason::Stall)
-        })
+        let slow = echo.then(|| last + self.quiet_confirm());
+        let fast = self.fast_stall_at(first, last);
+        let probe = self.probe_at(first, last);
+        [slow, fast, probe]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|at| (at, FlushReason::Stall))
+    }
+
+    /// With no window known, once per connection: when a burst of two or more (however long
+    /// after the release) counts as a possible full window, to be committed so that the refill
+    /// can prove it (see the module docs): after the short quiet with quick ACKs, else the
+    /// long one.
+    fn probe_at(&self, first: Instant, last: Instant) -> Option<Instant> {
+        let gaps = self.arrivals.saturating_sub(1);
+        let quiet = if self.policy.quick_acks {
+            self.quiet_fast()
+        } else {
+            self.quiet_confirm()
+        };
+        (!self.probed
+            && self.broker_window().is_none()
+            && self.fullest() >= 2
+            && last.saturating_duration_since(first) * BURST_RATIO <= quiet * gaps)
+            .then_some(last + quiet)
+    }
+
+    /// Whether a stall flush at `now` proves the broker's window: a burst that echoed the
+    /// release, or the long quiet after an echo. Otherwise it was the connection's probe.
+    fn stall_proven(&self, now: Instant) -> bool {
+        let (Some(first), Some(last)) = (self.first_arrival, self.last_arrival) else {
+            return false;
+        };
+        let echo = self
+            .released_at
+            .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
+        self.fast_stall_at(first, last).is_some() || (echo && now >= last + self.quiet_confirm())
     }
 
     /// With quick ACKs, when a batch shaped like a broker's full window counts as stalled: a
@@ -522,11 +565,16 @@ impl Batcher {
             || self.acks.len() >= self.policy.windows()
     }
 
-    /// [`Batcher::take`] for a flush due for `reason`. A stall teaches the broker's window: the
-    /// messages the batch holds are what it sends unacknowledged.
-    pub fn take_for(&mut self, reason: FlushReason) -> (Batch, Vec<AckToken>) {
+    /// [`Batcher::take`] for a flush due at `now` for `reason`. A proven stall teaches the
+    /// broker's window: the messages the batch holds are what it sends unacknowledged; a probe
+    /// teaches nothing (see the module docs).
+    pub fn take_for(&mut self, reason: FlushReason, now: Instant) -> (Batch, Vec<AckToken>) {
         if reason == FlushReason::Stall {
-            self.window_seen = Some(self.fullest());
+            if self.stall_proven(now) {
+                self.window_seen = Some(self.fullest());
+            } else {
+                self.probed = true;
+            }
         }
         self.take()
     }

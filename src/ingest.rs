@@ -261,7 +261,7 @@ impl Ingest {
     fn send_batch(&mut self, st: &mut State, reason: FlushReason) -> Result<(), IngestError> {
         debug_assert!(st.in_flight.is_none(), "one batch at the writer at a time");
         let learned = self.batcher.window_seen();
-        let (batch, acks) = self.batcher.take_for(reason);
+        let (batch, acks) = self.batcher.take_for(reason, std::time::Instant::now());
         if learned.is_none()
             && !st.told_window
             && let Some(window) = self.batcher.window_seen()

@@ -286,7 +286,7 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
             run.stalls += u32::from(reason == FlushReason::Stall);
             run.full += u32::from(reason == FlushReason::BrokerWindow);
             run.intervals += u32::from(reason == FlushReason::Interval);
-            let (_batch, acks) = b.take_for(reason);
+            let (_batch, acks) = b.take_for(reason, now);
             committing = Some((now + commit, acks));
             continue;
         }
@@ -489,6 +489,45 @@ fn four_sessions_commit_half_of_their_windows_at_a_time() {
     }
 }
 
+/// The first window of a connection echoes no release: the publishers start two seconds after
+/// the connection. With quick ACKs the connection's probe commits the first burst after the
+/// short quiet and the broker's refill proves the window: learning takes two short quiets, not
+/// the interval (without quick ACKs: two long ones); one commit more at most (the probe), none
+/// for the interval.
+#[test]
+fn the_first_window_of_a_connection_is_learned_from_its_refill() {
+    let commit = Duration::from_millis(2);
+    let late = Duration::from_secs(2);
+    for quick_acks in [false, true] {
+        for broker_window in [2u64, 20, 100] {
+            let p = FlushPolicy {
+                flush_interval: Duration::from_secs(1),
+                max_pending_readings: 1_000_000,
+                window: 4096,
+                broker_window: None,
+                sessions: 1,
+                quick_acks,
+            };
+            let net = Net::strict(broker_window);
+            let windows = 50u32;
+            let total = u64::from(windows) * broker_window;
+            let schedule = vec![late; total as usize];
+            let run = simulate(p, net, &schedule, commit);
+            let case = format!("window {broker_window}, quick acks {quick_acks}: {run:?}");
+            assert_eq!(run.intervals, 0, "{case}");
+            assert!(run.commits <= windows + 1, "{case}");
+            let learning = if quick_acks {
+                QUIET_FAST_MIN
+            } else {
+                QUIET_CONFIRM
+            } * 2;
+            let on_wire = net.per_message * u32::try_from(total).unwrap();
+            let limit = late + learning + commit * (windows + 1) + on_wire;
+            assert!(run.elapsed <= limit, "{case}: over {limit:?}");
+        }
+    }
+}
+
 /// A window stated by the operator (`mqtt.broker_window`) needs no learning pause: the first
 /// window already commits the moment it is full.
 #[test]
@@ -535,7 +574,7 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
     }
     let stall = t0 + QUIET_CONFIRM;
     assert_eq!(b.flush_reason(stall), Some(FlushReason::Stall));
-    let _ = b.take_for(FlushReason::Stall);
+    let _ = b.take_for(FlushReason::Stall, stall);
     assert_eq!(b.window_seen(), Some(5));
     // While the commit runs, the broker keeps sending: it was not stopped by a window of 5.
     for i in 6..=8 {
