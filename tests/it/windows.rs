@@ -2,7 +2,8 @@
 //! messages (as upstream Mosquitto, EMQX and AWS IoT do) must be served one commit per window,
 //! none waiting for the flush interval, over MQTT 3.1.1 and 5, with a round trip, QoS 0 mixed
 //! in, a reconnect mid-stream, and a window of 1. The throughput bound is counted, not timed:
-//! after the one stall that teaches the window (per connection), every window must be committed
+//! after the stalls that teach the window (per connection: the probe of a first burst that
+//! echoes no release, and the refill that proves it), every window must be committed
 //! the moment it is full (`bucketd_flushes_total{reason="broker_window"}`), so a policy that
 //! waits for a quiet period or the interval per window fails the counts. The simulation in
 //! `batcher::tests` checks the same policy against time bounds. The same counts hold against a
@@ -99,10 +100,11 @@ async fn strict_window(case: Case) {
     let flushes = flushes(&stats);
     let ctx = format!("{case:?}: {seen:?}, flushes {flushes:?}");
     assert!(seen.max_in_flight <= case.window, "{ctx}");
-    // No window waited for the interval; at most one stall per connection taught the window,
-    // and every other window was committed the moment it was full.
+    // No window waited for the interval; at most two stalls per connection taught the window
+    // (the connection's probe of its first window, which echoes no release, and the refill that
+    // proves it), and every other window was committed the moment it was full.
     let connections = seen.connections as u64;
-    let learning = if case.stated > 0 { 0 } else { connections };
+    let learning = if case.stated > 0 { 0 } else { 2 * connections };
     // After a reconnect the broker resends what was in flight, so the last window can come
     // out partial: a stall (or, in a batch holding only acks of the old connection, the
     // interval) commits it. QoS 0 messages left after the last window may make a batch of
@@ -300,11 +302,12 @@ async fn sessions_through_windows(broker: &Broker, window: usize, sessions: usiz
         broker.name
     );
     assert_eq!(by(FlushReason::Interval), 0, "{ctx}");
-    // One stall teaches the window; the tail (fewer than half the windows) may be another.
-    assert!(by(FlushReason::Stall) <= 2, "{ctx}");
+    // Two stalls teach the window (the probe of the first burst, which echoes no release, and
+    // the refill that proves it); the tail (fewer than half the windows) may be another.
+    assert!(by(FlushReason::Stall) <= 3, "{ctx}");
     let commits: u64 = flushes.iter().map(|f| f.1).sum();
     assert!(commits <= 2 * groups as u64 + 2, "{ctx}");
-    assert!(by(FlushReason::BrokerWindow) + 2 >= commits, "{ctx}");
+    assert!(by(FlushReason::BrokerWindow) + 3 >= commits, "{ctx}");
     assert_stored_once(&db, total, &ctx);
 }
 
