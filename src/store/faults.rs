@@ -327,15 +327,9 @@ pub(super) fn open_journal(
     path: &Path,
     faults: Arc<Faults>,
 ) -> std::io::Result<Box<dyn super::journal::JournalFile>> {
-    let open = || {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-    };
-    faults.register(Target::Journal, open()?);
+    faults.register(Target::Journal, super::journal::open_file(path)?);
     Ok(Box::new(FaultyJournal {
-        inner: open()?,
+        inner: super::journal::open_file(path)?,
         faults,
     }))
 }

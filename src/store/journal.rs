@@ -54,6 +54,21 @@ pub(super) trait JournalFile: Send + Sync {
     fn len(&self) -> io::Result<u64>;
 }
 
+/// Opens an existing journal file for reading and writing, with readahead off: the replay at
+/// open reads record by record, and readahead would bring the file into the page cache in large
+/// folios, which Linux then counts whole as written (in `/proc/<pid>/io`, so in
+/// `bucketd_disk_written_bytes_total`) each time a commit dirties a few bytes of one (the disk
+/// writes only the changed blocks either way).
+pub(super) fn open_file(path: &Path) -> io::Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::Random)?;
+    Ok(file)
+}
+
 impl JournalFile for File {
     fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(self, out, offset)

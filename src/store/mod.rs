@@ -354,8 +354,7 @@ impl Store {
             if let Some(f) = faults {
                 return faults::open_journal(p, f);
             }
-            let file = std::fs::OpenOptions::new().read(true).write(true).open(p)?;
-            Ok(Box::new(file))
+            Ok(Box::new(journal::open_file(p)?))
         };
         let mut j = journal::Journal::open(path.clone(), id, wanted, open_file)?;
         let corrupt = |source: redb::Error| StoreOpenError::Corrupt {
