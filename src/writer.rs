@@ -2,7 +2,9 @@
 //! appends it to the commit log (durable through the journal, `store::journal`), and reports
 //! back; the ingest task acknowledges the batch's messages only on `Ok`. Between batches it runs
 //! checkpoints (every `store.checkpoint_interval`, or once the log holds
-//! `store.checkpoint_bytes`: the log folded into the bucket documents, and the file made durable)
+//! `store.checkpoint_bytes`: the log folded into the bucket documents, and the file made durable;
+//! a log that takes longer than `limits::CHECKPOINT_PART_TIME` to fold part by part, with the batches that come
+//! meanwhile committed between the parts, so that no checkpoint holds up commits for long)
 //! and, right after a checkpoint, retention: bounded passes that delete expired raw pages and
 //! buckets, so neither holds up a commit for long. A journal three quarters full is emptied by
 //! making the file durable early. When the batches end (shutdown) the file is made durable, so
@@ -80,13 +82,20 @@ pub fn spawn(
             let mut next_pass = Instant::now() + Duration::from_secs(1).min(retention.interval);
             // The log a previous run left is folded by the first checkpoint, one interval on.
             let mut next_checkpoint = Instant::now() + checkpoint.interval;
+            // A checkpoint is part-way: fold the next part as soon as no batch waits.
+            let mut folding = false;
             stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
             loop {
-                if Instant::now() >= next_checkpoint || store.log_bytes() >= checkpoint.bytes {
-                    // A failed checkpoint changes nothing (one transaction): the log stays,
-                    // reads still include it, and the next try comes an interval later.
-                    run_checkpoint(&mut store, &stats, &metrics);
-                    next_checkpoint = Instant::now() + checkpoint.interval;
+                if folding
+                    || Instant::now() >= next_checkpoint
+                    || store.log_bytes() >= checkpoint.bytes
+                {
+                    // A failed part changes nothing (one transaction): the log stays, reads
+                    // still include it, and the next try comes an interval later.
+                    folding = run_checkpoint(&mut store, &stats, &metrics);
+                    if !folding {
+                        next_checkpoint = Instant::now() + checkpoint.interval;
+                    }
                 }
                 let (journal_used, journal_room) = store.journal_use();
                 if journal_used > 0 && journal_used >= journal_room / 4 * 3 {
@@ -96,15 +105,21 @@ pub fn spawn(
                         warn!(error = %e, "Could not make the database file durable; retrying later.");
                     }
                 }
-                let wait = next_pass
-                    .min(next_checkpoint)
-                    .saturating_duration_since(Instant::now());
+                let wait = if folding {
+                    Duration::ZERO
+                } else {
+                    next_pass
+                        .min(next_checkpoint)
+                        .saturating_duration_since(Instant::now())
+                };
                 let batch = match batch_rx.recv_timeout(wait) {
                     Ok(batch) => batch,
-                    Err(RecvTimeoutError::Timeout) if Instant::now() < next_pass => continue,
+                    Err(RecvTimeoutError::Timeout) if folding || Instant::now() < next_pass => {
+                        continue;
+                    }
                     Err(RecvTimeoutError::Timeout) => {
                         // Retention after a checkpoint: a bucket it deletes cannot come back
-                        // from a log entry folded later.
+                        // from a log entry folded later (the pass folds what is left first).
                         run_checkpoint(&mut store, &stats, &metrics);
                         next_checkpoint = Instant::now() + checkpoint.interval;
                         next_pass = match expire(&mut store, &stats, retention) {
@@ -245,15 +260,17 @@ fn sleep_unless_cancelled(d: Duration, cancel: &CancellationToken) -> bool {
     }
 }
 
-/// Folds the commit log into the bucket documents, if it holds anything. A failure is logged
-/// and changes nothing; a failing store shows up in the next commit, which reopens it.
-fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) {
+/// Folds a part of the commit log (`limits::CHECKPOINT_PART_TIME` of work) into the bucket documents,
+/// if it holds anything, and returns whether more is left. A failure is logged and changes
+/// nothing; a failing store shows up in the next commit, which reopens it.
+fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> bool {
     if store.log_bytes() == 0 {
-        return;
+        return false;
     }
     tracing::debug!(log_bytes = store.log_bytes(), "Checkpoint starting.");
     let started = Instant::now();
-    match store.checkpoint() {
+    let until = started + crate::limits::CHECKPOINT_PART_TIME;
+    match store.checkpoint_part(u64::MAX, Some(until)) {
         Ok(c) => {
             let took = started.elapsed();
             metrics.record_checkpoint(took);
@@ -268,14 +285,19 @@ fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) {
                 new_buckets = c.buckets_created,
                 log_bytes = c.bytes,
                 took_ms = took.as_millis(),
+                more = c.more,
                 "Checkpoint: folded the commit log into the bucket documents."
             );
+            c.more
         }
-        Err(e) => warn!(
-            error = %e,
-            log_bytes = store.log_bytes(),
-            "Checkpoint failed; the commit log stays (reads include it). Retrying later."
-        ),
+        Err(e) => {
+            warn!(
+                error = %e,
+                log_bytes = store.log_bytes(),
+                "Checkpoint failed; the commit log stays (reads include it). Retrying later."
+            );
+            false
+        }
     }
 }
 

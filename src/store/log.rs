@@ -24,6 +24,8 @@ pub struct CheckpointStats {
     pub buckets_created: usize,
     /// Log and dedup bytes the checkpoint freed.
     pub bytes: u64,
+    /// Records are left to fold (the part's budget was reached).
+    pub more: bool,
 }
 
 fn corrupt_record(seq: u64) -> impl Fn(crate::commitlog::Corrupt) -> redb::Error {
@@ -33,10 +35,36 @@ fn corrupt_record(seq: u64) -> impl Fn(crate::commitlog::Corrupt) -> redb::Error
 /// Calls `visit` with every entry of every record in `table`, oldest record first.
 fn visit_entries<T: ReadableTable<u64, &'static [u8]>>(
     table: &T,
-    mut visit: impl FnMut(&Entry<'_>) -> Result<(), redb::Error>,
+    visit: impl FnMut(&Entry<'_>) -> Result<(), redb::Error>,
 ) -> Result<usize, redb::Error> {
-    let mut records = 0;
+    Ok(visit_oldest(table, u64::MAX, None, visit)?.records)
+}
+
+/// The oldest records a visit took.
+#[derive(Debug, Clone, Copy, Default)]
+struct Visited {
+    records: usize,
+    /// Sequence number of the last record visited.
+    last: Option<u64>,
+    /// Bytes of the records visited.
+    bytes: u64,
+}
+
+/// Calls `visit` with every entry of the oldest records in `table`, oldest first, until they
+/// hold `budget` bytes or `until` has passed (at least one record).
+fn visit_oldest<T: ReadableTable<u64, &'static [u8]>>(
+    table: &T,
+    budget: u64,
+    until: Option<std::time::Instant>,
+    mut visit: impl FnMut(&Entry<'_>) -> Result<(), redb::Error>,
+) -> Result<Visited, redb::Error> {
+    let mut done = Visited::default();
     for row in table.iter()? {
+        if done.records > 0
+            && (done.bytes >= budget || until.is_some_and(|t| std::time::Instant::now() >= t))
+        {
+            break;
+        }
         let (key, value) = row?;
         let seq = key.value();
         let bytes = value.value();
@@ -44,9 +72,11 @@ fn visit_entries<T: ReadableTable<u64, &'static [u8]>>(
         for entry in record.entries() {
             visit(&entry.map_err(corrupt_record(seq))?)?;
         }
-        records += 1;
+        done.records += 1;
+        done.last = Some(seq);
+        done.bytes = done.bytes.saturating_add(bytes.len() as u64);
     }
-    Ok(records)
+    Ok(done)
 }
 
 /// Bytes of the log's records, at open.
@@ -132,18 +162,33 @@ impl Store {
         self.log_bytes
     }
 
-    /// Folds the whole commit log into the bucket documents and raw pages, deletes the folded
-    /// records and trims the dedup table, in one durable transaction: a crash leaves either
-    /// the log or its fold, never both or neither. The file then holds every commit, and the
-    /// journal starts over. Work is bounded by the log's size, which the
-    /// writer keeps near `store.checkpoint_bytes`.
+    /// Folds the whole commit log into the bucket documents and raw pages (see
+    /// [`Store::checkpoint_part`]): as one part, so each touched bucket is rewritten once.
     pub fn checkpoint(&mut self) -> Result<CheckpointStats, CommitError> {
+        self.checkpoint_part(u64::MAX, None)
+    }
+
+    /// Folds the oldest records of the commit log, up to `budget` bytes of them or as many as
+    /// it folds until `until` (at least one record), into the bucket documents and raw pages,
+    /// deletes the folded records and trims
+    /// the dedup table, in one durable transaction: a crash leaves either those records or
+    /// their fold, never both or neither. Folding in commit order, part after part, gives the
+    /// documents one fold of the whole log would, bit for bit, and readers merge the records
+    /// still in the log onto them the same way. The file then holds every commit, and the
+    /// journal starts over. Work is bounded by `budget` and `until` (the writer folds
+    /// `limits::CHECKPOINT_PART_TIME` at a time, committing batches in between).
+    pub fn checkpoint_part(
+        &mut self,
+        budget: u64,
+        until: Option<std::time::Instant>,
+    ) -> Result<CheckpointStats, CommitError> {
         let mut stats = CheckpointStats::default();
         let trimmed = self.dedup_trim();
         if self.log_bytes == 0 && trimmed.is_empty() {
             return Ok(stats);
         }
         let tx = self.durable_tx()?;
+        let folded;
         {
             let mut log = tx.open_table(LOG)?;
             let mut buckets = tx.open_table(BUCKETS)?;
@@ -151,7 +196,7 @@ impl Store {
             let mut folding: BTreeMap<(u64, i64), Folding> = BTreeMap::new();
             let mut raw = Vec::new();
             let cap = self.settings.page_capacity;
-            stats.records = visit_entries(&log, |e| {
+            let visited = visit_oldest(&log, budget, until, |e| {
                 let key = (e.series_id, e.start);
                 let corrupt = |_| {
                     redb::Error::Corrupted(format!(
@@ -186,6 +231,8 @@ impl Store {
                 }
                 Ok(())
             })?;
+            stats.records = visited.records;
+            folded = visited;
             let by_id = tx.open_table(SERIES_BY_ID)?;
             let width = self.settings.bucket_width_secs;
             let mut buf = Vec::with_capacity(512);
@@ -199,7 +246,10 @@ impl Store {
                 buckets.insert((id, start), buf.as_slice())?;
                 stats.buckets_written += 1;
             }
-            log.retain(|_, _| false)?;
+            if let Some(last) = visited.last {
+                log.retain_in(..=last, |_, _| false)?;
+                stats.more = log.first()?.is_some();
+            }
             let mut dedup = tx.open_table(DEDUP)?;
             for &old in &trimmed {
                 dedup.remove(old)?;
@@ -207,8 +257,25 @@ impl Store {
         }
         tx.commit()?;
         self.durable_committed();
-        stats.bytes = self.log_bytes;
-        self.log_bytes = 0;
+        // The folded records, and the fingerprints of their commits.
+        let fingerprints: usize = self
+            .dedup_log
+            .iter()
+            .filter(|(s, _)| folded.last.is_some_and(|last| *s <= last))
+            .map(|e| e.1)
+            .sum();
+        stats.bytes = if stats.more {
+            folded
+                .bytes
+                .saturating_add((fingerprints * crate::dedup::FINGERPRINT_BYTES) as u64)
+        } else {
+            self.log_bytes
+        };
+        self.log_bytes = if stats.more {
+            self.log_bytes.saturating_sub(stats.bytes)
+        } else {
+            0
+        };
         self.dedup_log
             .retain(|(s, _)| trimmed.binary_search(s).is_err());
         self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
