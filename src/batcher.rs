@@ -42,7 +42,10 @@
 //! on a LAN, the first window learned in one such pause instead of 250 ms. A steady stream
 //! rarely shows that shape (a message right after the release, a second within a few ms, then
 //! nothing for 20 ms); when it does, the window learned is forgotten at its next larger batch
-//! (below). A window of 1 (never two messages) is learned by the long quiet.
+//! (below). A window of 1 (never two messages) is learned by the long quiet. A learned window is
+//! committed the moment a batch holds it if the batch came that densely; a batch that reached
+//! it at a slower pace waits a quiet of [`BURST_RATIO`] times its mean gap first, so that a
+//! window learned by chance from a slow stream does not commit every few messages.
 //!
 //! The first window of a connection has no release before it to echo (the broker sends when
 //! the publishers do). Once per connection, a burst followed by that short quiet (without quick
@@ -322,13 +325,14 @@ impl Batcher {
                 .policy
                 .broker_window
                 .is_some_and(|s| usize::from(s) == w);
-            if stated || (echo && self.is_burst(first, last)) {
+            if stated || (echo && (self.is_burst(first, last) || self.is_dense(first, last))) {
                 return Some((last, FlushReason::BrokerWindow));
             }
             if echo {
-                // A learned window reached slowly: the broker was not refilling it, so the count
-                // is believed after a quiet in proportion to the batch's own pace (a stream that
-                // slow has gaps that long anyway).
+                // A learned window reached slowly: the count is believed after a quiet in
+                // proportion to the batch's own pace (a stream that slow has gaps that long
+                // anyway, and a window learned from one of them must not commit every few
+                // messages).
                 return Some((
                     last + self.paced_quiet(first, last),
                     FlushReason::BrokerWindow,
@@ -383,14 +387,19 @@ impl Batcher {
     }
 
     /// Whether the batch came as a broker refilling its window does: it began at once after
-    /// the release (within the handshake time plus [`ECHO_FAST`]), and its messages came on
-    /// average [`BURST_RATIO`] times closer together than [`Batcher::quiet_fast`] (see the
+    /// the release (within the handshake time plus [`ECHO_FAST`]), and it is dense (see the
     /// module docs).
     fn is_burst(&self, first: Instant, last: Instant) -> bool {
-        let gaps = self.arrivals.saturating_sub(1);
         self.released_at.is_some_and(|released| {
             first.saturating_duration_since(released) <= ECHO_FAST + self.handshake
-        }) && last.saturating_duration_since(first) * BURST_RATIO <= self.quiet_fast() * gaps
+        }) && (self.arrivals <= 1 || self.is_dense(first, last))
+    }
+
+    /// Whether the batch's two or more messages came on average [`BURST_RATIO`] times closer
+    /// together than [`Batcher::quiet_fast`].
+    fn is_dense(&self, first: Instant, last: Instant) -> bool {
+        let gaps = self.arrivals.saturating_sub(1);
+        gaps > 0 && last.saturating_duration_since(first) * BURST_RATIO <= self.quiet_fast() * gaps
     }
 
     /// The quiet that proves a stall of a batch that came at its own pace: [`BURST_RATIO`]
