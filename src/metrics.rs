@@ -166,12 +166,13 @@ fn describe(process: &metrics_process::Collector) {
     describe_counter!(
         CHECKPOINTS,
         Unit::Count,
-        "Checkpoints: the commit log folded into the bucket documents (store.checkpoint_interval)."
+        "Checkpoint transactions: the commit log folded into the bucket documents \
+         (store.checkpoint_interval); a log longer than 50 ms of work to fold takes several."
     );
     describe_histogram!(
         CHECKPOINT_DURATION,
         Unit::Seconds,
-        "Time to fold the commit log into the bucket documents (one write transaction)."
+        "Time of one checkpoint transaction (a part of the commit log folded into the bucket documents)."
     );
     describe_gauge!(
         LOG_BYTES,

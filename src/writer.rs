@@ -119,8 +119,12 @@ pub fn spawn(
                     }
                     Err(RecvTimeoutError::Timeout) => {
                         // Retention after a checkpoint: a bucket it deletes cannot come back
-                        // from a log entry folded later (the pass folds what is left first).
-                        run_checkpoint(&mut store, &stats, &metrics);
+                        // from a log entry folded later. The log is folded in parts first,
+                        // with batches between them, and the pass waits until it is.
+                        folding = run_checkpoint(&mut store, &stats, &metrics);
+                        if folding {
+                            continue;
+                        }
                         next_checkpoint = Instant::now() + checkpoint.interval;
                         next_pass = match expire(&mut store, &stats, retention) {
                             Ok(true) => Instant::now(), // more is due: go on after any batch
@@ -309,7 +313,10 @@ fn expire(store: &mut Store, stats: &Stats, r: Retention) -> Result<bool, Commit
             .as_nanos()
             .div_euclid(1_000_000_000)
     };
-    let expired = store.expire(cutoff(r.raw), cutoff(r.buckets), r.batch)?;
+    let expired = store.expire(cutoff(r.raw), cutoff(r.buckets), r.batch);
+    // The pass folds what is left of the log first (after a failed part, all of it).
+    stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
+    let expired = expired?;
     if expired.pages + expired.buckets > 0 {
         stats
             .pages_expired
@@ -328,4 +335,111 @@ fn expire(store: &mut Store, stats: &Stats, r: Retention) -> Result<bool, Commit
         );
     }
     Ok(expired.more)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Checkpoint, Durability};
+    use crate::store::StoreSettings;
+
+    /// The writer folds a log far larger than one part (50 ms of work) to the end, whether the
+    /// checkpoint interval or the retention pass comes first, and the log gauge follows it to 0:
+    /// what `bucketd_commit_log_bytes` shows (a retention pass that folded the rest left the
+    /// gauge at the first part's figure before).
+    #[test]
+    fn the_writer_folds_the_whole_log_part_by_part_and_the_gauge_follows() {
+        for retention_first in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut store = Store::open(&StoreSettings {
+                path: dir.path().join("w.redb"),
+                bucket_width_secs: 3600,
+                durability: Durability::Immediate,
+                quick_repair: true,
+                cache_bytes: 1 << 20,
+                page_capacity: 1000,
+                dedup_window: 64,
+                outbox_max_entries: 0,
+                journal_bytes: 8 << 20,
+            })
+            .unwrap();
+            // A log of 400 commits, left by "an earlier run": folded by the writer's first
+            // checkpoint (or retention pass).
+            for i in 0..400i64 {
+                let mut b = crate::batcher::Batcher::new(
+                    crate::batcher::FlushPolicy {
+                        flush_interval: Duration::from_secs(1),
+                        max_pending_readings: usize::MAX,
+                        window: 1,
+                        broker_window: None,
+                        sessions: 1,
+                        quick_acks: false,
+                    },
+                    3600,
+                );
+                let now = Instant::now();
+                for k in 0..100 {
+                    b.push_reading(
+                        std::sync::Arc::from(format!("s{}/t", k % 50)),
+                        Timestamp::from_nanos((i * 100 + k) * 1_000_000),
+                        k as f64,
+                        true,
+                        now,
+                    );
+                }
+                store.commit(&b.take().0).unwrap();
+            }
+            assert!(store.log_bytes() > 0);
+            let stats = Arc::new(Stats::new(0));
+            let (interval, pass) = if retention_first {
+                (Duration::from_hours(1), Duration::from_millis(1))
+            } else {
+                (Duration::from_millis(1), Duration::from_hours(1))
+            };
+            let (writer, thread) = spawn(
+                store,
+                stats.clone(),
+                Arc::new(Metrics::new()),
+                Upkeep {
+                    checkpoint: Checkpoint {
+                        interval,
+                        bytes: u64::MAX,
+                    },
+                    retention: Retention {
+                        raw: Duration::from_hours(24 * 365 * 100),
+                        buckets: Duration::from_hours(24 * 365 * 100),
+                        interval: pass,
+                        batch: 1000,
+                    },
+                },
+                CancellationToken::new(),
+            );
+            let deadline = Instant::now() + Duration::from_mins(1);
+            while stats.checkpoints.load(Ordering::Relaxed) == 0
+                || stats.log_bytes.load(Ordering::Relaxed) > 0
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "retention first {retention_first}: the gauge stays above 0"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop(writer);
+            let store = thread.join().unwrap();
+            assert_eq!(store.log_bytes(), 0, "retention first {retention_first}");
+            assert!(
+                stats.checkpoints.load(Ordering::Relaxed) > 1,
+                "retention first {retention_first}: folded in more than one part"
+            );
+            let mut readings = 0;
+            store
+                .reader()
+                .raw(None, i64::MIN, i64::MAX, |_, r| {
+                    readings += r.len();
+                    true
+                })
+                .unwrap();
+            assert_eq!(readings, 400 * 100, "retention first {retention_first}");
+        }
+    }
 }

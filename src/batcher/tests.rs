@@ -331,6 +331,19 @@ fn flat_out(n: usize) -> Vec<Duration> {
     vec![Duration::ZERO; n]
 }
 
+/// One session asking for a window of 4,096, flush interval 1 s, nothing stated: the window,
+/// if any, is the broker's to show.
+fn learning_policy(quick_acks: bool) -> FlushPolicy {
+    FlushPolicy {
+        flush_interval: Duration::from_secs(1),
+        max_pending_readings: 1_000_000,
+        window: 4096,
+        broker_window: None,
+        sessions: 1,
+        quick_acks,
+    }
+}
+
 /// (broker window, flush interval ms, round trip ms, every how many messages one is QoS 0,
 /// quick ACKs): every combination of the windows given with the intervals, round trips, QoS
 /// mixes and ACK modes the window tests cover.
@@ -500,14 +513,7 @@ fn the_first_window_of_a_connection_is_learned_from_its_refill() {
     let late = Duration::from_secs(2);
     for quick_acks in [false, true] {
         for broker_window in [2u64, 20, 100] {
-            let p = FlushPolicy {
-                flush_interval: Duration::from_secs(1),
-                max_pending_readings: 1_000_000,
-                window: 4096,
-                broker_window: None,
-                sessions: 1,
-                quick_acks,
-            };
+            let p = learning_policy(quick_acks);
             let net = Net::strict(broker_window);
             let windows = 50u32;
             let total = u64::from(windows) * broker_window;
@@ -654,14 +660,7 @@ fn bursts_paced_by_delayed_acks_are_not_stalls() {
 #[test]
 fn steady_and_bursty_traffic_do_not_trigger_stall_flushes() {
     for quick_acks in [false, true] {
-        let p = FlushPolicy {
-            flush_interval: Duration::from_secs(1),
-            max_pending_readings: 1_000_000,
-            window: 4096,
-            broker_window: None,
-            sessions: 1,
-            quick_acks,
-        };
+        let p = learning_policy(quick_acks);
         let commit = Duration::from_millis(5);
         let seconds = 30u32;
         // Steady: one message every 30..70 ms.

@@ -1466,3 +1466,34 @@ fn after_sync_file_the_file_alone_holds_every_commit() {
         [(("a/t".to_owned(), 0), (5, 5.0))].into()
     );
 }
+
+#[test]
+fn a_log_folded_in_timed_parts_ends_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("parts.redb");
+    let mut store = Store::open(&settings(&path)).unwrap();
+    for i in 0..200i64 {
+        store
+            .commit(&raw_batch(
+                &format!("s{}/t", i % 7),
+                &(0..50)
+                    .map(|k| ((i * 50 + k) * 1_000_000_000, k as f64))
+                    .collect::<Vec<_>>(),
+            ))
+            .unwrap();
+    }
+    let mut parts = 0;
+    loop {
+        let until = std::time::Instant::now();
+        let part = store.checkpoint_part(u64::MAX, Some(until)).unwrap();
+        parts += 1;
+        if !part.more {
+            break;
+        }
+        assert!(parts < 1000, "the parts end");
+    }
+    assert_eq!(store.log_bytes(), 0);
+    assert!(parts > 1, "{parts} parts");
+    let raw = raw_in(&store.reader(), None, i64::MIN, i64::MAX);
+    assert_eq!(raw.len(), 200 * 50);
+}
