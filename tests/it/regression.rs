@@ -149,6 +149,24 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
         "src/batcher/tests.rs",
         "huge_delta_counts_saturate_the_batch_reading_count",
     ),
+    (
+        "d437059",
+        "a connection's first window, which echoes no release, waited for the flush interval",
+        "src/batcher/tests.rs",
+        "the_first_window_of_a_connection_is_learned_from_its_refill",
+    ),
+    (
+        "05d2db6",
+        "a window learned from a slow random stream's chance pause committed every few messages",
+        "src/batcher/tests.rs",
+        "random_arrivals_are_not_taken_for_a_window_with_quick_acks",
+    ),
+    (
+        "b897ff4",
+        "a retention pass folded the log's rest and left bucketd_commit_log_bytes above 0",
+        "src/writer.rs",
+        "the_writer_folds_the_whole_log_part_by_part_and_the_gauge_follows",
+    ),
 ];
 
 #[test]
