@@ -155,7 +155,8 @@ fn describe(process: &metrics_process::Collector) {
     describe_histogram!(
         FLUSH_DURATION,
         Unit::Seconds,
-        "Time to commit one batch (one durable redb write transaction)."
+        "Time to commit one batch, until it is durable (its journal record written and fsynced, \
+         or a durable redb transaction without the journal)."
     );
     describe_histogram!(FLUSH_READINGS, Unit::Count, "Readings per committed batch.");
     describe_counter!(
