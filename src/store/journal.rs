@@ -87,7 +87,7 @@ impl JournalFile for File {
 /// Why the journal cannot be used. Each message names the file and says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    #[error("journal {path}: {source}; check that the directory is writable by this user")]
+    #[error("journal {path}: {source}; {}", io_advice(.source))]
     Io { path: PathBuf, source: io::Error },
     #[error(
         "journal {path} belongs to another database file (journal id {found:016x}, the database's \
@@ -116,6 +116,17 @@ pub enum JournalError {
     },
     #[error("journal {path}: record of commit {seq} is unreadable although its checksum holds")]
     Record { path: PathBuf, seq: u64 },
+}
+
+/// What an operator can do about an I/O error on the journal.
+fn io_advice(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::StorageFull => {
+            "the disk is full: free space on it, or make store.journal_size smaller (the journal \
+             is made at its full size at the first start)"
+        }
+        _ => "check that the directory exists and is writable by this user",
+    }
 }
 
 /// The open journal, owned by the store (the writer thread).
@@ -327,15 +338,23 @@ fn parse_header(h: &[u8; 40]) -> Option<u64> {
 }
 
 /// Writes a new journal at `path`: the header, zeros up to `capacity` (so that later writes
-/// overwrite blocks that exist), synced under a temporary name and renamed into place.
+/// overwrite blocks that exist), synced under a temporary name (`<path>.new`) and renamed into
+/// place. On failure (a full disk, most likely) the partial file is removed, so that a failed
+/// first start does not leave up to `capacity` bytes taken on a full card.
 fn create(path: &Path, id: u64, capacity: u64) -> io::Result<()> {
     let tmp = {
         let mut p = path.as_os_str().to_owned();
         p.push(".new");
         PathBuf::from(p)
     };
+    create_via(&tmp, path, id, capacity).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn create_via(tmp: &Path, path: &Path, id: u64, capacity: u64) -> io::Result<()> {
     {
-        let file = File::create(&tmp)?;
+        let file = File::create(tmp)?;
         // A page at a time: the page cache then holds the file in single pages, and a commit
         // dirties (and Linux counts as written, in /proc/<pid>/io) one page, not a large folio
         // of the zero-fill (the disk writes only the changed blocks either way).
@@ -351,7 +370,7 @@ fn create(path: &Path, id: u64, capacity: u64) -> io::Result<()> {
         JournalFile::write_at(&file, 0, &header_bytes(id))?;
         file.sync_all()?;
     }
-    std::fs::rename(&tmp, path)?;
+    std::fs::rename(tmp, path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         File::open(dir)?.sync_all()?;
     }

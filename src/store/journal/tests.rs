@@ -191,3 +191,32 @@ fn a_record_that_does_not_fit_is_not_written() {
     let mut j = open(&path, 3, MIN_JOURNAL_BYTES).unwrap();
     assert_eq!(replayed(&mut j, 0).unwrap().len() as u64, written);
 }
+
+#[test]
+fn a_journal_that_cannot_be_made_leaves_nothing_behind_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    // The rename into place fails: a directory with a file in it holds the journal's name.
+    // (`Journal::open` makes no journal over an existing path, so `create` is called directly.)
+    let path = dir.path().join("db.journal");
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join("x"), b"x").unwrap();
+    assert!(create(&path, 3, MIN_JOURNAL_BYTES).is_err());
+    let tmp = dir.path().join("db.journal.new");
+    assert!(!tmp.exists(), "the partial journal is removed");
+    // A full disk is named, with what to do; other errors point at the directory.
+    let full = JournalError::Io {
+        path: tmp.clone(),
+        source: io::Error::from_raw_os_error(28), // ENOSPC
+    };
+    let text = full.to_string();
+    assert!(text.contains("the disk is full"), "{text}");
+    assert!(text.contains("store.journal_size"), "{text}");
+    let denied = JournalError::Io {
+        path: tmp,
+        source: io::Error::from(io::ErrorKind::PermissionDenied),
+    };
+    assert!(
+        denied.to_string().contains("writable by this user"),
+        "{denied}"
+    );
+}
