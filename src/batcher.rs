@@ -215,6 +215,23 @@ impl Batcher {
         Batcher::with_sketch(policy, bucket_width_secs, SketchParams::DEFAULT)
     }
 
+    /// A batcher for building batches by hand in tests, one-hour buckets (its flush policy is
+    /// never consulted).
+    #[cfg(test)]
+    pub(crate) fn by_hand() -> Batcher {
+        Batcher::new(
+            FlushPolicy {
+                flush_interval: Duration::from_secs(1),
+                max_pending_readings: usize::MAX,
+                window: 1,
+                broker_window: None,
+                sessions: 1,
+                quick_acks: false,
+            },
+            3600,
+        )
+    }
+
     /// A batcher whose new buckets get sketches with `sketch` settings.
     pub fn with_sketch(
         policy: FlushPolicy,

@@ -366,17 +366,7 @@ mod tests {
             // A log of 400 commits, left by "an earlier run": folded by the writer's first
             // checkpoint (or retention pass).
             for i in 0..400i64 {
-                let mut b = crate::batcher::Batcher::new(
-                    crate::batcher::FlushPolicy {
-                        flush_interval: Duration::from_secs(1),
-                        max_pending_readings: usize::MAX,
-                        window: 1,
-                        broker_window: None,
-                        sessions: 1,
-                        quick_acks: false,
-                    },
-                    3600,
-                );
+                let mut b = crate::batcher::Batcher::by_hand();
                 let now = Instant::now();
                 for k in 0..100 {
                     b.push_reading(

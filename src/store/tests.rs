@@ -44,24 +44,9 @@ fn raw_in(
     out
 }
 
-/// A batcher for building test batches by hand (its flush policy is never consulted).
-fn test_batcher() -> Batcher {
-    Batcher::new(
-        crate::batcher::FlushPolicy {
-            flush_interval: std::time::Duration::from_secs(1),
-            max_pending_readings: usize::MAX,
-            window: 1,
-            broker_window: None,
-            sessions: 1,
-            quick_acks: false,
-        },
-        3600,
-    )
-}
-
 /// A batch of one bucket's readings, all kept raw.
 fn raw_batch(series: &str, readings: &[(i64, f64)]) -> Batch {
-    let mut b = test_batcher();
+    let mut b = Batcher::by_hand();
     let now = std::time::Instant::now();
     for &(ts, v) in readings {
         b.push_reading(Arc::from(series), Timestamp::from_nanos(ts), v, true, now);
@@ -533,7 +518,7 @@ proptest! {
         for step in steps {
             match step {
                 Step::Commit(readings) => {
-                    let mut b = test_batcher();
+                    let mut b = Batcher::by_hand();
                     let now = std::time::Instant::now();
                     for &(series, ts_s, v, raw) in &readings {
                         let ts = Timestamp::from_nanos(ts_s * 1_000_000_000);
@@ -654,7 +639,7 @@ fn a_format_1_file_opens_migrated_with_everything_it_held() {
 
 /// Readings of `series_count` series over hour `h`, every reading kept raw.
 fn hour_batch(h: i64, series_count: usize, per_series: i64) -> Batch {
-    let mut b = test_batcher();
+    let mut b = Batcher::by_hand();
     let now = std::time::Instant::now();
     for s in 0..series_count {
         let name: Arc<str> = Arc::from(format!("s{s}/t"));
@@ -744,7 +729,7 @@ fn compaction_shrinks_a_file_after_deletes_and_refuses_a_held_file() {
 
 /// A batch of readings `(series, ts_ns, value)`, no raw pages.
 fn batch_of(readings: &[(&str, i64, f64)]) -> Batch {
-    let mut b = test_batcher();
+    let mut b = Batcher::by_hand();
     let now = std::time::Instant::now();
     for &(series, ts, v) in readings {
         b.push_reading(Arc::from(series), Timestamp::from_nanos(ts), v, false, now);
@@ -1016,7 +1001,7 @@ fn fixture_batches() -> Vec<Batch> {
     let hour = 1_763_719_200i64;
     (0..12i64)
         .map(|c| {
-            let mut b = test_batcher();
+            let mut b = Batcher::by_hand();
             let now = std::time::Instant::now();
             for i in 0..25i64 {
                 let ts = (hour + c * 900 + i * 7) * 1_000_000_000 + i;
@@ -1174,7 +1159,7 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                 continue;
             }
             batch_no += 1;
-            let mut b = test_batcher();
+            let mut b = Batcher::by_hand();
             let mut totals = Totals::new();
             let now = std::time::Instant::now();
             for r in 0..=next(20) {
