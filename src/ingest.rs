@@ -266,14 +266,19 @@ impl Ingest {
             && !st.told_window
             && let Some(window) = self.batcher.window_seen()
         {
-            // Once per connection: a pause in traffic can look like a stall too.
+            // Once per connection. A pause in traffic can look like a stall too (a short
+            // backlog sent at a reconnect, then nothing), so the message advises stating the
+            // broker's configured limit, not the number seen.
             st.told_window = true;
             info!(
                 window,
-                "The broker stops sending at {window} unacknowledged messages, fewer than \
-                 mqtt.receive_maximum; committing whenever its window is full. Set \
-                 mqtt.broker_window = {window} to skip learning it on every connection, or raise \
-                 the broker's limit (Mosquitto: max_inflight_messages) for fewer, larger commits."
+                "The broker stopped sending at {window} unacknowledged messages: taken as its \
+                 in-flight window (fewer than mqtt.receive_maximum), so a batch is committed \
+                 whenever it holds that many, until more are unacknowledged. A pause in traffic \
+                 looks the same. If the broker enforces a window (MQTT 3.1.1: Mosquitto's \
+                 max_inflight_messages, EMQX's max_inflight), state it in mqtt.broker_window to \
+                 skip learning it on every connection, or raise the broker's limit for fewer, \
+                 larger commits."
             );
         }
         st.in_flight = Some(acks);
