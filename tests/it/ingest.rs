@@ -312,3 +312,65 @@ async fn an_oversized_message_over_v311_is_rejected_not_redelivered_forever() {
         "the oversized one acked too"
     );
 }
+
+/// A broker may give a packet id to the next message as soon as the one it carried is
+/// acknowledged. Receive-time readings with the same payload on the same topic then have the same
+/// fingerprint (topic, payload, packet id): M1 ("1", id 1) is committed and acknowledged, M2
+/// ("1", id 1 again) reaches bucketd, and the connection ends before M2's ack. The broker resends
+/// M2 with DUP, which matches M1's fingerprint: it must be recognised as M2's copy (M2's first
+/// delivery is in the batch), not lost and not counted twice. (If M2's first delivery had not
+/// reached bucketd, nothing on the wire would tell its resend from M1's: docs/RELIABILITY.md.)
+async fn a_packet_id_reused_for_the_same_payload(protocol: Protocol) {
+    let broker = StrictBroker::start(100, Duration::ZERO).await;
+    broker.reuse_ids();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let target = Broker {
+        name: "strict",
+        host: "127.0.0.1".into(),
+        v311_port: broker.port,
+        v5_port: broker.port,
+        sets_dup: true,
+    };
+    let cfg = config(&raw_config(&target, protocol, &db, &topics));
+    let d = daemon::start(&cfg).unwrap();
+    let stats = d.stats.clone();
+    wait_subscribed(&d).await;
+    let m = vec![(topics.value("door", "open"), b"1".to_vec())];
+    broker.publish(&m, |_| 1);
+    eventually(WAIT, "M1 acknowledged", || broker.seen().acked == 1).await;
+    broker.close_after_next();
+    broker.publish(&m, |_| 1);
+    eventually(WAIT, "M2 resent, committed and acknowledged", || {
+        broker.drained() && Stats::get(&stats.readings_ingested) >= 2
+    })
+    .await;
+    d.stop().await.unwrap();
+    let seen = broker.seen();
+    let ctx = format!("{protocol:?}: {seen:?}");
+    assert_eq!(seen.ids, [1, 1], "M2 took M1's packet id: {ctx}");
+    assert_eq!(seen.connections, 2, "{ctx}");
+    assert_eq!(seen.resent, 1, "M2 again, with DUP and id 1: {ctx}");
+    assert_eq!(
+        Stats::get(&stats.duplicates),
+        1,
+        "the resend is a copy: {ctx}"
+    );
+    let docs = StoreReader::open(&db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    let count: i64 = docs.iter().map(|d| d.count).sum();
+    assert_eq!(count, 2, "M1 and M2, once each: {ctx}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packet_id_reused_for_the_same_payload_v311() {
+    a_packet_id_reused_for_the_same_payload(Protocol::V311).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packet_id_reused_for_the_same_payload_v5() {
+    a_packet_id_reused_for_the_same_payload(Protocol::V5).await;
+}

@@ -5,7 +5,8 @@
 //! [`QOS0_GAP`] while QoS 1 messages wait, through the stalls, as a device's QoS 0 telemetry
 //! would, and the rest at once after the last QoS 1 message is sent. It serves one subscriber
 //! session; the test hands it the messages directly. MQTT 3.1.1 and 5 (rumqttc's packet codecs),
-//! with an optional round trip added (half each way).
+//! with an optional round trip added (half each way). Packet ids are numbered 1, 2, ... as
+//! Mosquitto does, or ([`StrictBroker::reuse_ids`]) the lowest free id is taken, as a broker may.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,8 @@ pub struct Seen {
     pub connections: usize,
     /// Messages sent again with DUP after a reconnect.
     pub resent: usize,
+    /// The packet id of each message's first delivery, in order.
+    pub ids: Vec<u16>,
 }
 
 #[derive(Default)]
@@ -44,6 +47,11 @@ struct Shared {
     /// QoS 1 messages sent and not acknowledged, in order: packet id and index in `queue`.
     in_flight: VecDeque<(u16, usize)>,
     last_pkid: u16,
+    /// Give each message the lowest packet id not in flight instead of the next one.
+    lowest_free: bool,
+    /// Close the connection (after writing everything sent so far) once the message at this
+    /// index of `queue` is sent.
+    close_after: Option<usize>,
     /// Whether the subscriber's session exists (it subscribed).
     subscribed: bool,
     seen: Seen,
@@ -98,6 +106,20 @@ impl StrictBroker {
         }
         drop(s);
         self.wake.notify_waiters();
+    }
+
+    /// From now on each message takes the lowest packet id not in flight, so an id comes back
+    /// as soon as its message is acknowledged (MQTT allows it; Mosquitto counts on instead).
+    pub fn reuse_ids(&self) {
+        self.shared.lock().unwrap().lowest_free = true;
+    }
+
+    /// Closes the subscriber's connection right after the next QoS 1 message to be published
+    /// is sent: it reaches the subscriber, then the end of the stream, before any ack can
+    /// come back (the session stays).
+    pub fn close_after_next(&self) {
+        let mut s = self.shared.lock().unwrap();
+        s.close_after = Some(s.queue.len());
     }
 
     /// Closes the subscriber's connection (the session stays).
@@ -171,8 +193,12 @@ impl Session {
         loop {
             // Registered before delivering: a publish after this wakes the loop.
             let wake = self.wake.notified();
-            if connected {
-                self.deliver(&out_tx, v5);
+            if connected && self.deliver(&out_tx, v5) {
+                // What was sent goes out first, then the end of the stream.
+                drop(out_tx);
+                let _ = writer.await;
+                reader.abort();
+                return;
             }
             tokio::select! {
                 packet = in_rx.recv() => {
@@ -243,21 +269,35 @@ impl Session {
         }
     }
 
-    /// Sends what the window allows.
-    fn deliver(&self, out: &mpsc::UnboundedSender<(Instant, BytesMut)>, v5: bool) {
+    /// Sends what the window allows. Returns whether the connection is to close now
+    /// ([`StrictBroker::close_after_next`]).
+    fn deliver(&self, out: &mpsc::UnboundedSender<(Instant, BytesMut)>, v5: bool) -> bool {
         let mut s = self.shared.lock().unwrap();
         if !s.subscribed {
-            return;
+            return false;
         }
         while s.next < s.queue.len() && s.in_flight.len() < self.window {
             let (topic, payload) = s.queue[s.next].clone();
-            s.last_pkid = s.last_pkid % u16::MAX + 1;
-            let (pkid, i) = (s.last_pkid, s.next);
+            let pkid = if s.lowest_free {
+                (1..=u16::MAX)
+                    .find(|id| s.in_flight.iter().all(|m| m.0 != *id))
+                    .expect("fewer than 65,535 in flight")
+            } else {
+                s.last_pkid % u16::MAX + 1
+            };
+            s.last_pkid = pkid;
+            s.seen.ids.push(pkid);
+            let i = s.next;
             s.in_flight.push_back((pkid, i));
             s.seen.max_in_flight = s.seen.max_in_flight.max(s.in_flight.len());
             s.next += 1;
             let _ = out.send((Instant::now(), publish(v5, &topic, payload, 1, pkid, false)));
+            if s.close_after == Some(i) {
+                s.close_after = None;
+                return true;
+            }
         }
+        false
     }
 }
 
