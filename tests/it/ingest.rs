@@ -326,13 +326,7 @@ async fn a_packet_id_reused_for_the_same_payload(protocol: Protocol) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
     let topics = Topics::new();
-    let target = Broker {
-        name: "strict",
-        host: "127.0.0.1".into(),
-        v311_port: broker.port,
-        v5_port: broker.port,
-        sets_dup: true,
-    };
+    let target = broker.target();
     let cfg = config(&raw_config(&target, protocol, &db, &topics));
     let d = daemon::start(&cfg).unwrap();
     let stats = d.stats.clone();

@@ -57,13 +57,7 @@ async fn strict_window(case: Case) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("bucketd.redb");
     let topics = Topics::new();
-    let target = Broker {
-        name: "strict",
-        host: "127.0.0.1".into(),
-        v311_port: broker.port,
-        v5_port: broker.port,
-        sets_dup: true,
-    };
+    let target = broker.target();
     let mut raw = raw_config(&target, case.protocol, &db, &topics);
     raw.batch.flush_interval = case.flush;
     raw.mqtt.broker_window = case.stated;

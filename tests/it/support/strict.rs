@@ -18,6 +18,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
+use super::Broker;
+
 /// The pace of QoS 0 messages.
 pub const QOS0_GAP: Duration = Duration::from_millis(10);
 
@@ -90,6 +92,17 @@ impl StrictBroker {
             shared,
             wake,
             cut,
+        }
+    }
+
+    /// This broker as the tests' [`Broker`], for bucketd's configuration.
+    pub fn target(&self) -> Broker {
+        Broker {
+            name: "strict",
+            host: "127.0.0.1".into(),
+            v311_port: self.port,
+            v5_port: self.port,
+            sets_dup: true,
         }
     }
 
