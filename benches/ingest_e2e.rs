@@ -31,7 +31,8 @@
 //! runs), `BENCH_QR=0` (quick repair off: the storage-alone store and `bucketd`),
 //! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_WINDOW` (a strict
 //! broker instead: an in-process rumqttd that sends each subscriber at most that many messages
-//! unacknowledged), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
+//! unacknowledged; at 1, a line under each row gives the bound 1 / (round trip + commit), the
+//! round trip being the null's period, and the ratio to it), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
 //! `BENCH_RTT_MS` (bucketd reaches the broker through a delay line adding that round trip),
 //! `BENCH_MOSQUITTO_INFLIGHT` (the own Mosquitto's `max_inflight_messages`; default 0, none),
 //! `BENCH_MOSQUITTO_NODELAY=1` (its `set_tcp_nodelay true`: Nagle's algorithm off),
@@ -527,6 +528,8 @@ struct Outcome {
     count: u64,
     sum: f64,
     commits: Option<u64>,
+    /// bucketd's mean commit (`bucketd_flush_duration_seconds`: batch to durable).
+    mean_commit: Option<Duration>,
     /// Publish -> commit latency of every message, sorted (bucketd only).
     latencies: Vec<Duration>,
     /// Those of [`Outcome::latencies`] whose commit waited for a checkpoint, sorted.
@@ -578,6 +581,7 @@ async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) 
         count: report["count"].as_u64().unwrap(),
         sum: report["sum"].as_f64().unwrap(),
         commits: None,
+        mean_commit: None,
         latencies: Vec::new(),
         checkpointed: Vec::new(),
     }
@@ -682,7 +686,7 @@ async fn run_bucketd(
     let poll_every = Duration::from_millis(if w.rate > 0.0 { 2 } else { 10 });
     let start = Instant::now();
     let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages, w.rate));
-    let (took, usage, commits, polls) = tokio::task::spawn_blocking(move || {
+    let (took, usage, (commits, mean_commit), polls) = tokio::task::spawn_blocking(move || {
         let scrape = || {
             ureq::get(&metrics_url)
                 .call()
@@ -711,11 +715,14 @@ async fn run_bucketd(
                     .filter(|(_, n)| *n != "0")
                     .map(|(r, n)| format!("{r} {n}"))
                     .collect();
+                let mean_commit = Duration::from_secs_f64(
+                    metric(&text, "bucketd_flush_duration_seconds_sum")
+                        / metric(&text, "bucketd_flush_duration_seconds_count").max(1.0),
+                );
                 eprintln!(
                     "  bucketd: {commits} commits ({}) of {:.3} ms on average; {} checkpoints, {:.1} ms in all",
                     reasons.join(", "),
-                    1000.0 * metric(&text, "bucketd_flush_duration_seconds_sum")
-                        / metric(&text, "bucketd_flush_duration_seconds_count"),
+                    1000.0 * mean_commit.as_secs_f64(),
                     metric(&text, "bucketd_checkpoint_duration_seconds_count"),
                     1000.0 * metric(&text, "bucketd_checkpoint_duration_seconds_sum"),
                 );
@@ -736,7 +743,7 @@ async fn run_bucketd(
                 }
                 let per_poll = (usage(&pid).cpu_s - before) / extra as f64;
                 used.cpu_s = (used.cpu_s - per_poll * scrapes as f64).max(0.0);
-                return (took, used, Some(commits), polls);
+                return (took, used, (Some(commits), Some(mean_commit)), polls);
             }
             std::thread::sleep(poll_every);
         }
@@ -758,6 +765,7 @@ async fn run_bucketd(
         count: docs.iter().map(|d| d.count as u64).sum(),
         sum: docs.iter().map(|d| d.sum + d.sum_comp).sum(),
         commits,
+        mean_commit,
         latencies,
         checkpointed,
     }
@@ -1033,6 +1041,21 @@ async fn main() {
                         / outcome.latencies.len().max(1) as f64
                 ),
             );
+            // A window of 1 allows one message per round trip and commit; the null's period
+            // is the round trip (its own work included).
+            if window == Some(1)
+                && let Some(commit) = outcome.mean_commit
+            {
+                let n = per_message as f64;
+                let period = n / null;
+                let bound = n / (period + commit.as_secs_f64());
+                println!(
+                    "  window 1: 1 / (null's period {:.1} µs + mean commit {:.3} ms) = {bound:.0} readings/s; {contender} at {:.2} of it",
+                    1e6 * period,
+                    1e3 * commit.as_secs_f64(),
+                    rate / bound,
+                );
+            }
         }
     }
 }
