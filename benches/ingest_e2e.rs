@@ -31,8 +31,9 @@
 //! runs), `BENCH_QR=0` (quick repair off: the storage-alone store and `bucketd`),
 //! `BENCH_CACHE_MIB` (bucketd's `store.cache_size` in MiB; default 16), `BENCH_WINDOW` (a strict
 //! broker instead: an in-process rumqttd that sends each subscriber at most that many messages
-//! unacknowledged; at 1, a line under each row gives the bound 1 / (round trip + commit), the
-//! round trip being the null's period, and the ratio to it), `BENCH_PROTOCOL=v311` (bucketd over MQTT 3.1.1; default 5),
+//! unacknowledged; at 1, a line under bucketd's row gives the bound 1 / (round trip + commit),
+//! the round trip being the null's period, and bucketd's ratio to it), `BENCH_PROTOCOL=v311`
+//! (bucketd over MQTT 3.1.1; default 5),
 //! `BENCH_RTT_MS` (bucketd reaches the broker through a delay line adding that round trip),
 //! `BENCH_MOSQUITTO_INFLIGHT` (the own Mosquitto's `max_inflight_messages`; default 0, none),
 //! `BENCH_MOSQUITTO_NODELAY=1` (its `set_tcp_nodelay true`: Nagle's algorithm off),
