@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bucketd::batcher::{Batcher, FlushPolicy};
+use bucketd::batcher::Batcher;
 use bucketd::config::{Durability, UpstreamConfig, UpstreamTarget};
 use bucketd::fleet::forwarder::Forwarder;
 use bucketd::reading::Timestamp;
@@ -226,16 +226,8 @@ async fn forward(
         .map(|i| Arc::from(format!("s{i}/temperature")))
         .collect();
     let hour = Timestamp::now().as_nanos() / 3_600_000_000_000 * 3600;
-    let policy = FlushPolicy {
-        flush_interval: Duration::from_hours(1),
-        max_pending_readings: usize::MAX,
-        window: 1,
-        broker_window: None,
-        sessions: 1,
-        quick_acks: false,
-    };
     for e in 0..entries {
-        let mut b = Batcher::new(policy, 3600);
+        let mut b = Batcher::by_hand();
         let now = Instant::now();
         for (i, name) in names.iter().enumerate() {
             for k in 0..per_bucket {

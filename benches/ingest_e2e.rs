@@ -410,7 +410,7 @@ struct Anchor {
 /// [`Store`] (default durability; readings folded into a batch in memory, one commit per
 /// `per_tx`, as the daemon does), and checks the stored count and sum.
 fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> Anchor {
-    use bucketd::batcher::{Batcher, FlushPolicy};
+    use bucketd::batcher::Batcher;
     use bucketd::reading::Timestamp;
     use bucketd::store::{Store, StoreReader, StoreSettings};
     use std::sync::Arc;
@@ -449,15 +449,7 @@ fn anchor(name: &'static str, readings: usize, series: usize, per_tx: usize) -> 
             journal_bytes: 8 << 20,
         })
         .unwrap();
-        let policy = FlushPolicy {
-            flush_interval: Duration::from_hours(1),
-            max_pending_readings: usize::MAX,
-            window: 1,
-            broker_window: None,
-            sessions: 1,
-            quick_acks: false,
-        };
-        let mut batcher = Batcher::new(policy, 3600);
+        let mut batcher = Batcher::by_hand();
         let now = Instant::now();
         for r in 0..readings {
             let ts = Timestamp::from_secs(hour + (r / series) as i64 % 3600);

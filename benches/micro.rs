@@ -8,9 +8,9 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bucketd::batcher::{Batch, Batcher, FlushPolicy};
+use bucketd::batcher::{Batch, Batcher};
 use bucketd::config::{Config, Durability, Subscription};
 use bucketd::decode::{DecodeContext, Decoded, decode};
 use bucketd::reading::Timestamp;
@@ -128,17 +128,6 @@ fn bench_merge(c: &mut Criterion) {
     g.finish();
 }
 
-fn policy() -> FlushPolicy {
-    FlushPolicy {
-        flush_interval: Duration::from_hours(1),
-        max_pending_readings: usize::MAX,
-        window: 1,
-        broker_window: None,
-        sessions: 1,
-        quick_acks: false,
-    }
-}
-
 /// 10,000 readings over 1,000 series in one hour, as one flush would hold them.
 fn bench_batcher(c: &mut Criterion) {
     let names: Vec<Arc<str>> = (0..1000).map(|i| Arc::from(format!("s{i}/t"))).collect();
@@ -152,7 +141,7 @@ fn bench_batcher(c: &mut Criterion) {
         };
         g.bench_function(id, |b| {
             b.iter(|| {
-                let mut batcher = Batcher::new(policy(), 3600);
+                let mut batcher = Batcher::by_hand();
                 let now = Instant::now();
                 for i in 0..10_000usize {
                     let ts = Timestamp::from_secs(NOW_S + (i / 1000) as i64);
@@ -197,7 +186,7 @@ fn open_store(
 
 /// A batch touching `n` buckets (one series each), one reading per bucket.
 fn batch_of(n: usize, second: i64) -> Batch {
-    let mut b = Batcher::new(policy(), 3600);
+    let mut b = Batcher::by_hand();
     let now = Instant::now();
     for i in 0..n {
         let ts = Timestamp::from_secs(NOW_S + second);
@@ -257,7 +246,7 @@ fn bench_store_path(c: &mut Criterion) {
         g.bench_function(id, |b| {
             b.iter(|| {
                 round += 1;
-                let mut batcher = Batcher::new(policy(), 3600);
+                let mut batcher = Batcher::by_hand();
                 let now = Instant::now();
                 for i in 0..10_000usize {
                     let ts = Timestamp::from_secs(NOW_S + (round * 10 + (i / 1000) as i64) % 3600);
@@ -305,7 +294,7 @@ fn bench_checkpoint(c: &mut Criterion) {
             for _ in 0..iters {
                 for commit in 0..60 {
                     round += 1;
-                    let mut batcher = Batcher::new(policy(), 3600);
+                    let mut batcher = Batcher::by_hand();
                     let now = Instant::now();
                     for i in 0..per_commit {
                         let series = &names[(commit * per_commit + i) % series];

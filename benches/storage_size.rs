@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bucketd::batcher::{Batch, Batcher, FlushPolicy};
+use bucketd::batcher::{Batch, Batcher};
 use bucketd::config::Durability;
 use bucketd::doc::PageDoc;
 use bucketd::reading::Timestamp;
@@ -42,17 +42,7 @@ fn readings() -> Vec<(i64, f64)> {
 }
 
 fn batch(chunk: &[(i64, f64)], raw: bool) -> Batch {
-    let mut b = Batcher::new(
-        FlushPolicy {
-            flush_interval: std::time::Duration::from_hours(1),
-            max_pending_readings: usize::MAX,
-            window: 1,
-            broker_window: None,
-            sessions: 1,
-            quick_acks: false,
-        },
-        3600,
-    );
+    let mut b = Batcher::by_hand();
     let series: Arc<str> = Arc::from("greenhouse/temperature");
     let now = Instant::now();
     for &(ts, v) in chunk {

@@ -215,10 +215,9 @@ impl Batcher {
         Batcher::with_sketch(policy, bucket_width_secs, SketchParams::DEFAULT)
     }
 
-    /// A batcher for building batches by hand in tests, one-hour buckets (its flush policy is
-    /// never consulted).
-    #[cfg(test)]
-    pub(crate) fn by_hand() -> Batcher {
+    /// A batcher for building batches by hand (tests, benchmarks), one-hour buckets: its flush
+    /// policy is never consulted.
+    pub fn by_hand() -> Batcher {
         Batcher::new(
             FlushPolicy {
                 flush_interval: Duration::from_secs(1),
