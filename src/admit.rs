@@ -4,19 +4,22 @@
 //! series names; the ingest task only routes what it returns (readings to the batcher,
 //! rejections to the counters). Pure: the caller supplies the receive time; no I/O, no Tokio.
 //!
-//! Redelivery is told by [`crate::dedup`] fingerprints for device messages, and for delta
-//! messages by their position in the gateway's stream, which a central keeps in a
-//! [`DeltaLedger`] (the fleet tier's, attached here: this module does not know it).
+//! Redelivery is told by [`crate::dedup`] fingerprints for device messages (and, for a
+//! reconnect's resends, by their order: [`crate::resend`]; a resend waits as
+//! [`Verdict::Held`] until its burst ends), and for delta messages by their position in the
+//! gateway's stream, which a central keeps in a [`DeltaLedger`] (the fleet tier's, attached
+//! here: this module does not know it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::{GatewayLimits, Limits};
 use crate::decode::{self, DecodeContext, Decoded, Format, Subscription};
-use crate::dedup::{self, Fingerprint, Window};
+use crate::dedup::{self, Fingerprint, Tag, Window};
 use crate::delta::Position;
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
+use crate::resend::{BurstPart, Resends};
 use crate::series::SeriesSet;
 use crate::sketch::{Sketch, SketchParams};
 use crate::summary::Summary;
@@ -44,6 +47,8 @@ pub struct Message<'a> {
     pub received: Timestamp,
     /// Another central instance claimed this delta message (`fleet::claims`): a copy here.
     pub claimed_elsewhere: bool,
+    /// A held resend admitted once its burst ended: what [`Resends::end_burst`] made of it.
+    pub burst: Option<BurstPart>,
 }
 
 /// What becomes of a message as a whole.
@@ -56,6 +61,9 @@ pub enum Verdict {
     Copy,
     /// Rejected as a whole, for this reason: acknowledged and counted.
     Rejected(DecodeError),
+    /// A resend in a reconnect's burst: the caller keeps it and admits it again, with its
+    /// [`BurstPart`], when the burst ends ([`Resends::end_burst`]).
+    Held,
 }
 
 /// The outcome of [`Admitter::admit`]; its buffers are reused from message to message.
@@ -70,8 +78,12 @@ pub struct Admitted {
     pub rejected: Vec<DecodeError>,
     /// Kept for the subscription's raw pages.
     pub store_raw: bool,
-    /// Recorded with the batch, for recognising a redelivery after a crash.
-    pub fingerprint: Option<Fingerprint>,
+    /// Recorded with the batch, for recognising a redelivery after a crash: the fingerprint and
+    /// its resend sequence.
+    pub fingerprint: Option<(Fingerprint, Tag)>,
+    /// The batch now repeats the messages committed before it ([`Resends::counted`]): commit it
+    /// at once.
+    pub replay: bool,
     /// A delta message's gateway and position, recorded with the batch.
     pub applied: Option<(String, Position)>,
     /// The message came on a delta subscription: the gateway its topic names (for the log).
@@ -86,6 +98,7 @@ impl Admitted {
         self.rejected.clear();
         self.store_raw = false;
         self.fingerprint = None;
+        self.replay = false;
         self.applied = None;
         self.gateway = None;
     }
@@ -104,6 +117,7 @@ pub struct Admitter {
     bucket_width_secs: i64,
     series: SeriesSet,
     dedup: Window,
+    resends: Resends,
     ledger: Option<Box<dyn DeltaLedger>>,
     decoded: Decoded,
     out: Admitted,
@@ -116,6 +130,7 @@ impl Admitter {
         bucket_width_secs: i64,
         series: SeriesSet,
         dedup: Window,
+        resends: Resends,
         ledger: Option<Box<dyn DeltaLedger>>,
     ) -> Admitter {
         let mut gateway_series = HashMap::new();
@@ -133,6 +148,7 @@ impl Admitter {
             bucket_width_secs,
             series,
             dedup,
+            resends,
             ledger,
             decoded: Decoded::default(),
             out: Admitted::default(),
@@ -227,20 +243,57 @@ impl Admitter {
                 }),
             )),
         };
+        // A resend in a reconnect's burst waits for the burst's end (`crate::resend`), if it
+        // counts: one whose readings are all refused is in no sequence, and goes on now.
+        if let Some(fp) = fingerprint.filter(|_| m.qos > 0)
+            && m.dup
+            && m.burst.is_none()
+            && self.resends.in_burst(m.session)
+        {
+            self.collect();
+            if self.counts() {
+                let copy = if self.resends.hold(m.session, fp) {
+                    Verdict::Held
+                } else if self.dedup.contains(fp) {
+                    // No room left (the caller ends a full burst first): the window's word.
+                    Verdict::Copy
+                } else {
+                    return self.record(m, fingerprint, receive_time);
+                };
+                self.out.clear();
+                self.out.verdict = copy;
+                return &mut self.out;
+            }
+            return self.record(m, fingerprint, receive_time);
+        }
         let copy = m.claimed_elsewhere
-            || match &self.decoded.delta_from {
-                Some((gateway, at)) => self
+            || match (&self.decoded.delta_from, fingerprint) {
+                (Some((gateway, at)), _) => self
                     .ledger
                     .as_ref()
                     .is_some_and(|l| l.contains(gateway, at)),
-                None => fingerprint
-                    .is_some_and(|fp| (m.dup || !receive_time) && self.dedup.contains(fp)),
+                (None, None) => false,
+                (None, Some(fp)) => match m.burst {
+                    Some(BurstPart::Copy) => true,
+                    // A packet id given again: new, unless its content says it is the same
+                    // readings (device timestamps).
+                    Some(BurstPart::New) if receive_time => false,
+                    Some(BurstPart::New | BurstPart::Unknown) => self.dedup.contains(fp),
+                    None => (m.dup || !receive_time) && self.dedup.contains(fp),
+                },
             };
         if copy {
             self.out.verdict = Verdict::Copy;
             self.decoded.clear();
             return &mut self.out;
         }
+        self.collect();
+        self.record(m, fingerprint, receive_time)
+    }
+
+    /// Takes the decoded readings and delta buckets into `out`: series interned, a gateway's
+    /// narrower buckets folded into this store's width, refusals alongside.
+    fn collect(&mut self) {
         for reading in self.decoded.readings() {
             match self.series.intern(reading.series) {
                 Ok(series) => self.out.readings.push((series, reading.ts, reading.value)),
@@ -282,10 +335,38 @@ impl Admitter {
             }
         }
         self.out.rejected.append(&mut self.decoded.rejected);
-        let counted = !self.out.readings.is_empty() || !self.out.summaries.is_empty();
+    }
+
+    /// Whether what [`Admitter::collect`] took counts anything.
+    fn counts(&self) -> bool {
+        !self.out.readings.is_empty() || !self.out.summaries.is_empty()
+    }
+
+    /// A new message that counts leaves its fingerprint (in the window, in its session's
+    /// sequence, and with the batch) or its gateway position.
+    fn record(
+        &mut self,
+        m: &Message,
+        fingerprint: Option<Fingerprint>,
+        receive_time: bool,
+    ) -> &mut Admitted {
+        let counted = self.counts();
         if let Some(fp) = fingerprint.filter(|_| counted) {
+            // A receive-time fingerprint seen again: its packet id was given again.
+            let seen = receive_time && self.dedup.contains(fp);
             self.dedup.insert(fp);
-            self.out.fingerprint = Some(fp);
+            let tag = if m.qos > 0 {
+                self.out.replay = self.resends.counted(m.session, fp, m.pkid, seen);
+                Some(dedup::PacketId {
+                    session: m.session,
+                    pkid: m.pkid,
+                })
+            } else {
+                // A QoS 0 device message: recognised by content, never resent.
+                debug_assert!(!receive_time);
+                None
+            };
+            self.out.fingerprint = Some((fp, tag));
         }
         if let Some((gateway, at)) = self.decoded.delta_from.take().filter(|_| counted) {
             if let Some(ledger) = self.ledger.as_mut() {
@@ -294,6 +375,11 @@ impl Admitter {
             self.out.applied = Some((gateway, at));
         }
         &mut self.out
+    }
+
+    /// The reconnect bursts' state ([`crate::resend`]): connections, ends, batches taken.
+    pub fn resends(&mut self) -> &mut Resends {
+        &mut self.resends
     }
 
     pub fn series_count(&self) -> usize {

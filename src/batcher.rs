@@ -135,16 +135,20 @@ pub enum FlushReason {
     BrokerWindow,
     /// Asked for: `POST /api/v1/flush`, or shutdown.
     Request,
+    /// The batch repeats the messages committed before it, packet ids and all: committed at
+    /// once, so that their resends after a crash cannot pass for those (`crate::resend`).
+    Replay,
 }
 
 impl FlushReason {
-    pub const ALL: [FlushReason; 6] = [
+    pub const ALL: [FlushReason; 7] = [
         FlushReason::Interval,
         FlushReason::Readings,
         FlushReason::AckWindow,
         FlushReason::Stall,
         FlushReason::BrokerWindow,
         FlushReason::Request,
+        FlushReason::Replay,
     ];
 
     /// The metric label value.
@@ -156,6 +160,7 @@ impl FlushReason {
             FlushReason::Stall => "stall",
             FlushReason::BrokerWindow => "broker_window",
             FlushReason::Request => "request",
+            FlushReason::Replay => "replay",
         }
     }
 }
@@ -168,8 +173,9 @@ pub struct Batch {
     pub raw: BTreeMap<BucketKey, Vec<(i64, f64)>>,
     pub readings: usize,
     /// Fingerprints of the batch's messages that a redelivery could repeat
-    /// ([`crate::dedup`]), stored with the batch.
-    pub fingerprints: Vec<crate::dedup::Fingerprint>,
+    /// ([`crate::dedup`]), in arrival order with their resend sequence tags, stored with the
+    /// batch.
+    pub fingerprints: Vec<(crate::dedup::Fingerprint, crate::dedup::Tag)>,
     /// The last delta message applied per gateway (`fleet::applied`), stored with the batch.
     pub applied: BTreeMap<String, crate::delta::Position>,
 }
@@ -502,9 +508,10 @@ impl Batcher {
         self.bucket_width_secs
     }
 
-    /// Records the fingerprint of a message whose readings are in the batch.
-    pub fn push_fingerprint(&mut self, fp: crate::dedup::Fingerprint) {
-        self.batch.fingerprints.push(fp);
+    /// Records the fingerprint of a message whose readings are in the batch, and the resend
+    /// sequence it belongs to.
+    pub fn push_fingerprint(&mut self, fp: crate::dedup::Fingerprint, tag: crate::dedup::Tag) {
+        self.batch.fingerprints.push((fp, tag));
     }
 
     /// Records that a gateway's delta message up to `at` is in the batch.

@@ -189,7 +189,17 @@ fn start_over(
             path: store_path.clone(),
             source,
         })?;
-    let dedup = crate::dedup::Window::new(config.limits.dedup_window, recent);
+    let dedup = crate::dedup::Window::new(
+        config.limits.dedup_window,
+        recent.iter().map(|&(fp, _)| fp),
+    );
+    // A reconnect's burst holds at most what the broker may have unacknowledged on a session.
+    let resends = crate::resend::Resends::new(
+        config.mqtt.sessions,
+        config.limits.dedup_window,
+        usize::from(config.mqtt.receive_maximum),
+        recent,
+    );
     let applied = store
         .applied_positions()
         .map_err(|source| StoreOpenError::Corrupt {
@@ -331,6 +341,7 @@ fn start_over(
             width_secs,
             series,
             dedup,
+            resends,
             ledger,
         )
         .with_gateway_limits(config.gateway_limits, config.store.sketch),

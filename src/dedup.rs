@@ -154,18 +154,72 @@ impl Hasher for FoldHasher {
     }
 }
 
-/// Encodes fingerprints for storage: 16 bytes each, little-endian.
-pub fn encode(fps: &[Fingerprint]) -> Vec<u8> {
-    fps.iter().flat_map(|fp| fp.to_le_bytes()).collect()
+/// Where a stored fingerprint's message came from: the session and packet id of a QoS 1/2
+/// message, which put it in that session's resend sequence ([`crate::resend`]); `None` for a
+/// QoS 0 message (never resent), or one stored before tags were (format version 2 and older).
+pub type Tag = Option<PacketId>;
+
+/// The stored session of a `None` tag.
+const NO_SESSION: u16 = u16::MAX;
+
+/// Bytes of one stored tag: session and packet id, little-endian.
+const TAG_BYTES: usize = 4;
+
+/// Marks the tagged encoding: its length, 20 bytes a fingerprint plus this byte, is odd, so it
+/// is never taken for the untagged one (16 bytes a fingerprint) of format version 2.
+const TAGGED: u8 = 1;
+
+/// Encodes tagged fingerprints for storage: the fingerprints (16 bytes each, little-endian),
+/// then their tags (session and packet id, 2 bytes each, little-endian; session 65535 for none),
+/// then [`TAGGED`]; nothing for none.
+pub fn encode(fps: &[(Fingerprint, Tag)]) -> Vec<u8> {
+    if fps.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(fps.len() * (FINGERPRINT_BYTES + TAG_BYTES) + 1);
+    out.extend(fps.iter().flat_map(|(fp, _)| fp.to_le_bytes()));
+    for (_, tag) in fps {
+        let (session, pkid) = tag.map_or((NO_SESSION, 0), |t| (t.session, t.pkid));
+        out.extend(session.to_le_bytes());
+        out.extend(pkid.to_le_bytes());
+    }
+    out.push(TAGGED);
+    out
 }
 
-/// Decodes [`encode`]d fingerprints; `None` if the length is not a multiple of 16.
-pub fn decode(bytes: &[u8]) -> Option<impl Iterator<Item = Fingerprint> + '_> {
-    bytes.len().is_multiple_of(FINGERPRINT_BYTES).then(|| {
-        bytes
-            .chunks_exact(FINGERPRINT_BYTES)
-            .map(|c| u128::from_le_bytes(c.try_into().expect("chunks of 16")))
-    })
+/// How many fingerprints [`encode`]d bytes hold (either encoding); `None` if they are neither.
+pub fn count(bytes: &[u8]) -> Option<usize> {
+    if bytes.len().is_multiple_of(FINGERPRINT_BYTES) {
+        return Some(bytes.len() / FINGERPRINT_BYTES);
+    }
+    let (&last, rest) = bytes.split_last()?;
+    (last == TAGGED && rest.len().is_multiple_of(FINGERPRINT_BYTES + TAG_BYTES))
+        .then(|| rest.len() / (FINGERPRINT_BYTES + TAG_BYTES))
+}
+
+/// Decodes [`encode`]d fingerprints, oldest first; the untagged encoding of format version 2
+/// gives `None` tags. `None` if the bytes are neither encoding.
+pub fn decode(bytes: &[u8]) -> Option<impl Iterator<Item = (Fingerprint, Tag)> + '_> {
+    let n = count(bytes)?;
+    let tagged = !bytes.len().is_multiple_of(FINGERPRINT_BYTES);
+    let (fps, tags) = bytes.split_at(n * FINGERPRINT_BYTES);
+    let u16_at = |at: usize| u16::from_le_bytes([tags[at], tags[at + 1]]);
+    Some((0..n).map(move |i| {
+        let at = i * FINGERPRINT_BYTES;
+        let fp = u128::from_le_bytes(
+            fps[at..at + FINGERPRINT_BYTES]
+                .try_into()
+                .expect("16 bytes"),
+        );
+        let tag = Some(i * TAG_BYTES)
+            .filter(|_| tagged)
+            .map(|at| PacketId {
+                session: u16_at(at),
+                pkid: u16_at(at + 2),
+            })
+            .filter(|t| t.session != NO_SESSION);
+        (fp, tag)
+    }))
 }
 
 #[cfg(test)]
@@ -252,10 +306,37 @@ mod tests {
 
     #[test]
     fn encoding_round_trips() {
-        let fps = [0, 1, u128::MAX, 0x0123_4567_89ab_cdef_0011_2233_4455_6677];
+        let id = |session, pkid| Some(PacketId { session, pkid });
+        let fps = [
+            (0, id(0, 1)),
+            (1, id(3, 65535)),
+            (u128::MAX, None),
+            (0x0123_4567_89ab_cdef_0011_2233_4455_6677, id(15, 0)),
+        ];
         let bytes = encode(&fps);
-        assert_eq!(bytes.len(), 64);
+        assert_eq!(bytes.len(), 4 * 20 + 1);
+        assert_eq!(count(&bytes), Some(4));
         assert_eq!(decode(&bytes).unwrap().collect::<Vec<_>>(), fps);
-        assert!(decode(&bytes[..15]).is_none());
+        assert!(encode(&[]).is_empty());
+        assert_eq!(decode(&[]).unwrap().count(), 0);
+        for cut in [1, 15, 17, 20, 79] {
+            assert!(decode(&bytes[..cut]).is_none(), "{cut} bytes");
+        }
+        let mut wrong_marker = bytes.clone();
+        *wrong_marker.last_mut().unwrap() = 2;
+        assert!(decode(&wrong_marker).is_none());
+    }
+
+    /// Files of format version 2 store fingerprints without tags: they still decode, as
+    /// belonging to no resend sequence.
+    #[test]
+    fn untagged_fingerprints_of_format_2_decode_without_a_sequence() {
+        let fps: [u128; 2] = [7, u128::MAX - 1];
+        let bytes: Vec<u8> = fps.iter().flat_map(|fp| fp.to_le_bytes()).collect();
+        assert_eq!(count(&bytes), Some(2));
+        assert_eq!(
+            decode(&bytes).unwrap().collect::<Vec<_>>(),
+            [(7, None), (u128::MAX - 1, None)]
+        );
     }
 }

@@ -10,6 +10,11 @@
 //! With `mqtt.sessions = N` the loop drives N connections (one shared subscription) the same
 //! way: one batch and one commit for all of them; each ack goes back on the session, and the
 //! connection, its message came on.
+//!
+//! After a reconnect, the broker's resends (DUP) are held, their acks in the batch in arrival
+//! order, until their burst ends: at the first new message, after [`RESEND_QUIET_MIN`] (or four
+//! handshake times) without a resend, or at `mqtt.receive_maximum` held; no batch is handed over
+//! meanwhile. Then they are admitted in order, told apart by [`crate::resend`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -23,14 +28,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::ack::AckToken;
-use crate::admit::{Admitter, Message, Verdict};
+use crate::admit::{Admitted, Admitter, Message, Verdict};
 use crate::batcher::{Batcher, FlushReason};
 use crate::delta::Position;
 use crate::http::FlushRequest;
-use crate::limits::SHUTDOWN_DRAIN_MAX;
+use crate::limits::{RESEND_QUIET_MIN, SHUTDOWN_DRAIN_MAX};
 use crate::mqtt::{Backoff, Mqtt, MqttEvent, PollError};
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
+use crate::resend::{BurstEnd, BurstPart};
 use crate::stats::Stats;
 use crate::store::CommitError;
 use crate::writer::{Committed, Writer};
@@ -78,6 +84,22 @@ pub struct Session {
     warned_window: bool,
     /// While the connection is down: when to try again.
     reconnect_at: Option<Instant>,
+    /// The resends of a reconnect's burst, held until it ends (see the module docs).
+    held: Vec<HeldMessage>,
+    /// When the burst began or last grew; with `held`, when it ends.
+    burst_at: Instant,
+    /// The last connection's handshake time.
+    handshake: std::time::Duration,
+}
+
+/// A resend held in its burst: what admitting it again needs.
+struct HeldMessage {
+    topic: Bytes,
+    payload: Bytes,
+    pkid: u16,
+    qos: u8,
+    received: Timestamp,
+    at: std::time::Instant,
 }
 
 impl Session {
@@ -93,7 +115,16 @@ impl Session {
             ack_backlog: VecDeque::new(),
             warned_window: false,
             reconnect_at: None,
+            held: Vec::new(),
+            burst_at: Instant::now(),
+            handshake: std::time::Duration::ZERO,
         }
+    }
+
+    /// When the held burst ends for quiet; `None` with nothing held.
+    fn burst_deadline(&self) -> Option<Instant> {
+        let quiet = RESEND_QUIET_MIN.max(4 * self.handshake);
+        (!self.held.is_empty()).then_some(self.burst_at + quiet)
     }
 
     /// Messages of this session acknowledged but not yet written to the socket.
@@ -153,6 +184,9 @@ struct State {
     sent_seq: u64,
     /// Commit the open batch as soon as the writer is idle, whatever the policy says.
     force_flush: bool,
+    /// The open batch repeats the messages committed before it: commit it as soon as the writer
+    /// is idle (`crate::resend`).
+    replay_flush: bool,
     flush_waiters: Vec<FlushWaiter>,
     /// Whether the window learned from a stall was logged since the last connection.
     told_window: bool,
@@ -177,6 +211,7 @@ impl Ingest {
             in_flight: None,
             sent_seq: 0,
             force_flush: false,
+            replay_flush: false,
             flush_waiters: Vec::new(),
             told_window: false,
             turn: 0,
@@ -195,8 +230,15 @@ impl Ingest {
             interval
         });
         loop {
+            self.end_quiet_bursts(&mut st, Instant::now());
             self.hand_over_due_batch(&mut st, Instant::now())?;
-            let deadline = self.batcher.deadline().map(Instant::from_std);
+            // While resends are held no batch is handed over: wake when their burst ends.
+            let deadline = self
+                .sessions
+                .iter()
+                .filter_map(Session::burst_deadline)
+                .min()
+                .or_else(|| self.batcher.deadline().map(Instant::from_std));
             let reconnect_at = self.sessions.iter().filter_map(|s| s.reconnect_at).min();
             let can_poll = self.sessions.iter().any(|s| s.reconnect_at.is_none())
                 && !self.batcher.is_full()
@@ -239,10 +281,15 @@ impl Ingest {
         self.shut_down(&mut st).await
     }
 
-    /// Sends the open batch to the writer when it is due and the writer is idle.
+    /// Sends the open batch to the writer when it is due, the writer is idle and no resends are
+    /// held (their acks are in the batch, their readings not yet).
     fn hand_over_due_batch(&mut self, st: &mut State, now: Instant) -> Result<(), IngestError> {
-        if st.in_flight.is_some() {
+        if st.in_flight.is_some() || self.sessions.iter().any(|s| !s.held.is_empty()) {
             return Ok(());
+        }
+        if st.replay_flush {
+            self.stats.flush_started(FlushReason::Replay);
+            return self.send_batch(st, FlushReason::Replay);
         }
         if st.force_flush {
             st.force_flush = false;
@@ -262,6 +309,8 @@ impl Ingest {
         debug_assert!(st.in_flight.is_none(), "one batch at the writer at a time");
         let learned = self.batcher.window_seen();
         let (batch, acks) = self.batcher.take_for(reason, std::time::Instant::now());
+        self.admit.resends().batch_taken();
+        st.replay_flush = false;
         if learned.is_none()
             && !st.told_window
             && let Some(window) = self.batcher.window_seen()
@@ -414,8 +463,13 @@ impl Ingest {
                 s.ack_backlog.clear();
                 s.warned_window = false;
                 s.backoff.reset();
+                // Held resends of the last connection are resent again on this one.
+                s.held.clear();
+                s.burst_at = Instant::now();
+                s.handshake = handshake;
                 st.told_window = false;
                 let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
+                self.admit.resends().connected(id, session_present);
                 self.batcher
                     .connected(id, std::time::Instant::now(), handshake);
                 if session_present {
@@ -491,6 +545,10 @@ impl Ingest {
         s.subscribed = false;
         s.acks_unwritten = 0;
         s.ack_backlog.clear();
+        // Unacknowledged, the held resends come again with the next connection's burst.
+        s.held.clear();
+        let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
+        self.admit.resends().connected(id, false);
         let delay = s.backoff.next_delay();
         let attempt = s.backoff.attempts;
         s.reconnect_at = Some(Instant::now() + delay);
@@ -544,52 +602,42 @@ impl Ingest {
         let claimed_elsewhere = std::mem::take(&mut st.claimed_elsewhere);
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
+        let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
         if qos > 0 {
             self.batcher.arrived(now);
+            if !dup && self.admit.resends().in_burst(id) {
+                // The broker has resent everything: the burst is over.
+                self.end_burst(st, session, BurstEnd::NewMessage);
+            }
         }
+        let received = Timestamp::now();
         let admitted = self.admit.admit(&Message {
             topic,
             payload,
             pkid,
             qos,
             dup,
-            session: u16::try_from(session).expect("at most SESSIONS_MAX sessions"),
-            received: Timestamp::now(),
+            session: id,
+            received,
             claimed_elsewhere,
+            burst: None,
         });
-        match admitted.verdict {
-            Verdict::Rejected(e) => {
-                debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");
-                self.stats.reject(e, topic, payload);
-                if let Some(gateway) = &admitted.gateway {
-                    warn_gateway(&mut st.gateway_warned, gateway, e, "message", now);
-                }
+        if admitted.verdict == Verdict::Held {
+            let s = &mut self.sessions[session];
+            s.held.push(HeldMessage {
+                topic: topic.clone(),
+                payload: payload.clone(),
+                pkid,
+                qos,
+                received,
+                at: now,
+            });
+            s.burst_at = Instant::now();
+            if self.admit.resends().is_full(id) {
+                self.end_burst(st, session, BurstEnd::Pause);
             }
-            Verdict::Copy => {
-                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                debug!(topic = %String::from_utf8_lossy(topic), dup, "Skipped a message already counted.");
-            }
-            Verdict::New => {
-                let raw = admitted.store_raw;
-                for (series, ts, value) in admitted.readings.drain(..) {
-                    self.batcher.push_reading(series, ts, value, raw, now);
-                }
-                for (series, start, summary) in admitted.summaries.drain(..) {
-                    self.batcher.push_summary(series, start, &summary, now);
-                }
-                for e in admitted.rejected.drain(..) {
-                    self.stats.reject(e, topic, payload);
-                    if let Some(gateway) = &admitted.gateway {
-                        warn_gateway(&mut st.gateway_warned, gateway, e, "bucket", now);
-                    }
-                }
-                if let Some(fp) = admitted.fingerprint {
-                    self.batcher.push_fingerprint(fp);
-                }
-                if let Some((gateway, at)) = admitted.applied.take() {
-                    self.batcher.push_applied(&gateway, at);
-                }
-            }
+        } else {
+            Self::apply(&mut self.batcher, &self.stats, st, admitted, topic, payload, now);
         }
         if qos > 0 {
             let s = &self.sessions[session];
@@ -618,6 +666,110 @@ impl Ingest {
             );
         }
         self.update_gauges(st);
+    }
+
+    /// What an admitted message's verdict does: readings, buckets and its fingerprint to the
+    /// batch, refusals and copies to the counters.
+    fn apply(
+        batcher: &mut Batcher,
+        stats: &Stats,
+        st: &mut State,
+        admitted: &mut Admitted,
+        topic: &[u8],
+        payload: &[u8],
+        now: std::time::Instant,
+    ) {
+        match admitted.verdict {
+            Verdict::Rejected(e) => {
+                debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");
+                stats.reject(e, topic, payload);
+                if let Some(gateway) = &admitted.gateway {
+                    warn_gateway(&mut st.gateway_warned, gateway, e, "message", now);
+                }
+            }
+            Verdict::Copy => {
+                stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                debug!(topic = %String::from_utf8_lossy(topic), "Skipped a message already counted.");
+            }
+            Verdict::New => {
+                let raw = admitted.store_raw;
+                for (series, ts, value) in admitted.readings.drain(..) {
+                    batcher.push_reading(series, ts, value, raw, now);
+                }
+                for (series, start, summary) in admitted.summaries.drain(..) {
+                    batcher.push_summary(series, start, &summary, now);
+                }
+                for e in admitted.rejected.drain(..) {
+                    stats.reject(e, topic, payload);
+                    if let Some(gateway) = &admitted.gateway {
+                        warn_gateway(&mut st.gateway_warned, gateway, e, "bucket", now);
+                    }
+                }
+                if let Some((fp, tag)) = admitted.fingerprint {
+                    batcher.push_fingerprint(fp, tag);
+                }
+                if let Some((gateway, at)) = admitted.applied.take() {
+                    batcher.push_applied(&gateway, at);
+                }
+                st.replay_flush |= admitted.replay;
+            }
+            Verdict::Held => unreachable!("held messages are kept by the caller"),
+        }
+    }
+
+    /// Ends `session`'s burst of resends and admits what it held, in order, as
+    /// [`crate::resend`] tells them apart. Their acks are in the batch already.
+    fn end_burst(&mut self, st: &mut State, session: usize, end: BurstEnd) {
+        let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
+        let parts = self.admit.resends().end_burst(id, end);
+        let held = std::mem::take(&mut self.sessions[session].held);
+        if held.is_empty() {
+            return;
+        }
+        let count = |part| parts.iter().filter(|p| **p == part).count();
+        info!(
+            session,
+            resent = held.len(),
+            copies = count(BurstPart::Copy),
+            reused_ids = count(BurstPart::New),
+            "The broker resent the messages it had not seen acknowledged; those counted already \
+             are skipped (reused_ids: new messages on the packet ids of counted ones)."
+        );
+        for (h, part) in held.into_iter().zip(parts) {
+            let admitted = self.admit.admit(&Message {
+                topic: &h.topic,
+                payload: &h.payload,
+                pkid: h.pkid,
+                qos: h.qos,
+                dup: true,
+                session: id,
+                received: h.received,
+                claimed_elsewhere: false,
+                burst: Some(part),
+            });
+            Self::apply(
+                &mut self.batcher,
+                &self.stats,
+                st,
+                admitted,
+                &h.topic,
+                &h.payload,
+                h.at,
+            );
+        }
+        self.update_gauges(st);
+    }
+
+    /// Ends the bursts that have been quiet long enough.
+    fn end_quiet_bursts(&mut self, st: &mut State, now: Instant) {
+        for session in 0..self.sessions.len() {
+            if self.sessions[session]
+                .burst_deadline()
+                .is_some_and(|at| at <= now)
+            {
+                self.end_burst(st, session, BurstEnd::Pause);
+            }
+        }
     }
 
     /// Messages received and not yet acknowledged on the wire.
@@ -652,6 +804,10 @@ impl Ingest {
             pending_readings = self.batcher.pending_readings(),
             "Shutting down: committing pending readings."
         );
+        // Held resends first: their acks are in the batch.
+        for session in 0..self.sessions.len() {
+            self.end_burst(st, session, BurstEnd::Pause);
+        }
         loop {
             if st.in_flight.is_none() {
                 if self.batcher.is_empty() {

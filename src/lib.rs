@@ -8,6 +8,7 @@
 //! Pure values and logic:
 //! - [`reject`]: why a message or reading was refused (`DecodeError`, the metric reasons).
 //! - [`ack`]: what a PUBACK needs. [`dedup`]: message fingerprints and the recent window.
+//!   [`resend`]: a reconnect's resends told from new messages by their order.
 //! - [`sketch`]: the quantile sketch. [`page`]: the raw page codec.
 //! - [`limits`]: bounds that depend on each other, asserted together.
 //! - [`reading`]: `Timestamp`, `Reading`, series names. [`summary`]: `Summary` and its merge.
@@ -70,6 +71,7 @@ pub mod promql;
 pub mod query;
 pub mod reading;
 pub mod reject;
+pub mod resend;
 pub mod rollup;
 pub mod secret;
 pub mod series;

@@ -15,6 +15,12 @@ pub const fn ack_request_capacity(window: u16) -> usize {
 /// Requests besides acknowledgements in the client's channel.
 pub const ACK_REQUEST_HEADROOM: usize = 64;
 
+/// A reconnect's burst of resends ends after this long without one (or four handshake times,
+/// if longer), unless a new message ends it first (`crate::resend`). A broker writes its resends
+/// back to back right after the CONNACK; ending a burst early could count the copies not yet
+/// read as new, waiting longer only delays the first commit after a reconnect.
+pub const RESEND_QUIET_MIN: Duration = Duration::from_millis(250);
+
 /// How long shutdown waits for the last acknowledgements to reach the broker.
 pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
 

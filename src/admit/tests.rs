@@ -64,6 +64,7 @@ fn admitter(max_series: usize) -> Admitter {
         3600,
         SeriesSet::new(max_series, []),
         Window::new(16, []),
+        Resends::new(1, 16, 16, []),
         Some(Box::new(Ledger::default())),
     )
 }
@@ -78,6 +79,7 @@ fn message<'a>(topic: &'a str, payload: &'a [u8]) -> Message<'a> {
         session: 0,
         received: NOW,
         claimed_elsewhere: false,
+        burst: None,
     }
 }
 
@@ -305,6 +307,7 @@ fn a_gateways_share_counts_the_series_already_stored() {
         3600,
         SeriesSet::new(100, stored),
         Window::new(16, []),
+        Resends::new(1, 16, 16, []),
         None,
     )
     .with_gateway_limits(
@@ -494,7 +497,8 @@ fn once_warm_a_reading_costs_no_allocation_from_decode_to_batch() {
                 for (series, ts, value) in out.readings.drain(..) {
                     b.push_reading(series, ts, value, true, now);
                 }
-                b.push_fingerprint(out.fingerprint.expect("device-timestamped"));
+                let (fp, tag) = out.fingerprint.expect("device-timestamped");
+                b.push_fingerprint(fp, tag);
             }
         }
         let allocated = allocations() - before;

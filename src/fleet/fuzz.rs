@@ -277,6 +277,7 @@ fn admitter() -> Admitter {
         WIDTH,
         SeriesSet::new(12, []),
         crate::dedup::Window::new(16, []),
+        crate::resend::Resends::new(1, 16, 16, []),
         Some(Box::new(super::applied::Applied::default())),
     )
     .with_gateway_limits(
@@ -341,6 +342,7 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
                 session: 0,
                 received: Timestamp::from_secs(NOW_S),
                 claimed_elsewhere: false,
+                burst: None,
             });
             let counted = !out.summaries.is_empty();
             prop_assert_eq!(out.verdict == Verdict::New || !counted, true);
@@ -472,6 +474,7 @@ fn honest_messages_pass_the_whole_path() {
         session: 0,
         received: Timestamp::from_secs(NOW_S),
         claimed_elsewhere: false,
+        burst: None,
     });
     assert_eq!(out.verdict, Verdict::New);
     assert_eq!(out.summaries.len(), 3);

@@ -23,7 +23,8 @@
 //!   of a bucket, at most `page_capacity` per page, in arrival order ([`crate::page`]).
 //! - `meta`: `&str` -> `&str`: `format_version`, `bucket_width_secs`, `created_at`.
 //! - `dedup`: `u64` commit sequence number -> the [`crate::dedup`] fingerprints of the messages
-//!   that commit counted (16 bytes each). Written in the same transaction as the log record,
+//!   that commit counted, each with the session and packet id that put it in a resend sequence
+//!   ([`crate::dedup::encode`]: 16 + 4 bytes each). Written in the same transaction as the log record,
 //!   and trimmed to the last `limits.dedup_window` fingerprints by each checkpoint. The last entry is always kept: its
 //!   key is the sequence number of the last commit, which tells a retry whether a commit whose
 //!   outcome was unknown (an I/O error) landed.
@@ -65,9 +66,11 @@ const PAGES: TableDefinition<(u64, i64, u32), &[u8]> = TableDefinition::new("pag
 const DEDUP: TableDefinition<u64, &[u8]> = TableDefinition::new("dedup");
 const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
 
-/// Version of the table layout, in `meta.format_version`. 2: the commit log (`log`); a version-1
-/// file is migrated when opened (its `log` table created; nothing else changed).
-pub const FORMAT_VERSION: u32 = 2;
+/// Version of the table layout, in `meta.format_version`. 2: the commit log (`log`); 3: `dedup`
+/// entries carry the resend sequence of each fingerprint ([`crate::dedup::encode`]). Older files
+/// are migrated when opened: a version-1 file gets its `log` table; the untagged `dedup` entries
+/// of versions 1 and 2 stay as they are and read as belonging to no sequence.
+pub const FORMAT_VERSION: u32 = 3;
 /// Settings the store needs, from `[store]`.
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
@@ -120,7 +123,7 @@ pub enum StoreOpenError {
         configured: i64,
     },
     #[error(
-        "database file {path} has format version {found}, this bucketd reads versions 1 and \
+        "database file {path} has format version {found}, this bucketd reads versions 1 to \
          {FORMAT_VERSION}; use the bucketd release that wrote it"
     )]
     UnsupportedFormat { path: PathBuf, found: String },
@@ -459,8 +462,11 @@ impl Store {
         self.next_seq
     }
 
-    /// The dedup window's fingerprints in the file, oldest first.
-    pub fn recent_fingerprints(&self) -> Result<Vec<crate::dedup::Fingerprint>, redb::Error> {
+    /// The dedup window's fingerprints in the file with their resend sequence tags, oldest
+    /// first.
+    pub fn recent_fingerprints(
+        &self,
+    ) -> Result<Vec<(crate::dedup::Fingerprint, crate::dedup::Tag)>, redb::Error> {
         let tx = self.open_db().map_err(|_| closed_error())?.begin_read()?;
         let table = tx.open_table(DEDUP)?;
         let mut out = Vec::with_capacity(self.dedup_total);
@@ -523,7 +529,7 @@ impl Store {
                     )?;
                     Ok(())
                 }
-                Some(v) if v != FORMAT_VERSION.to_string() && v != "1" => {
+                Some(v) if v != FORMAT_VERSION.to_string() && v != "1" && v != "2" => {
                     Err(StoreOpenError::UnsupportedFormat {
                         path: self.path.clone(),
                         found: v,
@@ -535,12 +541,16 @@ impl Store {
                         .and_then(|v| v.value().parse::<i64>().ok())
                         .unwrap_or(-1);
                     if stored == self.settings.bucket_width_secs {
-                        if v == "1" {
-                            // Format 1 is format 2 with an empty log (created above).
+                        if v != FORMAT_VERSION.to_string() {
+                            // Format 1 is format 2 with an empty log (created above); format 2
+                            // is format 3 with untagged fingerprints, which format 3 reads.
                             meta.insert("format_version", FORMAT_VERSION.to_string().as_str())?;
                             tracing::info!(
                                 path = %self.path.display(),
-                                "Migrated the database file from format 1 to 2 (commit log)."
+                                from = %v,
+                                to = FORMAT_VERSION,
+                                "Migrated the database file to the current format; bucketd \
+                                 releases before the migration cannot open it any more."
                             );
                         }
                         Ok(())
@@ -809,10 +819,10 @@ fn read_dedup_log(db: &redb::Database) -> Result<(u64, VecDeque<(u64, usize)>), 
     let mut log = VecDeque::new();
     for entry in table.iter()? {
         let (key, value) = entry?;
-        log.push_back((
-            key.value(),
-            value.value().len() / crate::dedup::FINGERPRINT_BYTES,
-        ));
+        let n = crate::dedup::count(value.value()).ok_or_else(|| {
+            redb::Error::Corrupted(format!("dedup entry {} is unreadable", key.value()))
+        })?;
+        log.push_back((key.value(), n));
     }
     let next = log.back().map_or(0, |&(seq, _)| seq + 1);
     Ok((next, log))

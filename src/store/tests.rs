@@ -245,9 +245,15 @@ fn commit_increments_stored_buckets_instead_of_replacing_them() {
 /// `batch` with message fingerprints.
 fn batch_with_fps(readings: &[(&str, i64, f64)], fps: &[u128]) -> Batch {
     Batch {
-        fingerprints: fps.to_vec(),
+        fingerprints: fps.iter().map(|&fp| (fp, None)).collect(),
         ..batch(readings)
     }
+}
+
+/// The dedup window's fingerprints in `store`, without their tags.
+fn fps_in(store: &Store) -> Vec<u128> {
+    let recent = store.recent_fingerprints().unwrap();
+    recent.into_iter().map(|(fp, _)| fp).collect()
 }
 
 #[test]
@@ -267,24 +273,24 @@ fn the_dedup_window_survives_reopening_and_stays_bounded() {
         .commit(&batch_with_fps(&[("a/t", 12, 1.0)], &[]))
         .unwrap();
     assert_eq!(store.next_seq(), 3);
-    assert_eq!(store.recent_fingerprints().unwrap(), [1, 2, 3]);
+    assert_eq!(fps_in(&store), [1, 2, 3]);
     store
         .commit(&batch_with_fps(&[("a/t", 13, 1.0)], &[4, 5]))
         .unwrap();
     // 1 and 2 came in one commit; they go together once both are out of the window.
-    assert_eq!(store.recent_fingerprints().unwrap(), [1, 2, 3, 4, 5]);
+    assert_eq!(fps_in(&store), [1, 2, 3, 4, 5]);
     store
         .commit(&batch_with_fps(&[("a/t", 14, 1.0)], &[6]))
         .unwrap();
     // Commits only append; the checkpoint trims.
-    assert_eq!(store.recent_fingerprints().unwrap(), [1, 2, 3, 4, 5, 6]);
+    assert_eq!(fps_in(&store), [1, 2, 3, 4, 5, 6]);
     store.checkpoint().unwrap();
-    assert_eq!(store.recent_fingerprints().unwrap(), [3, 4, 5, 6]);
+    assert_eq!(fps_in(&store), [3, 4, 5, 6]);
     drop(store);
 
     let mut store = Store::open(&settings(&path)).unwrap();
     assert_eq!(store.next_seq(), 5, "the sequence number is in the file");
-    assert_eq!(store.recent_fingerprints().unwrap(), [3, 4, 5, 6]);
+    assert_eq!(fps_in(&store), [3, 4, 5, 6]);
     for i in 0..100u128 {
         store
             .commit(&batch_with_fps(&[("a/t", 20, 1.0)], &[100 + i]))
@@ -297,7 +303,7 @@ fn the_dedup_window_survives_reopening_and_stays_bounded() {
             "the table stays bounded: the window and what came since the last checkpoint"
         );
     }
-    assert_eq!(store.recent_fingerprints().unwrap(), [196, 197, 198, 199]);
+    assert_eq!(fps_in(&store), [196, 197, 198, 199]);
     for _ in 0..3 {
         store
             .commit(&batch_with_fps(&[("a/t", 21, 1.0)], &[]))
@@ -305,7 +311,7 @@ fn the_dedup_window_survives_reopening_and_stays_bounded() {
     }
     assert_eq!(store.next_seq(), 108);
     store.checkpoint().unwrap();
-    assert_eq!(store.recent_fingerprints().unwrap().len(), 4);
+    assert_eq!(fps_in(&store).len(), 4);
     assert!(store.dedup_log.len() <= 5, "empty entries do not pile up");
     drop(store);
     assert_eq!(Store::open(&settings(&path)).unwrap().next_seq(), 108);
@@ -342,7 +348,7 @@ fn a_failed_commit_changes_nothing_and_the_store_recovers_after_reopening() {
     assert_eq!(store.series_count(), 1);
     store.commit(&failing).unwrap();
     assert_eq!(store.next_seq(), 2);
-    assert_eq!(store.recent_fingerprints().unwrap(), [1, 2]);
+    assert_eq!(fps_in(&store), [1, 2]);
     assert_eq!(
         reader.series().unwrap(),
         ["a/t", "b/t"],
@@ -615,9 +621,9 @@ fn a_format_1_file_opens_migrated_with_everything_it_held() {
     assert_eq!(store.next_seq(), batches.len() as u64);
     let fps: Vec<u128> = batches
         .iter()
-        .flat_map(|b| b.fingerprints.clone())
+        .flat_map(|b| b.fingerprints.iter().map(|&(fp, _)| fp))
         .collect();
-    assert_eq!(store.recent_fingerprints().unwrap(), fps);
+    assert_eq!(fps_in(&store), fps);
     let (buckets, mut raw) = seen(&store.reader());
     raw.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     assert_eq!(buckets, model);
@@ -1029,7 +1035,13 @@ fn fixture_batches() -> Vec<Batch> {
                         now,
                     );
                 }
-                b.push_fingerprint(u128::from((c * 100 + i) as u64) << 64 | 0xf1f1);
+                b.push_fingerprint(
+                    u128::from((c * 100 + i) as u64) << 64 | 0xf1f1,
+                    Some(crate::dedup::PacketId {
+                        session: 0,
+                        pkid: i as u16,
+                    }),
+                );
             }
             b.take().0
         })
@@ -1146,7 +1158,7 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
         assert_eq!(raw, acked, "cut {cut} ({mode:?}): raw readings");
         if let Some(fp) = last_fp {
             assert!(
-                store.recent_fingerprints().unwrap().contains(&fp),
+                fps_in(&store).contains(&fp),
                 "cut {cut}: the last commit's fingerprint"
             );
         }
@@ -1172,7 +1184,7 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                 e.1 += v;
             }
             let mut batch = b.take().0;
-            batch.fingerprints = vec![u128::from(batch_no)];
+            batch.fingerprints = vec![(u128::from(batch_no), None)];
             if store.commit(&batch).is_ok() {
                 add(&mut acked, &totals);
                 last_fp = Some(u128::from(batch_no));
@@ -1215,7 +1227,7 @@ fn commit_then_cut(settings: &StoreSettings, batches: &[Batch]) -> Vec<u128> {
     for b in batches {
         store.commit(b).unwrap();
     }
-    let fps = store.recent_fingerprints().unwrap();
+    let fps = fps_in(&store);
     faults.arm_power_cut(1, Cut::Nothing);
     assert!(store.checkpoint().is_err());
     assert!(faults.power_is_off());
@@ -1273,7 +1285,7 @@ fn a_commit_is_durable_through_the_journal_alone_and_the_next_open_applies_it() 
 
     let store = Store::open(&s).unwrap();
     assert_eq!(store.next_seq(), 3);
-    assert_eq!(store.recent_fingerprints().unwrap(), fps);
+    assert_eq!(fps_in(&store), fps);
     assert_eq!(
         store.applied_positions().unwrap(),
         [("gw-1".to_owned(), at)]

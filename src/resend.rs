@@ -1,0 +1,331 @@
+//! Telling a reconnect's resends from new messages that reuse a packet id, by their order. Pure:
+//! fingerprints in, verdicts out; the ingest task holds the messages themselves.
+//!
+//! A receive-time message is identified by its session, packet id, topic and payload
+//! ([`crate::dedup`]), and a copy only when the broker marks it DUP. A broker may give a packet id
+//! to a new message as soon as the one it carried is acknowledged (MQTT 3.1.1 §2.3.1; HiveMQ
+//! hands out the lowest free id), so a new message can have the fingerprint of one already
+//! counted, and if its first delivery is lost (to a crash before its commit, or on the wire with
+//! the connection), its resend looks exactly like the earlier message's copy. The window of
+//! fingerprints alone cannot tell them apart; the order of the resends can:
+//!
+//! - After a reconnect with its session kept, a broker first resends, in their original order and
+//!   with DUP, every QoS 1/2 message of the session it has not seen acknowledged, and only then
+//!   sends new ones (MQTT 3.1.1 §4.4, §4.6; 5.0 §4.4, §4.6).
+//! - bucketd acknowledges in arrival order and the broker reads the acknowledgements in order, so
+//!   the messages it still holds unacknowledged are the *last* ones bucketd received on the
+//!   session (a tail of the session's [sequence](Resends::counted)), then ones bucketd never got.
+//!
+//! So the copies in a resend burst are exactly a tail of the sequence, complete to its last
+//! message, at the burst's start. A burst is held ([`Resends::hold`]) until it ends: at the first
+//! new (not DUP) QoS 1/2 message, when it has been quiet for a while (the caller keeps the
+//! time), or at `hold_max` messages. [`Resends::end_burst`] then counts as copies the longest tail
+//! of the sequence that the burst begins with; a held message after those is new if the sequence
+//! knows its fingerprint (a packet id reused), and follows the plain window rule otherwise (a
+//! fingerprint stored before sequences were, or by a session that no longer exists).
+//!
+//! A burst that went quiet may not be over: a broker can resend fewer messages than it had
+//! unacknowledged, and the rest only after acknowledgements (Mosquitto 2.0.11 restored from its
+//! persistence file resends 20 at a time to an MQTT 3.1.1 client it had sent many more). When
+//! the held messages repeat a stretch of the sequence that stops short of its end, and the
+//! session has never been given a packet id twice within its sequence (so that no new message
+//! can have an old one's fingerprint: Mosquitto and EMQX count ids up to 65,535), they are that
+//! stretch's copies; the rest come later and the window recognises them.
+//!
+//! That leaves one ambiguity: new messages that repeat the sequence's last messages exactly (same
+//! ids, topics and payloads, in order) read as the broker resending those. For messages bucketd
+//! received, [`Resends::counted`] prevents it: it says when the uncommitted part of a session's
+//! sequence has become such a repetition, and the batch is then committed at once (a commit that
+//! would have come at the next flush anyway: a repetition is a whole batch again). It says so
+//! too for the first message with the fingerprint of one before it while the committed sequence
+//! shows no packet id given twice, so that after a crash the stored sequence shows the broker
+//! giving ids again (and a pause in its resends is not taken for a stall): once per run at most,
+//! and never with a broker that counts ids up. What remains is a crash during such a commit, or a
+//! repetition's end still on the wire when the connection or the process dies: see
+//! docs/RELIABILITY.md.
+
+use std::collections::{HashSet, VecDeque};
+
+use crate::dedup::{Fingerprint, Tag};
+
+/// The multiplier of the rolling hashes that compare a session's uncommitted messages with the
+/// tail before them (odd, so that multiplication mod 2^64 loses nothing).
+const HASH_BASE: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Per session: the QoS 1/2 messages counted (fingerprint and packet id), in arrival order, and
+/// the reconnect burst being held.
+#[derive(Debug, Default)]
+struct Sequence {
+    known: VecDeque<(Fingerprint, u16)>,
+    /// How many of `known` carry each packet id (65,536 counters once the first is counted).
+    pkids: Vec<u16>,
+    /// A packet id was given twice within the sequence (once true, it stays).
+    reused: bool,
+    /// ... among its committed messages (or those handed to the writer): the stored sequence
+    /// shows it after a crash.
+    reused_committed: bool,
+    /// ... by a message of the open batch.
+    reused_open: bool,
+    /// The last `open` of `known` are in the open batch (not yet handed to the writer).
+    open: usize,
+    replay: Replay,
+    burst: Option<Burst>,
+}
+
+impl Sequence {
+    /// Appends a message; `true` if its packet id is in the sequence already.
+    fn push(&mut self, fp: Fingerprint, pkid: u16, capacity: usize) -> bool {
+        if self.pkids.is_empty() {
+            self.pkids = vec![0; usize::from(u16::MAX) + 1];
+        }
+        let count = &mut self.pkids[usize::from(pkid)];
+        let again = *count > 0;
+        *count = count.saturating_add(1);
+        self.reused |= again;
+        self.known.push_back((fp, pkid));
+        if self.known.len() > capacity
+            && let Some((_, old)) = self.known.pop_front()
+        {
+            let count = &mut self.pkids[usize::from(old)];
+            *count = count.saturating_sub(1);
+        }
+        again
+    }
+}
+
+/// Whether the open part of a sequence repeats the tail before it, kept up to date message by
+/// message with rolling hashes (equal hashes are checked element by element).
+#[derive(Debug)]
+struct Replay {
+    open_hash: u64,
+    tail_hash: u64,
+    /// `HASH_BASE` to the power of the open part's length.
+    power: u64,
+    /// The tail before the open part is shorter than the open part: no repetition possible until
+    /// the next batch.
+    exhausted: bool,
+}
+
+impl Default for Replay {
+    fn default() -> Replay {
+        Replay {
+            open_hash: 0,
+            tail_hash: 0,
+            power: 1,
+            exhausted: false,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Burst {
+    /// Fingerprints of the held messages, in arrival order.
+    held: Vec<Fingerprint>,
+}
+
+/// The resend sequences of all sessions. See the module docs.
+#[derive(Debug)]
+pub struct Resends {
+    sessions: Vec<Sequence>,
+    /// Most messages kept per session (`limits.dedup_window`).
+    capacity: usize,
+    /// Most messages held in one burst.
+    hold_max: usize,
+}
+
+/// What a held message turned out to be when its burst ended ([`Resends::end_burst`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BurstPart {
+    /// A copy of a message counted already.
+    Copy,
+    /// New, with the fingerprint of a message in the sequence: a packet id given again.
+    New,
+    /// Not in the sequence: the window decides, as for any resend.
+    Unknown,
+}
+
+/// Why a burst ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BurstEnd {
+    /// A new message came: the broker has resent everything.
+    NewMessage,
+    /// Quiet for a while, or `hold_max` held, or shutdown: the broker may be waiting for
+    /// acknowledgements before it resends more.
+    Pause,
+}
+
+impl Resends {
+    /// `recent`: the stored fingerprints with their tags, oldest first; untagged ones, and those
+    /// of sessions beyond `sessions`, are in no sequence.
+    pub fn new(
+        sessions: u16,
+        capacity: usize,
+        hold_max: usize,
+        recent: impl IntoIterator<Item = (Fingerprint, Tag)>,
+    ) -> Resends {
+        let mut r = Resends {
+            sessions: (0..sessions).map(|_| Sequence::default()).collect(),
+            capacity,
+            hold_max: hold_max.max(1),
+        };
+        for (fp, tag) in recent {
+            if let Some(id) = tag
+                && let Some(s) = r.sessions.get_mut(usize::from(id.session))
+                && capacity > 0
+            {
+                s.push(fp, id.pkid, capacity);
+            }
+        }
+        for s in &mut r.sessions {
+            s.reused_committed = s.reused;
+        }
+        r
+    }
+
+    /// A connection of `session` began. Messages held from an earlier connection are dropped
+    /// (the caller drops them too: unacknowledged, the broker resends them); with the session
+    /// kept (`session_present`), a burst of resends may come first.
+    pub fn connected(&mut self, session: u16, session_present: bool) {
+        if let Some(s) = self.sessions.get_mut(usize::from(session)) {
+            s.burst = session_present.then(Burst::default);
+        }
+    }
+
+    /// Whether `session`'s reconnect burst is still open.
+    pub fn in_burst(&self, session: u16) -> bool {
+        self.session(session).is_some_and(|s| s.burst.is_some())
+    }
+
+    /// Messages held in `session`'s burst.
+    pub fn held(&self, session: u16) -> usize {
+        self.session(session)
+            .and_then(|s| s.burst.as_ref())
+            .map_or(0, |b| b.held.len())
+    }
+
+    /// Holds a resend (DUP) with fingerprint `fp` when `session` has a burst open with room;
+    /// `false` otherwise (the caller applies the plain window rule). The caller ends a burst
+    /// that [`Resends::is_full`].
+    pub fn hold(&mut self, session: u16, fp: Fingerprint) -> bool {
+        let max = self.hold_max;
+        let Some(b) = self
+            .sessions
+            .get_mut(usize::from(session))
+            .and_then(|s| s.burst.as_mut())
+            .filter(|b| b.held.len() < max)
+        else {
+            return false;
+        };
+        b.held.push(fp);
+        true
+    }
+
+    /// Whether `session`'s burst holds `hold_max` messages.
+    pub fn is_full(&self, session: u16) -> bool {
+        self.held(session) >= self.hold_max
+    }
+
+    /// Ends `session`'s burst: what each held message is, in arrival order (see the module
+    /// docs). The caller then admits them in that order.
+    pub fn end_burst(&mut self, session: u16, end: BurstEnd) -> Vec<BurstPart> {
+        let Some(s) = self.sessions.get_mut(usize::from(session)) else {
+            return Vec::new();
+        };
+        let Some(burst) = s.burst.take() else {
+            return Vec::new();
+        };
+        let held = burst.held;
+        let n = s.known.len();
+        let fps = || s.known.iter().map(|&(fp, _)| fp);
+        let stretch_at = |p: usize| fps().skip(p).take(held.len()).eq(held.iter().copied());
+        // Longest first: where the burst's start repeats a complete tail several times over
+        // (the same fingerprints again and again), taking the most as copies is what the
+        // broker did unless new messages repeated the tail exactly, which `counted` keeps
+        // from happening to messages bucketd received.
+        let mut copies = (1..=held.len().min(n))
+            .rev()
+            .find(|&k| fps().skip(n - k).eq(held[..k].iter().copied()))
+            .unwrap_or(0);
+        if end == BurstEnd::Pause
+            && copies < held.len()
+            && !s.reused
+            && (0..n.saturating_sub(held.len())).any(stretch_at)
+        {
+            copies = held.len();
+        }
+        let known: HashSet<Fingerprint> = fps().collect();
+        held.iter()
+            .enumerate()
+            .map(|(i, fp)| {
+                if i < copies {
+                    BurstPart::Copy
+                } else if known.contains(fp) {
+                    BurstPart::New
+                } else {
+                    BurstPart::Unknown
+                }
+            })
+            .collect()
+    }
+
+    /// Whether `fp` is in `session`'s sequence.
+    #[cfg(test)]
+    fn knows(&self, session: u16, fp: Fingerprint) -> bool {
+        self.session(session)
+            .is_some_and(|s| s.known.iter().any(|&(f, _)| f == fp))
+    }
+
+    /// A QoS 1/2 message with fingerprint `fp` and packet id `pkid` was counted on `session`
+    /// (it joins the open batch); `seen`: its fingerprint is in the window already. `true` when
+    /// the batch should be committed now (see the module docs): the open batch's part of the
+    /// sequence repeats, message for message, the tail just before it, or this is the first
+    /// repeated fingerprint while the committed sequence shows no packet id given twice.
+    pub fn counted(&mut self, session: u16, fp: Fingerprint, pkid: u16, seen: bool) -> bool {
+        let capacity = self.capacity;
+        let Some(s) = self.sessions.get_mut(usize::from(session)) else {
+            return false;
+        };
+        if capacity == 0 {
+            return false;
+        }
+        s.reused_open |= s.push(fp, pkid, capacity);
+        let first_reuse = seen && !s.reused_committed;
+        s.open = (s.open + 1).min(s.known.len());
+        let (n, j) = (s.known.len(), s.open);
+        let r = &mut s.replay;
+        // The tail of `j` messages before the open part: `known[n - 2j .. n - j]`.
+        if r.exhausted || n < 2 * j {
+            r.exhausted = true;
+            return first_reuse;
+        }
+        let mix = |fp: Fingerprint| (fp as u64) ^ ((fp >> 64) as u64);
+        r.tail_hash = r
+            .tail_hash
+            .wrapping_add(mix(s.known[n - 2 * j].0).wrapping_mul(r.power));
+        r.open_hash = r.open_hash.wrapping_mul(HASH_BASE).wrapping_add(mix(fp));
+        r.power = r.power.wrapping_mul(HASH_BASE);
+        let repeats = r.open_hash == r.tail_hash
+            && s
+                .known
+                .range(n - 2 * j..n - j)
+                .map(|e| e.0)
+                .eq(s.known.range(n - j..).map(|e| e.0));
+        first_reuse || repeats
+    }
+
+    /// The open batch went to the writer: every session's open part starts over.
+    pub fn batch_taken(&mut self) {
+        for s in &mut self.sessions {
+            s.open = 0;
+            s.replay = Replay::default();
+            s.reused_committed |= std::mem::take(&mut s.reused_open);
+        }
+    }
+
+    fn session(&self, session: u16) -> Option<&Sequence> {
+        self.sessions.get(usize::from(session))
+    }
+}
+
+#[cfg(test)]
+mod tests;
