@@ -189,10 +189,8 @@ fn start_over(
             path: store_path.clone(),
             source,
         })?;
-    let dedup = crate::dedup::Window::new(
-        config.limits.dedup_window,
-        recent.iter().map(|&(fp, _)| fp),
-    );
+    let dedup =
+        crate::dedup::Window::new(config.limits.dedup_window, recent.iter().map(|&(fp, _)| fp));
     // A reconnect's burst holds at most what the broker may have unacknowledged on a session.
     let resends = crate::resend::Resends::new(
         config.mqtt.sessions,

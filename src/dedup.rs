@@ -194,7 +194,7 @@ pub fn count(bytes: &[u8]) -> Option<usize> {
     }
     let (&last, rest) = bytes.split_last()?;
     (last == TAGGED && rest.len().is_multiple_of(FINGERPRINT_BYTES + TAG_BYTES))
-        .then(|| rest.len() / (FINGERPRINT_BYTES + TAG_BYTES))
+        .then_some(rest.len() / (FINGERPRINT_BYTES + TAG_BYTES))
 }
 
 /// Decodes [`encode`]d fingerprints, oldest first; the untagged encoding of format version 2

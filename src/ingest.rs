@@ -637,7 +637,15 @@ impl Ingest {
                 self.end_burst(st, session, BurstEnd::Pause);
             }
         } else {
-            Self::apply(&mut self.batcher, &self.stats, st, admitted, topic, payload, now);
+            Self::apply(
+                &mut self.batcher,
+                &self.stats,
+                st,
+                admitted,
+                topic,
+                payload,
+                now,
+            );
         }
         if qos > 0 {
             let s = &self.sessions[session];

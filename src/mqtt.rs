@@ -115,6 +115,9 @@ struct Driver {
     /// MQTT 3.1.1: the incoming limit was raised for this connection attempt, to take in and
     /// reject a message larger than `max_packet` ([`oversized_v4`]).
     raised: bool,
+    /// The connection failed after its last read had queued events: those are handed over
+    /// first, then this ([`Driver::poll_client`]).
+    failure: Option<PollError>,
 }
 
 impl Drop for Mqtt {
@@ -208,6 +211,7 @@ impl Mqtt {
                 max_packet: cfg.max_packet_bytes,
                 max_packet_to_drop: cfg.max_packet_bytes_to_drop,
                 raised: false,
+                failure: None,
             }),
             events: None,
             resume: Arc::new(Notify::new()),
@@ -287,12 +291,27 @@ impl Driver {
         event
     }
 
+    /// The event loop's next event, as an [`MqttEvent`]. When a connection fails after a read
+    /// that queued several packets, rumqttc keeps the rest queued and hands them over after the
+    /// next connection's CONNACK (MQTT 3.1.1) or before it (MQTT 5): a message of the old
+    /// connection would pass for one of the new (its ack sent there, under a packet id that may
+    /// name another message now). They come here before the failure instead: `Other` stands
+    /// for the failure until they are taken.
     async fn poll_client(&mut self) -> Result<MqttEvent, PollError> {
         let attempt = &mut self.attempt;
+        let failure = &mut self.failure;
         match &mut self.client {
             Client::V4 { eventloop, .. } => {
                 use rumqttc::{Event, Outgoing, Packet};
-                match eventloop.poll().await {
+                let polled = if failure.is_some() {
+                    match eventloop.state.events.pop_front() {
+                        Some(event) => Ok(event),
+                        None => return Err(failure.take().expect("checked above")),
+                    }
+                } else {
+                    eventloop.poll().await
+                };
+                match polled {
                     Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                         if std::mem::take(&mut self.raised) {
                             // This connection keeps the raised limit; the next one is normal.
@@ -347,11 +366,16 @@ impl Driver {
                                 &mut self.raised,
                             );
                         }
-                        Err(PollError {
+                        let e = PollError {
                             refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
                             tls: tls_error_v4(&e),
                             message,
-                        })
+                        };
+                        if eventloop.state.events.is_empty() {
+                            return Err(e);
+                        }
+                        *failure = Some(e);
+                        Ok(MqttEvent::Other)
                     }
                 }
             }
@@ -359,7 +383,15 @@ impl Driver {
                 use rumqttc::Outgoing;
                 use rumqttc::v5::Event;
                 use rumqttc::v5::mqttbytes::v5::{Packet, SubscribeReasonCode};
-                match eventloop.poll().await {
+                let polled = if failure.is_some() {
+                    match eventloop.state.events.pop_front() {
+                        Some(event) => Ok(event),
+                        None => return Err(failure.take().expect("checked above")),
+                    }
+                } else {
+                    eventloop.poll().await
+                };
+                match polled {
                     Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
                         session_present: ack.session_present,
                         handshake: attempt.take().map_or(Duration::ZERO, |t| t.elapsed()),
@@ -392,11 +424,21 @@ impl Driver {
                     }
                     Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
                     Ok(_) => Ok(MqttEvent::Other),
-                    Err(e) => Err(PollError {
-                        refused: matches!(e, rumqttc::v5::ConnectionError::ConnectionRefused(_)),
-                        tls: tls_error_v5(&e),
-                        message: e.to_string(),
-                    }),
+                    Err(e) => {
+                        let e = PollError {
+                            refused: matches!(
+                                e,
+                                rumqttc::v5::ConnectionError::ConnectionRefused(_)
+                            ),
+                            tls: tls_error_v5(&e),
+                            message: e.to_string(),
+                        };
+                        if eventloop.state.events.is_empty() {
+                            return Err(e);
+                        }
+                        *failure = Some(e);
+                        Ok(MqttEvent::Other)
+                    }
                 }
             }
         }

@@ -305,8 +305,7 @@ impl Resends {
         r.open_hash = r.open_hash.wrapping_mul(HASH_BASE).wrapping_add(mix(fp));
         r.power = r.power.wrapping_mul(HASH_BASE);
         let repeats = r.open_hash == r.tail_hash
-            && s
-                .known
+            && s.known
                 .range(n - 2 * j..n - j)
                 .map(|e| e.0)
                 .eq(s.known.range(n - j..).map(|e| e.0));

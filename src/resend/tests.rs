@@ -1,6 +1,7 @@
 use super::*;
 
 /// Session 0's tag with packet id `pkid`.
+#[allow(clippy::unnecessary_wraps)] // a `Tag` is an `Option`
 fn tag(pkid: u16) -> Tag {
     Some(crate::dedup::PacketId { session: 0, pkid })
 }
@@ -13,7 +14,10 @@ fn reconnected(committed: &[Fingerprint]) -> Resends {
 
 /// Like [`reconnected`], with packet ids from `id(position)`.
 fn with_ids(committed: &[Fingerprint], id: impl Fn(usize) -> u16) -> Resends {
-    let recent = committed.iter().enumerate().map(|(i, &fp)| (fp, tag(id(i))));
+    let recent = committed
+        .iter()
+        .enumerate()
+        .map(|(i, &fp)| (fp, tag(id(i))));
     let mut r = Resends::new(1, 64, 16, recent);
     r.connected(0, true);
     r
@@ -68,11 +72,19 @@ fn a_burst_that_pauses_in_the_middle_of_the_tail_is_its_copies() {
     let mut r = reconnected(&[1, 2, 3, 4, 5, 6]);
     assert_eq!(burst(&mut r, &[2, 3], Pause), "CC");
     let mut r = reconnected(&[1, 2, 3, 4, 5, 6]);
-    assert_eq!(burst(&mut r, &[2, 3], NewMessage), "NN", "a new message: it was all");
+    assert_eq!(
+        burst(&mut r, &[2, 3], NewMessage),
+        "NN",
+        "a new message: it was all"
+    );
     let mut r = reconnected(&[1, 2, 3, 4, 5, 6]);
     assert_eq!(burst(&mut r, &[2, 4], Pause), "NN", "not a stretch");
     let mut r = with_ids(&[1, 2, 3, 4, 5, 6], |i| (i % 3) as u16);
-    assert_eq!(burst(&mut r, &[2, 3], Pause), "NN", "ids given twice: not a stall");
+    assert_eq!(
+        burst(&mut r, &[2, 3], Pause),
+        "NN",
+        "ids given twice: not a stall"
+    );
 }
 
 /// New messages that repeat the whole tail read as its copies: the one ambiguity, which
@@ -90,10 +102,21 @@ fn a_burst_that_repeats_a_whole_tail_is_taken_as_its_copies() {
 #[test]
 fn bursts_belong_to_a_connection_and_a_session() {
     let id = |session, pkid| Some(crate::dedup::PacketId { session, pkid });
-    let mut r = Resends::new(2, 64, 2, [(1, id(0, 1)), (2, id(1, 1)), (3, None), (4, id(7, 1))]);
+    let mut r = Resends::new(
+        2,
+        64,
+        2,
+        [(1, id(0, 1)), (2, id(1, 1)), (3, None), (4, id(7, 1))],
+    );
     assert!(r.knows(0, 1) && r.knows(1, 2));
-    assert!(!r.knows(0, 2) && !r.knows(0, 3) && !r.knows(1, 4), "tags decide");
-    assert!(!r.in_burst(0) && !r.hold(0, 1), "no burst before a connection");
+    assert!(
+        !r.knows(0, 2) && !r.knows(0, 3) && !r.knows(1, 4),
+        "tags decide"
+    );
+    assert!(
+        !r.in_burst(0) && !r.hold(0, 1),
+        "no burst before a connection"
+    );
     r.connected(0, false);
     assert!(!r.in_burst(0), "a new session: nothing is resent");
     r.connected(0, true);
@@ -119,11 +142,17 @@ fn the_open_batch_repeating_the_tail_before_it_is_a_replay() {
     // A single message repeating the last one.
     assert!(r.counted(0, 2, 2, true));
     r.batch_taken();
-    assert!(!r.counted(0, 5, 5, false) && !r.counted(0, 6, 6, false), "5 6 against 2 2");
+    assert!(
+        !r.counted(0, 5, 5, false) && !r.counted(0, 6, 6, false),
+        "5 6 against 2 2"
+    );
     // Other sessions and beyond the tail: nothing.
     assert!(!r.counted(5, 3, 3, true));
     let mut short = with_ids(&[1], |_| 1);
-    assert!(!short.counted(0, 2, 2, false) && !short.counted(0, 1, 3, false), "the tail ran out");
+    assert!(
+        !short.counted(0, 2, 2, false) && !short.counted(0, 1, 3, false),
+        "the tail ran out"
+    );
 }
 
 /// The first fingerprint seen again, on a session whose committed sequence shows no packet id
@@ -133,11 +162,20 @@ fn the_open_batch_repeating_the_tail_before_it_is_a_replay() {
 fn the_first_repeated_fingerprint_is_committed_at_once() {
     let mut r = with_ids(&[1, 2, 3], |i| i as u16 + 1);
     r.batch_taken();
-    assert!(!r.counted(0, 9, 1, false), "an id given again, another fingerprint: no hurry");
+    assert!(
+        !r.counted(0, 9, 1, false),
+        "an id given again, another fingerprint: no hurry"
+    );
     assert!(r.counted(0, 2, 2, true), "a fingerprint again");
-    assert!(r.counted(0, 3, 3, true), "not committed yet: still the first");
+    assert!(
+        r.counted(0, 3, 3, true),
+        "not committed yet: still the first"
+    );
     r.batch_taken();
-    assert!(!r.counted(0, 8, 3, true), "committed: ids given twice show in the store");
+    assert!(
+        !r.counted(0, 8, 3, true),
+        "committed: ids given twice show in the store"
+    );
     // Stored with ids given twice: nothing to prove.
     let mut r = with_ids(&[1, 2, 1], |i| (i % 2) as u16 + 1);
     assert!(!r.counted(0, 7, 1, true));
@@ -214,7 +252,9 @@ mod model {
     impl Broker {
         fn id(&mut self) -> u16 {
             if self.lowest_free {
-                (1..).find(|id| self.in_flight.iter().all(|(i, _)| i != id)).unwrap()
+                (1..=u16::MAX)
+                    .find(|id| self.in_flight.iter().all(|(i, _)| i != id))
+                    .expect("fewer than 65,535 in flight")
             } else {
                 self.next_id = self.next_id % 60_000 + 1;
                 self.next_id
@@ -291,7 +331,11 @@ mod model {
     }
 
     impl Bucketd {
-        fn start(ordered: bool, capacity: usize, stored: Vec<(Fingerprint, u16, usize)>) -> Bucketd {
+        fn start(
+            ordered: bool,
+            capacity: usize,
+            stored: Vec<(Fingerprint, u16, usize)>,
+        ) -> Bucketd {
             let recent = stored.iter().map(|&(fp, pkid, _)| (fp, tag(pkid)));
             Bucketd {
                 ordered,

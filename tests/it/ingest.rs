@@ -368,3 +368,156 @@ async fn a_packet_id_reused_for_the_same_payload_v311() {
 async fn a_packet_id_reused_for_the_same_payload_v5() {
     a_packet_id_reused_for_the_same_payload(Protocol::V5).await;
 }
+
+/// Four sensors that report the same value every round, through a broker that gives each round
+/// the packet ids 1 to 4 again (the lowest free): every message of round three has the
+/// fingerprint (topic, payload, packet id) of round two's. Rounds one and two are committed and
+/// acknowledged.
+fn round(topics: &Topics) -> Vec<(String, Vec<u8>)> {
+    (0..4)
+        .map(|i| (topics.value(&format!("s{i}"), "t"), b"21.5".to_vec()))
+        .collect()
+}
+
+/// Round three's first message reaches bucketd; its second is lost on the wire with the
+/// connection. The broker resends both with DUP: the first is a copy of what bucketd holds, the
+/// second is new although round two's second message has its fingerprint (a copy of that one
+/// would come before copies of round two's third and fourth, which are not resent). Telling
+/// resends by the window alone dropped it: 11 readings, not 12 (`crate::resend` in the library).
+async fn a_reused_packet_id_lost_on_the_wire(protocol: Protocol) {
+    if std::env::var_os("BUCKETD_TEST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("bucketd=debug")
+            .with_test_writer()
+            .try_init();
+    }
+    let broker = StrictBroker::start(100, Duration::ZERO).await;
+    broker.reuse_ids();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let cfg = config(&raw_config(&broker.target(), protocol, &db, &topics));
+    let d = daemon::start(&cfg).unwrap();
+    let stats = d.stats.clone();
+    wait_subscribed(&d).await;
+    let round = round(&topics);
+    for n in 1..=2 {
+        broker.publish(&round, |_| 1);
+        eventually(WAIT, "the round acknowledged", || {
+            broker.seen().acked == 4 * n
+        })
+        .await;
+    }
+    broker.publish(&round[..1], |_| 1);
+    broker.lose_next();
+    broker.publish(&round[1..], |_| 1);
+    eventually(WAIT, "twelve readings", || {
+        broker.drained() && Stats::get(&stats.readings_ingested) >= 12
+    })
+    .await;
+    d.stop().await.unwrap();
+    let seen = broker.seen();
+    let ctx = format!("{protocol:?}: {seen:?}");
+    assert_eq!(seen.ids, [1, 2, 3, 4].repeat(3), "{ctx}");
+    assert_eq!((seen.connections, seen.resent), (2, 2), "{ctx}");
+    assert_eq!(
+        Stats::get(&stats.duplicates),
+        1,
+        "the first resend only: {ctx}"
+    );
+    assert_eq!(stored_count(&db), 12, "{ctx}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_packet_id_lost_on_the_wire_v311() {
+    a_reused_packet_id_lost_on_the_wire(Protocol::V311).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_packet_id_lost_on_the_wire_v5() {
+    a_reused_packet_id_lost_on_the_wire(Protocol::V5).await;
+}
+
+/// Round three's first two messages reach bucketd, which dies (kill -9) before committing
+/// them. After the restart the broker resends both: they repeat the start of round two, but
+/// copies of round two would run to its end. Both are new: 10 readings. Telling resends by the
+/// window alone dropped both: 8.
+async fn a_reused_packet_id_uncommitted_at_a_crash(protocol: Protocol) {
+    let broker = StrictBroker::start(100, Duration::ZERO).await;
+    broker.reuse_ids();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker.target(), protocol, &db, &topics);
+    // Nothing commits unless asked (POST /api/v1/flush): round three waits for the kill. The
+    // stated window keeps a quiet batch from passing for a full window.
+    raw.batch.flush_interval = Duration::from_hours(24);
+    raw.mqtt.broker_window = 100;
+    let path = write_config(dir.path(), &raw);
+    let daemon = Daemon::start(&path);
+    let lines = daemon.wait_for_line("saying it subscribed", |l| {
+        l.contains("Subscribed to every")
+    });
+    let addr = http_addr(&lines);
+    let flush = format!("http://{addr}/api/v1/flush");
+    let round = round(&topics);
+    for n in 1..=2 {
+        broker.publish(&round, |_| 1);
+        eventually(WAIT, "the round sent", || broker.seen().ids.len() == 4 * n).await;
+        eventually_async(WAIT, "the round acknowledged", async || {
+            http("POST", flush.clone()).await;
+            broker.seen().acked == 4 * n
+        })
+        .await;
+    }
+    // A sensor's next round comes well after the last acknowledgement (not as a broker's
+    // refill of its window, which would be committed at once).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    daemon.lines_so_far();
+    broker.publish(&round[..2], |_| 1);
+    eventually_async(WAIT, "both received, unacknowledged", async || {
+        let (_, metrics) = http("GET", format!("http://{addr}/metrics")).await;
+        metrics.contains("\nbucketd_messages_received_total 10\n")
+            && metrics.contains("\nbucketd_unacked_messages 2\n")
+    })
+    .await;
+    let (_, rest) = daemon.kill();
+    assert!(
+        !rest.iter().any(|l| l.contains("Committed batch.")),
+        "round three was committed before the kill: {rest:#?}"
+    );
+    let daemon = Daemon::start(&path);
+    let lines = daemon.wait_for_line("saying it serves", |l| l.contains("Serving /metrics"));
+    let flush = format!("http://{}/api/v1/flush", http_addr(&lines));
+    eventually_async(WAIT, "the resends acknowledged", async || {
+        http("POST", flush.clone()).await;
+        broker.seen().acked == 10
+    })
+    .await;
+    let (status, _) = daemon.terminate();
+    assert!(status.success());
+    let seen = broker.seen();
+    let ctx = format!("{protocol:?}: {seen:?}");
+    assert_eq!(seen.ids, [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], "{ctx}");
+    assert_eq!(seen.resent, 2, "{ctx}");
+    assert_eq!(stored_count(&db), 10, "{ctx}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_packet_id_uncommitted_at_a_crash_v311() {
+    a_reused_packet_id_uncommitted_at_a_crash(Protocol::V311).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_packet_id_uncommitted_at_a_crash_v5() {
+    a_reused_packet_id_uncommitted_at_a_crash(Protocol::V5).await;
+}
+
+/// Readings in the buckets of the file at `db`.
+fn stored_count(db: &std::path::Path) -> i64 {
+    let docs = StoreReader::open(db)
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    docs.iter().map(|d| d.count).sum()
+}

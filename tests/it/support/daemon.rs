@@ -95,6 +95,11 @@ impl Daemon {
         }
     }
 
+    /// The log lines that came so far and were not read.
+    pub fn lines_so_far(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+
     pub fn terminate(self) -> (std::process::ExitStatus, Vec<String>) {
         self.signal(libc::SIGTERM)
     }

@@ -54,6 +54,9 @@ struct Shared {
     /// Close the connection (after writing everything sent so far) once the message at this
     /// index of `queue` is sent.
     close_after: Option<usize>,
+    /// The message at this index of `queue` is lost on the wire: in flight, never written; the
+    /// connection closes instead.
+    lose: Option<usize>,
     /// Whether the subscriber's session exists (it subscribed).
     subscribed: bool,
     seen: Seen,
@@ -133,6 +136,14 @@ impl StrictBroker {
     pub fn close_after_next(&self) {
         let mut s = self.shared.lock().unwrap();
         s.close_after = Some(s.queue.len());
+    }
+
+    /// The next QoS 1 message to be published is lost on the wire with the connection: the
+    /// broker counts it in flight (it resends it on the next connection) but the subscriber
+    /// never gets it; the connection closes after what was sent before it.
+    pub fn lose_next(&self) {
+        let mut s = self.shared.lock().unwrap();
+        s.lose = Some(s.queue.len());
     }
 
     /// Closes the subscriber's connection (the session stays).
@@ -283,7 +294,7 @@ impl Session {
     }
 
     /// Sends what the window allows. Returns whether the connection is to close now
-    /// ([`StrictBroker::close_after_next`]).
+    /// ([`StrictBroker::close_after_next`], [`StrictBroker::lose_next`]).
     fn deliver(&self, out: &mpsc::UnboundedSender<(Instant, BytesMut)>, v5: bool) -> bool {
         let mut s = self.shared.lock().unwrap();
         if !s.subscribed {
@@ -304,6 +315,10 @@ impl Session {
             s.in_flight.push_back((pkid, i));
             s.seen.max_in_flight = s.seen.max_in_flight.max(s.in_flight.len());
             s.next += 1;
+            if s.lose == Some(i) {
+                s.lose = None;
+                return true;
+            }
             let _ = out.send((Instant::now(), publish(v5, &topic, payload, 1, pkid, false)));
             if s.close_after == Some(i) {
                 s.close_after = None;
