@@ -643,6 +643,68 @@ fn a_format_1_file_opens_migrated_with_everything_it_held() {
     assert_eq!(store.next_seq(), batches.len() as u64 + 1);
 }
 
+/// Format 2 is format 3 with untagged fingerprints: such a file opens migrated, its fingerprints
+/// read as belonging to no resend sequence, and new ones are stored with their tags. A format
+/// newer than this release is refused with a message that says so.
+#[test]
+fn a_format_2_file_opens_migrated_and_its_fingerprints_keep_no_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("two.redb");
+    let mut store = Store::open(&settings(&path)).unwrap();
+    store.commit(&batch(&[("a/t", 10, 1.0)])).unwrap();
+    drop(store);
+    let set = |version: &str, untagged: Option<&[u8]>| {
+        let db = redb::Database::open(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(META)
+            .unwrap()
+            .insert("format_version", version)
+            .unwrap();
+        if let Some(bytes) = untagged {
+            tx.open_table(DEDUP).unwrap().insert(0, bytes).unwrap();
+        }
+        tx.commit().unwrap();
+    };
+    // As the format-2 store wrote them: 16 bytes each, nothing else.
+    let untagged: Vec<u8> = [7u128, 8].iter().flat_map(|fp| fp.to_le_bytes()).collect();
+    set("2", Some(&untagged));
+    let mut store = Store::open(&settings(&path)).unwrap();
+    assert_eq!(store.recent_fingerprints().unwrap(), [(7, None), (8, None)]);
+    let id = crate::dedup::PacketId {
+        session: 1,
+        pkid: 9,
+    };
+    let tagged = Batch {
+        fingerprints: vec![(9, Some(id)), (10, None)],
+        ..batch(&[("a/t", 20, 2.0)])
+    };
+    store.commit(&tagged).unwrap();
+    assert_eq!(
+        store.recent_fingerprints().unwrap(),
+        [(7, None), (8, None), (9, Some(id)), (10, None)]
+    );
+    drop(store);
+    let db = redb::Database::open(&path).unwrap();
+    let version = db
+        .begin_read()
+        .unwrap()
+        .open_table(META)
+        .unwrap()
+        .get("format_version")
+        .unwrap()
+        .unwrap()
+        .value()
+        .to_owned();
+    assert_eq!(version, FORMAT_VERSION.to_string());
+    drop(db);
+    set("4", None);
+    let Err(err) = Store::open(&settings(&path)) else {
+        panic!("a format-4 file opened");
+    };
+    let err = err.to_string();
+    assert!(err.contains("format version 4") && err.contains("1 to 3"), "{err}");
+}
+
 /// Readings of `series_count` series over hour `h`, every reading kept raw.
 fn hour_batch(h: i64, series_count: usize, per_series: i64) -> Batch {
     let mut b = Batcher::by_hand();
