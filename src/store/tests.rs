@@ -702,7 +702,10 @@ fn a_format_2_file_opens_migrated_and_its_fingerprints_keep_no_sequence() {
         panic!("a format-4 file opened");
     };
     let err = err.to_string();
-    assert!(err.contains("format version 4") && err.contains("1 to 3"), "{err}");
+    assert!(
+        err.contains("format version 4") && err.contains("1 to 3"),
+        "{err}"
+    );
 }
 
 /// Readings of `series_count` series over hour `h`, every reading kept raw.
