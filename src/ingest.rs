@@ -548,7 +548,7 @@ impl Ingest {
         // Unacknowledged, the held resends come again with the next connection's burst.
         s.held.clear();
         let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
-        self.admit.resends().connected(id, false);
+        self.admit.resends().disconnected(id);
         let delay = s.backoff.next_delay();
         let attempt = s.backoff.attempts;
         s.reconnect_at = Some(Instant::now() + delay);
@@ -734,6 +734,7 @@ impl Ingest {
         if held.is_empty() {
             return;
         }
+        debug_assert_eq!(parts.len(), held.len(), "held here and in `resend` together");
         let count = |part| parts.iter().filter(|p| **p == part).count();
         info!(
             session,

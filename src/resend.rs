@@ -191,6 +191,12 @@ impl Resends {
         }
     }
 
+    /// `session`'s connection ended: what its burst held is dropped (the caller drops the
+    /// messages too; unacknowledged, they come again with the next connection's burst).
+    pub fn disconnected(&mut self, session: u16) {
+        self.connected(session, false);
+    }
+
     /// Whether `session`'s reconnect burst is still open.
     pub fn in_burst(&self, session: u16) -> bool {
         self.session(session).is_some_and(|s| s.burst.is_some())

@@ -128,6 +128,10 @@ fn bursts_belong_to_a_connection_and_a_session() {
     assert_eq!(r.held(0), 0, "a new connection drops what the old one held");
     assert!(r.end_burst(0, Pause).is_empty());
     assert!(!r.in_burst(0));
+    r.connected(1, true);
+    assert!(r.hold(1, 2));
+    r.disconnected(1);
+    assert!(!r.in_burst(1) && r.held(1) == 0, "a lost connection drops its burst");
 }
 
 #[test]
