@@ -734,7 +734,11 @@ impl Ingest {
         if held.is_empty() {
             return;
         }
-        debug_assert_eq!(parts.len(), held.len(), "held here and in `resend` together");
+        debug_assert_eq!(
+            parts.len(),
+            held.len(),
+            "held here and in `resend` together"
+        );
         let count = |part| parts.iter().filter(|p| **p == part).count();
         info!(
             session,

@@ -303,14 +303,7 @@ impl Driver {
         match &mut self.client {
             Client::V4 { eventloop, .. } => {
                 use rumqttc::{Event, Outgoing, Packet};
-                let polled = if failure.is_some() {
-                    match eventloop.state.events.pop_front() {
-                        Some(event) => Ok(event),
-                        None => return Err(failure.take().expect("checked above")),
-                    }
-                } else {
-                    eventloop.poll().await
-                };
+                let polled = next_event!(failure, eventloop);
                 match polled {
                     Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                         if std::mem::take(&mut self.raised) {
@@ -371,11 +364,7 @@ impl Driver {
                             tls: tls_error_v4(&e),
                             message,
                         };
-                        if eventloop.state.events.is_empty() {
-                            return Err(e);
-                        }
-                        *failure = Some(e);
-                        Ok(MqttEvent::Other)
+                        failed(failure, !eventloop.state.events.is_empty(), e)
                     }
                 }
             }
@@ -383,14 +372,7 @@ impl Driver {
                 use rumqttc::Outgoing;
                 use rumqttc::v5::Event;
                 use rumqttc::v5::mqttbytes::v5::{Packet, SubscribeReasonCode};
-                let polled = if failure.is_some() {
-                    match eventloop.state.events.pop_front() {
-                        Some(event) => Ok(event),
-                        None => return Err(failure.take().expect("checked above")),
-                    }
-                } else {
-                    eventloop.poll().await
-                };
+                let polled = next_event!(failure, eventloop);
                 match polled {
                     Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
                         session_present: ack.session_present,
@@ -433,16 +415,43 @@ impl Driver {
                             tls: tls_error_v5(&e),
                             message: e.to_string(),
                         };
-                        if eventloop.state.events.is_empty() {
-                            return Err(e);
-                        }
-                        *failure = Some(e);
-                        Ok(MqttEvent::Other)
+                        failed(failure, !eventloop.state.events.is_empty(), e)
                     }
                 }
             }
         }
     }
+}
+
+/// The event loop's next event; after a failure whose read left events queued, those first and
+/// then the failure ([`Driver::poll_client`]). A macro: the two protocols' event loops share no
+/// type.
+macro_rules! next_event {
+    ($failure:expr, $eventloop:expr) => {
+        if $failure.is_some() {
+            match $eventloop.state.events.pop_front() {
+                Some(event) => Ok(event),
+                None => return Err($failure.take().expect("checked above")),
+            }
+        } else {
+            $eventloop.poll().await
+        }
+    };
+}
+use next_event;
+
+/// A connection's failure `e`, unless events read before it are still `queued`: then it waits
+/// in `failure`, and `Other` stands for it until they are taken.
+fn failed(
+    failure: &mut Option<PollError>,
+    queued: bool,
+    e: PollError,
+) -> Result<MqttEvent, PollError> {
+    if !queued {
+        return Err(e);
+    }
+    *failure = Some(e);
+    Ok(MqttEvent::Other)
 }
 
 /// Pops the events at the front of the event loop's queue that `is_ack` says are acks written

@@ -131,7 +131,10 @@ fn bursts_belong_to_a_connection_and_a_session() {
     r.connected(1, true);
     assert!(r.hold(1, 2));
     r.disconnected(1);
-    assert!(!r.in_burst(1) && r.held(1) == 0, "a lost connection drops its burst");
+    assert!(
+        !r.in_burst(1) && r.held(1) == 0,
+        "a lost connection drops its burst"
+    );
 }
 
 #[test]

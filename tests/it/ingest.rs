@@ -385,12 +385,6 @@ fn round(topics: &Topics) -> Vec<(String, Vec<u8>)> {
 /// would come before copies of round two's third and fourth, which are not resent). Telling
 /// resends by the window alone dropped it: 11 readings, not 12 (`crate::resend` in the library).
 async fn a_reused_packet_id_lost_on_the_wire(protocol: Protocol) {
-    if std::env::var_os("BUCKETD_TEST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter("bucketd=debug")
-            .with_test_writer()
-            .try_init();
-    }
     let broker = StrictBroker::start(100, Duration::ZERO).await;
     broker.reuse_ids();
     let dir = tempfile::tempdir().unwrap();
