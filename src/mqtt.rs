@@ -737,13 +737,13 @@ mod tests {
             let mut driver = mqtt.driver.take().expect("not started");
             // CONNACK (session present), two QoS 1 PUBLISHes to topic "t" (ids 1 and 2), then
             // the end of the stream, in one write.
-            let (connack, publish): (&[u8], fn(u8) -> Vec<u8>) = match protocol {
-                Protocol::V311 => (&[0x20, 2, 1, 0], |id| {
-                    vec![0x32, 6, 0, 1, b't', 0, id, b'1']
-                }),
-                Protocol::V5 => (&[0x20, 3, 1, 0, 0], |id| {
-                    vec![0x32, 7, 0, 1, b't', 0, id, 0, b'1']
-                }),
+            let connack: &[u8] = match protocol {
+                Protocol::V311 => &[0x20, 2, 1, 0],
+                Protocol::V5 => &[0x20, 3, 1, 0, 0],
+            };
+            let publish = |id: u8| match protocol {
+                Protocol::V311 => vec![0x32, 6, 0, 1, b't', 0, id, b'1'],
+                Protocol::V5 => vec![0x32, 7, 0, 1, b't', 0, id, 0, b'1'],
             };
             let broker = async {
                 let (mut stream, _) = listener.accept().await.unwrap();
