@@ -717,9 +717,29 @@ mod tests {
         packet
     }
 
-    /// The acks queued while the event loop was busy go out with one flush and come back as
-    /// one event (vendor/rumqttc/PATCHED.md): one write and one TCP segment per window of
-    /// acknowledgements instead of one each, and one hand-over to the ingest task.
+    /// A client of `protocol` for a broker the test plays on `listener`, and its driver, not
+    /// started (the test polls it).
+    async fn client(protocol: Protocol) -> (tokio::net::TcpListener, Mqtt, Driver) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut raw = crate::config::RawConfig::load(None, []).expect("the defaults load");
+        raw.mqtt.protocol = protocol;
+        raw.mqtt.host = "127.0.0.1".into();
+        raw.mqtt.port = listener.local_addr().unwrap().port();
+        let cfg = crate::config::Config::try_from(raw).expect("valid");
+        let mut mqtt = Mqtt::new(&cfg.mqtt, 0, None, None, &cfg.subscriptions);
+        let driver = mqtt.driver.take().expect("not started");
+        (listener, mqtt, driver)
+    }
+
+    /// The broker's side of a connection: takes the CONNECT, answers `connack`.
+    async fn accept(listener: &tokio::net::TcpListener, connack: &[u8]) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let (mut stream, _) = listener.accept().await.unwrap();
+        assert_eq!(read_packet(&mut stream).await[0], 0x10, "CONNECT");
+        stream.write_all(connack).await.unwrap();
+        stream
+    }
+
     /// A connection that ends right after a read of several packets: rumqttc keeps the rest
     /// queued, and its 3.1.1 event loop handed them over after the next CONNACK, as if they had
     /// come on the new connection (their acks sent there). They come before the failure.
@@ -727,14 +747,7 @@ mod tests {
     async fn messages_read_before_a_connection_failed_come_before_the_failure() {
         use tokio::io::AsyncWriteExt;
         for protocol in [Protocol::V311, Protocol::V5] {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let mut raw = crate::config::RawConfig::load(None, []).expect("the defaults load");
-            raw.mqtt.protocol = protocol;
-            raw.mqtt.host = "127.0.0.1".into();
-            raw.mqtt.port = listener.local_addr().unwrap().port();
-            let cfg = crate::config::Config::try_from(raw).expect("valid");
-            let mut mqtt = Mqtt::new(&cfg.mqtt, 0, None, None, &cfg.subscriptions);
-            let mut driver = mqtt.driver.take().expect("not started");
+            let (listener, _mqtt, mut driver) = client(protocol).await;
             // CONNACK (session present), two QoS 1 PUBLISHes to topic "t" (ids 1 and 2), then
             // the end of the stream, in one write.
             let connack: &[u8] = match protocol {
@@ -745,13 +758,8 @@ mod tests {
                 Protocol::V311 => vec![0x32, 6, 0, 1, b't', 0, id, b'1'],
                 Protocol::V5 => vec![0x32, 7, 0, 1, b't', 0, id, 0, b'1'],
             };
-            let broker = async {
-                let (mut stream, _) = listener.accept().await.unwrap();
-                assert_eq!(read_packet(&mut stream).await[0], 0x10, "CONNECT");
-                stream.write_all(connack).await.unwrap();
-                stream
-            };
-            let (connected, mut stream) = tokio::join!(driver.poll_client(), broker);
+            let (connected, mut stream) =
+                tokio::join!(driver.poll_client(), accept(&listener, connack));
             assert!(
                 matches!(connected, Ok(MqttEvent::Connected { .. })),
                 "{connected:?}"
@@ -774,13 +782,7 @@ mod tests {
                 "{protocol:?}: both before the failure ({failure})"
             );
             // The next connection begins with its CONNACK and nothing of the old one.
-            let broker = async {
-                let (mut stream, _) = listener.accept().await.unwrap();
-                assert_eq!(read_packet(&mut stream).await[0], 0x10, "CONNECT");
-                stream.write_all(connack).await.unwrap();
-                stream
-            };
-            let (next, _stream) = tokio::join!(driver.poll_client(), broker);
+            let (next, _stream) = tokio::join!(driver.poll_client(), accept(&listener, connack));
             assert!(
                 matches!(next, Ok(MqttEvent::Connected { .. })),
                 "{protocol:?}: {next:?}"
@@ -788,29 +790,19 @@ mod tests {
         }
     }
 
+    /// The acks queued while the event loop was busy go out with one flush and come back as
+    /// one event (vendor/rumqttc/PATCHED.md): one write and one TCP segment per window of
+    /// acknowledgements instead of one each, and one hand-over to the ingest task.
     #[tokio::test]
     async fn queued_acks_go_out_together_and_come_back_as_one_event() {
-        use tokio::io::AsyncWriteExt;
         for protocol in [Protocol::V311, Protocol::V5] {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let mut raw = crate::config::RawConfig::load(None, []).expect("the defaults load");
-            raw.mqtt.protocol = protocol;
-            raw.mqtt.host = "127.0.0.1".into();
-            raw.mqtt.port = listener.local_addr().unwrap().port();
-            let cfg = crate::config::Config::try_from(raw).expect("valid");
-            let mut mqtt = Mqtt::new(&cfg.mqtt, 0, None, None, &cfg.subscriptions);
-            let mut driver = mqtt.driver.take().expect("not started");
-            let broker = async {
-                let (mut stream, _) = listener.accept().await.unwrap();
-                assert_eq!(read_packet(&mut stream).await[0], 0x10, "CONNECT");
-                let connack: &[u8] = match protocol {
-                    Protocol::V311 => &[0x20, 2, 0, 0],
-                    Protocol::V5 => &[0x20, 3, 0, 0, 0],
-                };
-                stream.write_all(connack).await.unwrap();
-                stream
+            let (listener, mqtt, mut driver) = client(protocol).await;
+            let connack: &[u8] = match protocol {
+                Protocol::V311 => &[0x20, 2, 0, 0],
+                Protocol::V5 => &[0x20, 3, 0, 0, 0],
             };
-            let (connected, mut stream) = tokio::join!(driver.poll_client(), broker);
+            let (connected, mut stream) =
+                tokio::join!(driver.poll_client(), accept(&listener, connack));
             assert!(
                 matches!(connected, Ok(MqttEvent::Connected { .. })),
                 "{connected:?}"
