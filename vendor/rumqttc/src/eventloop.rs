@@ -164,6 +164,17 @@ impl EventLoop {
             if !connack.session_present {
                 self.pending.clear();
             }
+            // bucketd patch: acks are never written on a later connection than their message
+            // came on. `clean` drops the PUBACKs queued when the connection failed but keeps the
+            // PUBRECs, and the client may queue acks after `clean` and before it sees the
+            // failure; all of them would go out first thing here, where the broker resends
+            // those messages anyway and a packet id may name another message by the time the
+            // resend's own ack comes (an ack for a message not yet committed). The client's
+            // count of acks written must also match what it queued on this connection.
+            let queued: Vec<Request> = self.requests_rx.drain().collect();
+            self.pending.extend(queued);
+            self.pending
+                .retain(|request| !matches!(request, Request::PubAck(_) | Request::PubRec(_)));
             self.network = Some(network);
 
             if self.keepalive_timeout.is_none() && !self.mqtt_options.keep_alive.is_zero() {
@@ -247,7 +258,7 @@ impl EventLoop {
                 Ok(request) => {
                     // bucketd patch: nothing goes out after a DISCONNECT.
                     let mut last = matches!(request, Request::Disconnect(_));
-                    if let Some(outgoing) = self.state.handle_outgoing_packet(request)? {
+                    if let Some(outgoing) = self.state.handle_requested_packet(request)? {
                         network.write(outgoing).await?;
                     }
                     // bucketd patch: the requests already queued go out with this one, in one
@@ -265,7 +276,7 @@ impl EventLoop {
                             break;
                         };
                         last = matches!(request, Request::Disconnect(_));
-                        if let Some(outgoing) = self.state.handle_outgoing_packet(request)? {
+                        if let Some(outgoing) = self.state.handle_requested_packet(request)? {
                             network.write(outgoing).await?;
                         }
                         batched += 1;

@@ -44,6 +44,13 @@ pub enum StateError {
 pub struct MqttState {
     /// Status of last ping
     pub await_pingresp: bool,
+    /// bucketd patch: PINGRESPs owed, for keep-alive pings and requested ones
+    /// ([`MqttState::handle_requested_packet`]); the broker answers them in order.
+    pub(crate) pingresps_owed: usize,
+    /// bucketd patch: how many PINGRESPs, counted from now, answer the keep-alive ping
+    /// (0: none awaited). The keep-alive rule is upstream's: its next ping fails the connection
+    /// with [`StateError::AwaitPingResp`] if this one's answer has not come.
+    pub(crate) keepalive_pingresp_in: usize,
     /// Collision ping count. Collisions stop user requests
     /// which inturn trigger pings. Multiple pings without
     /// resolving collisions will result in error
@@ -81,6 +88,8 @@ impl MqttState {
     pub fn new(max_inflight: u16, manual_acks: bool) -> Self {
         MqttState {
             await_pingresp: false,
+            pingresps_owed: 0,
+            keepalive_pingresp_in: 0,
             collision_ping_count: 0,
             last_incoming: Instant::now(),
             last_outgoing: Instant::now(),
@@ -124,6 +133,8 @@ impl MqttState {
         self.incoming_pub.clear();
 
         self.await_pingresp = false;
+        self.pingresps_owed = 0;
+        self.keepalive_pingresp_in = 0;
         self.collision_ping_count = 0;
         self.inflight = 0;
         pending
@@ -131,6 +142,24 @@ impl MqttState {
 
     pub fn inflight(&self) -> u16 {
         self.inflight
+    }
+
+    /// bucketd patch: [`MqttState::handle_outgoing_packet`] for a request from the client's
+    /// channel. A PINGREQ asked for there goes out even while the keep-alive ping awaits its
+    /// answer (upstream fails the connection with [`StateError::AwaitPingResp`] instead): its
+    /// PINGRESP tells the caller that the broker has read everything written before it. The
+    /// keep-alive timer's pings keep upstream's rule.
+    pub fn handle_requested_packet(
+        &mut self,
+        request: Request,
+    ) -> Result<Option<Packet>, StateError> {
+        if !matches!(request, Request::PingReq(_)) {
+            return self.handle_outgoing_packet(request);
+        }
+        self.pingresps_owed += 1;
+        self.last_outgoing = Instant::now();
+        self.events.push_back(Event::Outgoing(Outgoing::PingReq));
+        Ok(Some(Packet::PingReq))
     }
 
     /// Consolidates handling of all outgoing mqtt packet logic. Returns a packet which should
@@ -301,7 +330,16 @@ impl MqttState {
     }
 
     fn handle_incoming_pingresp(&mut self) -> Result<Option<Packet>, StateError> {
-        self.await_pingresp = false;
+        // bucketd patch: with requested pings about, this answer is the keep-alive ping's only
+        // when its turn has come.
+        self.pingresps_owed = self.pingresps_owed.saturating_sub(1);
+        match self.keepalive_pingresp_in {
+            0 | 1 => {
+                self.keepalive_pingresp_in = 0;
+                self.await_pingresp = false;
+            }
+            n => self.keepalive_pingresp_in = n - 1,
+        }
 
         Ok(None)
     }
@@ -391,6 +429,9 @@ impl MqttState {
         }
 
         self.await_pingresp = true;
+        // bucketd patch: its answer comes after those owed for requested pings.
+        self.pingresps_owed += 1;
+        self.keepalive_pingresp_in = self.pingresps_owed;
 
         debug!(
             "Pingreq,
@@ -798,6 +839,34 @@ mod test {
 
         // should ping
         mqtt.outgoing_ping().unwrap();
+    }
+
+    /// bucketd patch: a requested ping goes out while the keep-alive ping awaits its answer,
+    /// and the keep-alive rule counts only the keep-alive ping's own answer.
+    #[test]
+    fn requested_pings_go_out_while_the_keepalive_ping_awaits_and_keep_its_rule() {
+        let mut mqtt = build_mqttstate();
+        let requested = || Request::PingReq(PingReq);
+
+        // Requested, then keep-alive, then requested again: three answers owed, in that order.
+        assert_eq!(mqtt.handle_requested_packet(requested()).unwrap(), Some(Packet::PingReq));
+        mqtt.handle_outgoing_packet(Request::PingReq(PingReq)).unwrap();
+        assert_eq!(mqtt.handle_requested_packet(requested()).unwrap(), Some(Packet::PingReq));
+        assert_eq!(mqtt.events.len(), 3, "each ping has its Outgoing event");
+        // The first answer is the first requested ping's: the keep-alive ping still awaits.
+        mqtt.handle_incoming_packet(Incoming::PingResp).unwrap();
+        assert!(matches!(
+            mqtt.handle_outgoing_packet(Request::PingReq(PingReq)),
+            Err(StateError::AwaitPingResp)
+        ));
+        // The second is the keep-alive ping's.
+        mqtt.handle_incoming_packet(Incoming::PingResp).unwrap();
+        mqtt.handle_outgoing_packet(Request::PingReq(PingReq)).unwrap();
+        // Requests other than pings are handled as upstream handles them.
+        assert_eq!(
+            mqtt.handle_requested_packet(Request::PubAck(PubAck::new(3))).unwrap(),
+            Some(Packet::PubAck(PubAck::new(3)))
+        );
     }
 
     #[test]

@@ -442,6 +442,14 @@ impl AsyncClient {
         self.request_tx.try_send(request)?;
         Ok(())
     }
+
+    /// bucketd patch: queues a PINGREQ, written after the requests queued before it, even
+    /// while the keep-alive ping awaits its answer. Its PINGRESP (`Incoming` event) says that
+    /// the broker has read them.
+    pub fn try_ping(&self) -> Result<(), ClientError> {
+        self.request_tx.try_send(Request::PingReq)?;
+        Ok(())
+    }
 }
 
 fn get_ack_req(publish: &Publish) -> Option<Request> {
