@@ -49,6 +49,8 @@ pub struct Message<'a> {
     pub claimed_elsewhere: bool,
     /// A held resend admitted once its burst ended: what [`Resends::end_burst`] made of it.
     pub burst: Option<BurstPart>,
+    /// QoS 1/2: the arrival number of its ack token (`crate::ack::AckToken::arrival`).
+    pub arrival: u64,
 }
 
 /// What becomes of a message as a whole.
@@ -252,7 +254,7 @@ impl Admitter {
         {
             self.collect();
             if self.counts() {
-                let copy = if self.resends.hold(m.session, fp) {
+                let copy = if self.resends.hold(m.session, fp, m.arrival) {
                     Verdict::Held
                 } else if self.dedup.contains(fp) {
                     // No room left (the caller ends a full burst first): the window's word.
@@ -356,7 +358,7 @@ impl Admitter {
             let seen = receive_time && self.dedup.contains(fp);
             self.dedup.insert(fp);
             let tag = if m.qos > 0 {
-                self.out.replay = self.resends.counted(m.session, fp, m.pkid, seen);
+                self.out.replay = self.resends.counted(m.session, fp, m.pkid, m.arrival, seen);
                 Some(dedup::PacketId {
                     session: m.session,
                     pkid: m.pkid,

@@ -73,8 +73,11 @@ pub struct Session {
     subscribed: bool,
     /// The session had its subscriptions at least once (readiness).
     ever_subscribed: bool,
-    /// Acks queued to the client and not yet written to the socket.
-    acks_unwritten: usize,
+    /// Arrival numbers of the acks queued to the client and not yet written to the socket, in
+    /// order (bounded by the client's request channel).
+    acks_unwritten: VecDeque<u64>,
+    /// What the broker has confirmed reading ([`Pings`]).
+    pings: Pings,
     /// Acks waiting for room in the client's request channel, in arrival order. rumqttc writes
     /// one request per poll, so a broker that sends past its window (Mosquitto before 2.0.13
     /// does) can fill the channel; nothing is dropped, the rest waits here. Bounded by what the
@@ -99,6 +102,8 @@ struct HeldMessage {
     pkid: u16,
     qos: u8,
     received: Timestamp,
+    /// Its ack token's arrival number.
+    arrival: u64,
     at: std::time::Instant,
 }
 
@@ -111,7 +116,8 @@ impl Session {
             connected: false,
             subscribed: false,
             ever_subscribed: false,
-            acks_unwritten: 0,
+            acks_unwritten: VecDeque::new(),
+            pings: Pings::default(),
             ack_backlog: VecDeque::new(),
             warned_window: false,
             reconnect_at: None,
@@ -129,7 +135,7 @@ impl Session {
 
     /// Messages of this session acknowledged but not yet written to the socket.
     fn acks_owed(&self) -> usize {
-        self.acks_unwritten + self.ack_backlog.len()
+        self.acks_unwritten.len() + self.ack_backlog.len()
     }
 
     /// Moves acks from the backlog into the client's request channel, in order, while it has
@@ -139,10 +145,43 @@ impl Session {
             if self.mqtt.try_ack(ack).is_err() {
                 break; // Full: the next AcksSent event makes room.
             }
+            self.acks_unwritten.push_back(ack.arrival);
             self.ack_backlog.pop_front();
-            self.acks_unwritten += 1;
         }
     }
+
+    /// The connection began or ended: nothing of it is owed or awaited any more.
+    fn reset_connection(&mut self, first_arrival: u64) {
+        self.acks_unwritten.clear();
+        self.ack_backlog.clear();
+        self.pings = Pings {
+            first_arrival,
+            ..Pings::default()
+        };
+    }
+}
+
+/// A connection's pings, which tell which of its acks the broker has read. A broker handles a
+/// connection's packets in order and answers each PINGREQ, so a PINGRESP says it has read every
+/// ack written before the PINGREQ it answers; a message whose ack the broker has read is never
+/// resent, so a later burst of resends cannot hold its copy (`crate::resend`, where this tells
+/// a new message on a reused packet id from a resend when their contents are the same).
+#[derive(Debug, Default)]
+struct Pings {
+    /// The first arrival number of this connection: its acks are those of later arrivals.
+    first_arrival: u64,
+    /// Arrival number of the last ack written on this connection (0: none yet).
+    written_through: u64,
+    /// `written_through` when the last PINGREQ was written.
+    pinged_through: u64,
+    /// `written_through` at each PINGREQ written and not answered yet, oldest first (ours and
+    /// the keep-alive ones; at most a few: one of ours at a time, and rumqttc ends the
+    /// connection when a keep-alive ping goes unanswered until the next).
+    sent: VecDeque<u64>,
+    /// A PINGREQ asked for is in the client's request channel.
+    queued: bool,
+    /// When to ask for one, if the session is still quiet then ([`crate::limits::PING_QUIET`]).
+    due: Option<Instant>,
 }
 
 pub struct Ingest {
@@ -240,6 +279,7 @@ impl Ingest {
                 .min()
                 .or_else(|| self.batcher.deadline().map(Instant::from_std));
             let reconnect_at = self.sessions.iter().filter_map(|s| s.reconnect_at).min();
+            let ping_at = self.sessions.iter().filter_map(|s| s.pings.due).min();
             let can_poll = self.sessions.iter().any(|s| s.reconnect_at.is_none())
                 && !self.batcher.is_full()
                 && st.claim_wait.is_none();
@@ -260,6 +300,9 @@ impl Ingest {
                     }
                 }
                 () = sleep_until_opt(deadline), if deadline.is_some() && st.in_flight.is_none() => {}
+                () = sleep_until_opt(ping_at), if ping_at.is_some() => {
+                    self.send_due_pings(Instant::now());
+                }
                 Some(reply) = self.flush_requests.recv() => self.on_flush_request(&mut st, reply),
                 // systemd arms the watchdog once the service is ready.
                 () = tick_opt(&mut watchdog), if watchdog.is_some() && st.ready_sent => {
@@ -446,8 +489,13 @@ impl Ingest {
             }
             Ok(MqttEvent::AcksSent(n)) => {
                 let s = &mut self.sessions[session];
-                s.acks_unwritten = s.acks_unwritten.saturating_sub(n);
+                let written = s.acks_unwritten.len().min(n);
+                if let Some(&last) = s.acks_unwritten.get(written.wrapping_sub(1)) {
+                    s.pings.written_through = last;
+                }
+                s.acks_unwritten.drain(..written);
                 s.send_acks();
+                self.schedule_ping(session);
                 self.stats.acks_sent.fetch_add(n as u64, Ordering::Relaxed);
                 self.update_gauges(st);
             }
@@ -459,8 +507,7 @@ impl Ingest {
                 s.connection += 1;
                 s.connected = true;
                 s.subscribed = session_present;
-                s.acks_unwritten = 0;
-                s.ack_backlog.clear();
+                s.reset_connection(st.arrival + 1);
                 s.warned_window = false;
                 s.backoff.reset();
                 // Held resends of the last connection are resent again on this one.
@@ -509,6 +556,23 @@ impl Ingest {
                     }
                 }
             }
+            Ok(MqttEvent::PingSent) => {
+                let p = &mut self.sessions[session].pings;
+                p.sent.push_back(p.written_through);
+                p.pinged_through = p.written_through;
+                p.queued = false;
+            }
+            Ok(MqttEvent::PingAnswered) => {
+                let s = &mut self.sessions[session];
+                let p = &mut s.pings;
+                if let Some(through) = p.sent.pop_front()
+                    && through >= p.first_arrival
+                {
+                    let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
+                    self.admit.resends().confirm(id, p.first_arrival, through);
+                }
+                self.schedule_ping(session);
+            }
             Ok(MqttEvent::Other | MqttEvent::DisconnectSent) => {}
             Err(e) => self.on_connection_lost(session, &e),
         }
@@ -543,8 +607,7 @@ impl Ingest {
         let was_connected = s.connected;
         s.connected = false;
         s.subscribed = false;
-        s.acks_unwritten = 0;
-        s.ack_backlog.clear();
+        s.reset_connection(u64::MAX);
         // Unacknowledged, the held resends come again with the next connection's burst.
         s.held.clear();
         let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
@@ -621,6 +684,8 @@ impl Ingest {
             received,
             claimed_elsewhere,
             burst: None,
+            // Its ack token's, made below.
+            arrival: st.arrival + 1,
         });
         if admitted.verdict == Verdict::Held {
             let s = &mut self.sessions[session];
@@ -630,6 +695,7 @@ impl Ingest {
                 pkid,
                 qos,
                 received,
+                arrival: st.arrival + 1,
                 at: now,
             });
             s.burst_at = Instant::now();
@@ -725,6 +791,45 @@ impl Ingest {
         }
     }
 
+    /// Whether `session` owes the broker a PINGREQ: acks written since its last one, nothing
+    /// else unacknowledged (so that the answer confirms everything), and none queued or awaiting
+    /// its answer.
+    fn ping_owed(&self, session: usize) -> bool {
+        let s = &self.sessions[session];
+        let p = &s.pings;
+        s.connected
+            && self.batcher.unacked_of(session) == 0
+            && s.acks_owed() == 0
+            && !p.queued
+            && p.sent.is_empty()
+            && p.written_through > p.pinged_through
+    }
+
+    /// After acks were written or a ping answered: asks for a PINGREQ in
+    /// [`crate::limits::PING_QUIET`] if `session` owes one ([`Pings`]). Confirmation is for a
+    /// sensor slower than that and the round trip: the broker answers before its next message,
+    /// which can then be told from a resend even if it is lost on the wire. A busy stream (its
+    /// next message on its way before an answer could come) sends none.
+    fn schedule_ping(&mut self, session: usize) {
+        let owed = self.ping_owed(session);
+        let p = &mut self.sessions[session].pings;
+        p.due = owed.then(|| Instant::now() + crate::limits::PING_QUIET);
+    }
+
+    /// Asks for the PINGREQs that have come due, where still owed.
+    fn send_due_pings(&mut self, now: Instant) {
+        for session in 0..self.sessions.len() {
+            if self.sessions[session].pings.due.is_some_and(|at| at <= now) {
+                let owed = self.ping_owed(session);
+                let s = &mut self.sessions[session];
+                s.pings.due = None;
+                if owed {
+                    s.pings.queued = s.mqtt.try_ping().is_ok();
+                }
+            }
+        }
+    }
+
     /// Ends `session`'s burst of resends and admits what it held, in order, as
     /// [`crate::resend`] tells them apart. Their acks are in the batch already.
     fn end_burst(&mut self, st: &mut State, session: usize, end: BurstEnd) {
@@ -759,6 +864,7 @@ impl Ingest {
                 received: h.received,
                 claimed_elsewhere: false,
                 burst: Some(part),
+                arrival: h.arrival,
             });
             Self::apply(
                 &mut self.batcher,

@@ -52,11 +52,22 @@ use crate::dedup::{Fingerprint, Tag};
 /// tail before them (odd, so that multiplication mod 2^64 loses nothing).
 const HASH_BASE: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// Per session: the QoS 1/2 messages counted (fingerprint and packet id), in arrival order, and
-/// the reconnect burst being held.
+/// One message of a session's sequence.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    fp: Fingerprint,
+    pkid: u16,
+    /// Its arrival number (`crate::ack::AckToken::arrival`); 0 for one read from the store.
+    arrival: u64,
+    /// The broker has read its ack ([`Resends::confirm`]): it is never resent.
+    confirmed: bool,
+}
+
+/// Per session: the QoS 1/2 messages counted, in arrival order, and the reconnect burst being
+/// held.
 #[derive(Debug, Default)]
 struct Sequence {
-    known: VecDeque<(Fingerprint, u16)>,
+    known: VecDeque<Entry>,
     /// How many of `known` carry each packet id (65,536 counters once the first is counted).
     pkids: Vec<u16>,
     /// A packet id was given twice within the sequence (once true, it stays).
@@ -74,7 +85,7 @@ struct Sequence {
 
 impl Sequence {
     /// Appends a message; `true` if its packet id is in the sequence already.
-    fn push(&mut self, fp: Fingerprint, pkid: u16, capacity: usize) -> bool {
+    fn push(&mut self, fp: Fingerprint, pkid: u16, arrival: u64, capacity: usize) -> bool {
         if self.pkids.is_empty() {
             self.pkids = vec![0; usize::from(u16::MAX) + 1];
         }
@@ -82,11 +93,16 @@ impl Sequence {
         let again = *count > 0;
         *count = count.saturating_add(1);
         self.reused |= again;
-        self.known.push_back((fp, pkid));
+        self.known.push_back(Entry {
+            fp,
+            pkid,
+            arrival,
+            confirmed: false,
+        });
         if self.known.len() > capacity
-            && let Some((_, old)) = self.known.pop_front()
+            && let Some(old) = self.known.pop_front()
         {
-            let count = &mut self.pkids[usize::from(old)];
+            let count = &mut self.pkids[usize::from(old.pkid)];
             *count = count.saturating_sub(1);
         }
         again
@@ -119,8 +135,8 @@ impl Default for Replay {
 
 #[derive(Debug, Default)]
 struct Burst {
-    /// Fingerprints of the held messages, in arrival order.
-    held: Vec<Fingerprint>,
+    /// Fingerprints and arrival numbers of the held messages, in arrival order.
+    held: Vec<(Fingerprint, u64)>,
 }
 
 /// The resend sequences of all sessions. See the module docs.
@@ -173,7 +189,7 @@ impl Resends {
                 && let Some(s) = r.sessions.get_mut(usize::from(id.session))
                 && capacity > 0
             {
-                s.push(fp, id.pkid, capacity);
+                s.push(fp, id.pkid, 0, capacity);
             }
         }
         for s in &mut r.sessions {
@@ -209,10 +225,10 @@ impl Resends {
             .map_or(0, |b| b.held.len())
     }
 
-    /// Holds a resend (DUP) with fingerprint `fp` when `session` has a burst open with room;
-    /// `false` otherwise (the caller applies the plain window rule). The caller ends a burst
-    /// that [`Resends::is_full`].
-    pub fn hold(&mut self, session: u16, fp: Fingerprint) -> bool {
+    /// Holds a resend (DUP) with fingerprint `fp` and arrival number `arrival` when `session`
+    /// has a burst open with room; `false` otherwise (the caller applies the plain window rule).
+    /// The caller ends a burst that [`Resends::is_full`].
+    pub fn hold(&mut self, session: u16, fp: Fingerprint, arrival: u64) -> bool {
         let max = self.hold_max;
         let Some(b) = self
             .sessions
@@ -222,7 +238,7 @@ impl Resends {
         else {
             return false;
         };
-        b.held.push(fp);
+        b.held.push((fp, arrival));
         true
     }
 
@@ -240,26 +256,44 @@ impl Resends {
         let Some(burst) = s.burst.take() else {
             return Vec::new();
         };
-        let held = burst.held;
+        let (held, arrivals): (Vec<Fingerprint>, Vec<u64>) = burst.held.into_iter().unzip();
         let n = s.known.len();
-        let fps = || s.known.iter().map(|&(fp, _)| fp);
-        let stretch_at = |p: usize| fps().skip(p).take(held.len()).eq(held.iter().copied());
+        let fps = || s.known.iter().map(|e| e.fp);
+        // The broker has read the acks of confirmed messages and never resends those: a tail of
+        // copies ends at the last one, and a stretch of copies holds none.
+        let unconfirmed = s.known.iter().rev().take_while(|e| !e.confirmed).count();
+        let stretch_at = |p: usize| {
+            let stretch = || s.known.iter().skip(p).take(held.len());
+            stretch().all(|e| !e.confirmed) && stretch().map(|e| e.fp).eq(held.iter().copied())
+        };
         // Longest first: where the burst's start repeats a complete tail several times over
         // (the same fingerprints again and again), taking the most as copies is what the
         // broker did unless new messages repeated the tail exactly, which `counted` keeps
         // from happening to messages bucketd received.
-        let mut copies = (1..=held.len().min(n))
+        let tail = (1..=held.len().min(unconfirmed))
             .rev()
             .find(|&k| fps().skip(n - k).eq(held[..k].iter().copied()))
             .unwrap_or(0);
-        if end == BurstEnd::Pause
-            && copies < held.len()
+        let stretch = end == BurstEnd::Pause
+            && tail < held.len()
             && !s.reused
-            && (0..n.saturating_sub(held.len())).any(stretch_at)
-        {
-            copies = held.len();
-        }
+            && (0..n.saturating_sub(held.len())).any(stretch_at);
+        let copies = if stretch { held.len() } else { tail };
         let known: HashSet<Fingerprint> = fps().collect();
+        if !stretch && (tail > 0 || (held.is_empty() && end == BurstEnd::NewMessage)) {
+            // The broker resends the oldest message it holds first: it has read the acks of
+            // everything before a tail of copies, or of everything when it resent nothing
+            // before a new message.
+            for e in s.known.range_mut(..n - tail) {
+                e.confirmed = true;
+            }
+            // Each message of the tail is now acknowledged by its copy's ack, on this
+            // connection: a ping after it confirms the message ([`Resends::confirm`]). The
+            // arrival numbers stay in order: the copies came after everything in the sequence.
+            for (e, &arrival) in s.known.range_mut(n - tail..).zip(&arrivals) {
+                e.arrival = arrival;
+            }
+        }
         held.iter()
             .enumerate()
             .map(|(i, fp)| {
@@ -278,15 +312,23 @@ impl Resends {
     #[cfg(test)]
     fn knows(&self, session: u16, fp: Fingerprint) -> bool {
         self.session(session)
-            .is_some_and(|s| s.known.iter().any(|&(f, _)| f == fp))
+            .is_some_and(|s| s.known.iter().any(|e| e.fp == fp))
     }
 
-    /// A QoS 1/2 message with fingerprint `fp` and packet id `pkid` was counted on `session`
-    /// (it joins the open batch); `seen`: its fingerprint is in the window already. `true` when
-    /// the batch should be committed now (see the module docs): the open batch's part of the
-    /// sequence repeats, message for message, the tail just before it, or this is the first
-    /// repeated fingerprint while the committed sequence shows no packet id given twice.
-    pub fn counted(&mut self, session: u16, fp: Fingerprint, pkid: u16, seen: bool) -> bool {
+    /// A QoS 1/2 message with fingerprint `fp`, packet id `pkid` and arrival number `arrival`
+    /// was counted on `session` (it joins the open batch); `seen`: its fingerprint is in the
+    /// window already. `true` when the batch should be committed now (see the module docs): the
+    /// open batch's part of the sequence repeats, message for message, the tail just before it,
+    /// or this is the first repeated fingerprint while the committed sequence shows no packet id
+    /// given twice.
+    pub fn counted(
+        &mut self,
+        session: u16,
+        fp: Fingerprint,
+        pkid: u16,
+        arrival: u64,
+        seen: bool,
+    ) -> bool {
         let capacity = self.capacity;
         let Some(s) = self.sessions.get_mut(usize::from(session)) else {
             return false;
@@ -294,7 +336,7 @@ impl Resends {
         if capacity == 0 {
             return false;
         }
-        s.reused_open |= s.push(fp, pkid, capacity);
+        s.reused_open |= s.push(fp, pkid, arrival, capacity);
         let first_reuse = seen && !s.reused_committed;
         s.open = (s.open + 1).min(s.known.len());
         let (n, j) = (s.known.len(), s.open);
@@ -307,15 +349,32 @@ impl Resends {
         let mix = |fp: Fingerprint| (fp as u64) ^ ((fp >> 64) as u64);
         r.tail_hash = r
             .tail_hash
-            .wrapping_add(mix(s.known[n - 2 * j].0).wrapping_mul(r.power));
+            .wrapping_add(mix(s.known[n - 2 * j].fp).wrapping_mul(r.power));
         r.open_hash = r.open_hash.wrapping_mul(HASH_BASE).wrapping_add(mix(fp));
         r.power = r.power.wrapping_mul(HASH_BASE);
         let repeats = r.open_hash == r.tail_hash
             && s.known
                 .range(n - 2 * j..n - j)
-                .map(|e| e.0)
-                .eq(s.known.range(n - j..).map(|e| e.0));
+                .map(|e| e.fp)
+                .eq(s.known.range(n - j..).map(|e| e.fp));
         first_reuse || repeats
+    }
+
+    /// The broker has read the acks of `session`'s messages with arrival numbers `from..=to`
+    /// (those of one connection, written before a PINGREQ it answered): none of them is resent
+    /// again, so none can be a copy in a later burst. Acks go out in arrival order, so
+    /// confirmation within a connection grows from `from` without gaps; the walk stops at the
+    /// first message confirmed already.
+    pub fn confirm(&mut self, session: u16, from: u64, to: u64) {
+        let Some(s) = self.sessions.get_mut(usize::from(session)) else {
+            return;
+        };
+        for e in s.known.iter_mut().rev().skip_while(|e| e.arrival > to) {
+            if e.arrival < from || e.confirmed {
+                break;
+            }
+            e.confirmed = true;
+        }
     }
 
     /// The open batch went to the writer: every session's open part starts over.

@@ -80,6 +80,7 @@ fn message<'a>(topic: &'a str, payload: &'a [u8]) -> Message<'a> {
         received: NOW,
         claimed_elsewhere: false,
         burst: None,
+        arrival: 1,
     }
 }
 

@@ -343,6 +343,7 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
                 received: Timestamp::from_secs(NOW_S),
                 claimed_elsewhere: false,
                 burst: None,
+                arrival: 1,
             });
             let counted = !out.summaries.is_empty();
             prop_assert_eq!(out.verdict == Verdict::New || !counted, true);
@@ -486,6 +487,7 @@ fn honest_messages_pass_the_whole_path() {
         received: Timestamp::from_secs(NOW_S),
         claimed_elsewhere: false,
         burst: None,
+        arrival: 1,
     });
     assert_eq!(out.verdict, Verdict::New);
     assert_eq!(out.summaries.len(), 3);

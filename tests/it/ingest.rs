@@ -318,8 +318,8 @@ async fn an_oversized_message_over_v311_is_rejected_not_redelivered_forever() {
 /// fingerprint (topic, payload, packet id): M1 ("1", id 1) is committed and acknowledged, M2
 /// ("1", id 1 again) reaches bucketd, and the connection ends before M2's ack. The broker resends
 /// M2 with DUP, which matches M1's fingerprint: it must be recognised as M2's copy (M2's first
-/// delivery is in the batch), not lost and not counted twice. (If M2's first delivery had not
-/// reached bucketd, nothing on the wire would tell its resend from M1's: docs/RELIABILITY.md.)
+/// delivery is in the batch), not lost and not counted twice. (For M2's first delivery lost on
+/// the wire, see `a_reused_packet_id_after_a_confirmed_ack_lost_on_the_wire`.)
 async fn a_packet_id_reused_for_the_same_payload(protocol: Protocol) {
     let broker = StrictBroker::start(100, Duration::ZERO).await;
     broker.reuse_ids();
@@ -367,6 +367,56 @@ async fn a_packet_id_reused_for_the_same_payload_v311() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_packet_id_reused_for_the_same_payload_v5() {
     a_packet_id_reused_for_the_same_payload(Protocol::V5).await;
+}
+
+/// The case of issue 19 as it was written: M1 ("1", id 1) is committed and acknowledged, and
+/// the broker gives id 1 again to M2 ("1" again, the sensor's value held), whose first delivery
+/// is lost on the wire with the connection. M2's resend matches M1 exactly, and a resend of M1
+/// would look the same, had the broker not read M1's ack. bucketd asks for a PINGREQ after each
+/// commit's acks; the broker answered it before M2 was sent, so M1's ack was read and M1 cannot
+/// be resent: M2 is new. Without the ping confirmation the resend was taken for M1's copy: one
+/// reading, not two.
+async fn a_reused_packet_id_after_a_confirmed_ack_lost_on_the_wire(protocol: Protocol) {
+    let broker = StrictBroker::start(100, Duration::ZERO).await;
+    broker.reuse_ids();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("bucketd.redb");
+    let topics = Topics::new();
+    let cfg = config(&raw_config(&broker.target(), protocol, &db, &topics));
+    let d = daemon::start(&cfg).unwrap();
+    let stats = d.stats.clone();
+    wait_subscribed(&d).await;
+    let m = vec![(topics.value("door", "open"), b"1".to_vec())];
+    broker.publish(&m, |_| 1);
+    eventually(WAIT, "M1's ack read, then a PINGREQ answered", || {
+        broker.seen().acked_at_ping == 1
+    })
+    .await;
+    // The PINGRESP goes out ahead of M2, which is lost: bucketd reads it, then the end of the
+    // stream.
+    broker.lose_next();
+    broker.publish(&m, |_| 1);
+    eventually(WAIT, "M2 resent and acknowledged", || {
+        broker.drained() && broker.seen().acked == 2
+    })
+    .await;
+    d.stop().await.unwrap();
+    let seen = broker.seen();
+    let ctx = format!("{protocol:?}: {seen:?}");
+    assert_eq!(seen.ids, [1, 1], "M2 took M1's packet id: {ctx}");
+    assert_eq!((seen.connections, seen.resent), (2, 1), "{ctx}");
+    assert_eq!(Stats::get(&stats.duplicates), 0, "{ctx}");
+    assert_eq!(stored_count(&db), 2, "M1 and M2: {ctx}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_packet_id_after_a_confirmed_ack_lost_on_the_wire_v311() {
+    a_reused_packet_id_after_a_confirmed_ack_lost_on_the_wire(Protocol::V311).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_packet_id_after_a_confirmed_ack_lost_on_the_wire_v5() {
+    a_reused_packet_id_after_a_confirmed_ack_lost_on_the_wire(Protocol::V5).await;
 }
 
 /// Four sensors that report the same value every round, through a broker that gives each round

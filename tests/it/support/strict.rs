@@ -36,6 +36,8 @@ pub struct Seen {
     pub resent: usize,
     /// The packet id of each message's first delivery, in order.
     pub ids: Vec<u16>,
+    /// `acked` when the last PINGREQ was answered: the acks its PINGRESP confirms.
+    pub acked_at_ping: usize,
 }
 
 #[derive(Default)]
@@ -257,6 +259,8 @@ impl Session {
                             }
                         }
                         In::PingReq => {
+                            let mut s = self.shared.lock().unwrap();
+                            s.seen.acked_at_ping = s.seen.acked;
                             let _ = out_tx.send((Instant::now(), pingresp(v5)));
                         }
                         In::Disconnect => break,
