@@ -759,6 +759,15 @@ mod model {
         }
     }
 
+    /// Seeds per kind of broker: 60, or `BUCKETD_MODEL_SEEDS` (fewer under qemu, `.ci/arm`, which
+    /// runs the model ~10x slower).
+    fn seeds() -> u64 {
+        std::env::var("BUCKETD_MODEL_SEEDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60)
+    }
+
     fn kinds(slow_wire: bool) -> Vec<Kind> {
         let mut kinds = Vec::new();
         for lowest_free in [false, true] {
@@ -794,7 +803,7 @@ mod model {
     fn nothing_is_lost_or_counted_twice_whatever_the_broker_does_with_packet_ids() {
         for kind in kinds(false) {
             for rule in [Rule::Order, Rule::Pings] {
-                for seed in 0..60 {
+                for seed in 0..seeds() {
                     let outcome = run(seed, rule, kind, 3_000);
                     assert_eq!(
                         outcome.lost_and_twice(),
@@ -819,7 +828,7 @@ mod model {
         // Lost with lowest free ids, (paced, backlogged): with pings, without.
         let (mut with, mut without) = ([0; 2], [0; 2]);
         for kind in kinds(true) {
-            for seed in 0..60 {
+            for seed in 0..seeds() {
                 let pings = run(seed, Rule::Pings, kind, 3_000);
                 let (lost, twice) = pings.lost_and_twice();
                 assert_eq!(
