@@ -29,7 +29,12 @@
 //! only by a quiet period that outlasts any delayed ACK ([`QUIET_CONFIRM`]) in a batch that began
 //! as the echo of a release (within [`ECHO_MAX`] plus the connection's handshake time, so a
 //! 150 ms round trip is no obstacle). The unacknowledged count at that stall is the broker's
-//! window: from then on a batch that reaches it commits without waiting.
+//! window: from then on a batch that reaches it commits without waiting. The quiet counts from
+//! our release when that came after the batch's last message: until then the broker may be
+//! waiting for the acks we hold (a batch that arrives during a commit holds the rest of a window
+//! whose other part is being committed), so only a quiet after the release shows where the
+//! broker stops. A window does not shrink within a connection: a stall at fewer messages than
+//! the window seen is a pause in traffic, committed and learned from no further.
 //!
 //! Where our TCP ACKs go out at once (`FlushPolicy::quick_acks`: Linux), a broker's Nagle
 //! gap lasts no longer than the round trip of that ACK, so a shorter quiet is proof when the
@@ -361,7 +366,8 @@ impl Batcher {
                 ));
             }
         }
-        let slow = echo.then(|| last + self.quiet_confirm());
+        let quiet_from = self.quiet_from(last);
+        let slow = echo.then(|| quiet_from + self.quiet_confirm());
         let fast = self.fast_stall_at(first, last);
         let probe = self.probe_at(first, last);
         [slow, fast, probe]
@@ -386,7 +392,16 @@ impl Batcher {
             && self.broker_window().is_none()
             && self.fullest() >= 2
             && last.saturating_duration_since(first) * BURST_RATIO <= quiet * gaps)
-            .then_some(last + quiet)
+            .then_some(self.quiet_from(last) + quiet)
+    }
+
+    /// Where the quiet that proves a stall starts: at the batch's last message, or at the
+    /// release if that came later. Before our release the broker may be waiting for the acks we
+    /// hold (a batch that arrived during a commit holds the rest of a window whose other part
+    /// was being committed); only a quiet after it shows that the broker stopped at its window
+    /// rather than at ours.
+    fn quiet_from(&self, last: Instant) -> Instant {
+        self.released_at.map_or(last, |r| r.max(last))
     }
 
     /// Whether a stall flush at `now` proves the broker's window: a burst that echoed the
@@ -398,14 +413,15 @@ impl Batcher {
         let echo = self
             .released_at
             .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
-        self.fast_stall_at(first, last).is_some() || (echo && now >= last + self.quiet_confirm())
+        self.fast_stall_at(first, last).is_some()
+            || (echo && now >= self.quiet_from(last) + self.quiet_confirm())
     }
 
     /// With quick ACKs, when a batch shaped like a broker's full window counts as stalled: a
     /// burst of two or more (see [`Batcher::is_burst`]), then [`Batcher::quiet_fast`] of quiet.
     fn fast_stall_at(&self, first: Instant, last: Instant) -> Option<Instant> {
         (self.policy.quick_acks && self.fullest() >= 2 && self.is_burst(first, last))
-            .then(|| last + self.quiet_fast())
+            .then(|| self.quiet_from(last) + self.quiet_fast())
     }
 
     /// Whether the batch came as a broker refilling its window does: it began at once after
@@ -603,7 +619,9 @@ impl Batcher {
     pub fn take_for(&mut self, reason: FlushReason, now: Instant) -> (Batch, Vec<AckToken>) {
         if reason == FlushReason::Stall {
             if self.stall_proven(now) {
-                self.window_seen = Some(self.fullest());
+                // A window does not shrink within a connection: a stall at fewer than the
+                // window already seen is a pause in traffic, and teaches nothing.
+                self.window_seen = self.window_seen.max(Some(self.fullest()));
             } else {
                 self.probed = true;
             }
