@@ -860,6 +860,88 @@ mod tests {
         }
     }
 
+    /// Publishes queued before a client's first connection keep its flow control
+    /// (vendor/rumqttc/PATCHED.md, "No acks from an earlier connection"): the fleet forwarder,
+    /// the tests and the benchmarks publish through this client. The patch's first form moved
+    /// them to the queue of resends at the CONNACK, which skips flow control: the five past the
+    /// limit each collided on a packet id and overwrote the one before (only the tenth went
+    /// out), and each went out in a write of its own (the benchmark's publisher capped at
+    /// ~1,650 messages/s).
+    #[tokio::test]
+    async fn publishes_queued_before_the_first_connection_keep_flow_control() {
+        use tokio::io::AsyncWriteExt;
+        use tokio::time::timeout;
+        /// The next packet, a QoS 1 PUBLISH to "t" of one byte: its packet id and that byte.
+        async fn next_publish(stream: &mut tokio::net::TcpStream) -> (u16, u8) {
+            let packet = timeout(Duration::from_secs(5), read_packet(stream))
+                .await
+                .expect("a PUBLISH within 5 s");
+            assert_eq!(packet[0], 0x32, "a QoS 1 PUBLISH: {packet:?}");
+            (
+                u16::from_be_bytes([packet[5], packet[6]]),
+                *packet.last().unwrap(),
+            )
+        }
+        for protocol in [Protocol::V311, Protocol::V5] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            // Ten publishes queued before the event loop first runs; five may be in flight.
+            let (events, connack): (_, &[u8]) = match protocol {
+                Protocol::V311 => {
+                    let mut opts = rumqttc::MqttOptions::new("publisher", "127.0.0.1", port);
+                    opts.set_inflight(5);
+                    let (client, mut events) = rumqttc::AsyncClient::new(opts, 10);
+                    for i in 1..=10u8 {
+                        let qos = rumqttc::QoS::AtLeastOnce;
+                        client.publish("t", qos, false, vec![i]).await.unwrap();
+                    }
+                    let task = tokio::spawn(async move {
+                        let _client = client;
+                        while events.poll().await.is_ok() {}
+                    });
+                    (task, &[0x20, 2, 0, 0])
+                }
+                Protocol::V5 => {
+                    let mut opts = rumqttc::v5::MqttOptions::new("publisher", "127.0.0.1", port);
+                    opts.set_outgoing_inflight_upper_limit(5);
+                    let (client, mut events) = rumqttc::v5::AsyncClient::new(opts, 10);
+                    for i in 1..=10u8 {
+                        let qos = rumqttc::v5::mqttbytes::QoS::AtLeastOnce;
+                        client.publish("t", qos, false, vec![i]).await.unwrap();
+                    }
+                    let task = tokio::spawn(async move {
+                        let _client = client;
+                        while events.poll().await.is_ok() {}
+                    });
+                    (task, &[0x20, 3, 0, 0, 0])
+                }
+            };
+            let mut stream = accept(&listener, connack).await;
+            let mut first = Vec::new();
+            for _ in 0..5 {
+                first.push(next_publish(&mut stream).await);
+            }
+            let payloads: Vec<u8> = first.iter().map(|&(_, byte)| byte).collect();
+            assert_eq!(payloads, [1, 2, 3, 4, 5], "{protocol:?}");
+            assert!(
+                timeout(Duration::from_millis(200), read_packet(&mut stream))
+                    .await
+                    .is_err(),
+                "{protocol:?}: nothing past the in-flight limit before an ack"
+            );
+            for (pkid, _) in first {
+                let [hi, lo] = pkid.to_be_bytes();
+                stream.write_all(&[0x40, 2, hi, lo]).await.unwrap();
+            }
+            let mut rest = Vec::new();
+            for _ in 0..5 {
+                rest.push(next_publish(&mut stream).await.1);
+            }
+            assert_eq!(rest, [6, 7, 8, 9, 10], "{protocol:?}: every one, in order");
+            events.abort();
+        }
+    }
+
     /// The acks queued while the event loop was busy go out with one flush and come back as
     /// one event (vendor/rumqttc/PATCHED.md): one write and one TCP segment per window of
     /// acknowledgements instead of one each, and one hand-over to the ingest task.

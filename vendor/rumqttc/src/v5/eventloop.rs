@@ -82,6 +82,8 @@ pub struct EventLoop {
     network: Option<Network>,
     /// Keep alive time
     keepalive_timeout: Option<Pin<Box<Sleep>>>,
+    /// bucketd patch: whether a connection was made before (see `poll`).
+    connected_before: bool,
 }
 
 /// Events which can be yielded by the event loop
@@ -110,6 +112,7 @@ impl EventLoop {
             pending,
             network: None,
             keepalive_timeout: None,
+            connected_before: false,
         }
     }
 
@@ -160,10 +163,18 @@ impl EventLoop {
             // those messages anyway and a packet id may name another message by the time the
             // resend's own ack comes (an ack for a message not yet committed). The client's
             // count of acks written must also match what it queued on this connection.
-            let queued: Vec<Request> = self.requests_rx.drain().collect();
-            self.pending.extend(queued);
-            self.pending
-                .retain(|request| !matches!(request, Request::PubAck(_) | Request::PubRec(_)));
+            // Only after an earlier connection: requests queued before the first one are no
+            // acks of an earlier connection, and moved to `pending` they would skip flow control
+            // (a publish past the in-flight limit collides, and a second collision overwrote the
+            // first: a lost publish) and go out one write each.
+            if self.connected_before {
+                let queued: Vec<Request> = self.requests_rx.drain().collect();
+                self.pending.extend(queued);
+                self.pending.retain(|request| {
+                    !matches!(request, Request::PubAck(_) | Request::PubRec(_))
+                });
+            }
+            self.connected_before = true;
             self.network = Some(network);
 
             if self.keepalive_timeout.is_none() {
