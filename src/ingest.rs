@@ -370,7 +370,8 @@ impl Ingest {
                  looks the same. If the broker enforces a window (MQTT 3.1.1: Mosquitto's \
                  max_inflight_messages, EMQX's max_inflight), state it in mqtt.broker_window to \
                  skip learning it on every connection, or raise the broker's limit for fewer, \
-                 larger commits."
+                 larger commits. If ingestion falls behind, mqtt.sessions opens several \
+                 sessions, a window each (README, \"Broker settings\")."
             );
         }
         st.in_flight = Some(acks);
