@@ -314,8 +314,7 @@ fn decode_delta(
     ctx: &DecodeContext,
     out: &mut Decoded,
 ) -> Result<(), DecodeError> {
-    let msg: DeltaMessage =
-        bson::deserialize_from_slice(payload).map_err(|_| DecodeError::InvalidDelta)?;
+    let msg = DeltaMessage::decode(payload).ok_or(DecodeError::InvalidDelta)?;
     if !crate::reading::valid_gateway_id(&msg.gateway_id) {
         return Err(DecodeError::InvalidName);
     }

@@ -20,6 +20,62 @@ pub struct DeltaMessage {
     pub buckets: Vec<BucketDoc>,
 }
 
+impl DeltaMessage {
+    /// Decodes a message from the network: its shape is checked on the raw bytes first
+    /// ([`within_depth`]), so no message can make the deserialiser recurse past
+    /// [`crate::limits::DELTA_DEPTH_MAX`] levels. `None`: not a delta message.
+    pub fn decode(bytes: &[u8]) -> Option<DeltaMessage> {
+        if !within_depth(bytes, crate::limits::DELTA_DEPTH_MAX) {
+            return None;
+        }
+        bson::deserialize_from_slice(bytes).ok()
+    }
+}
+
+/// Whether `bytes` is one well-formed BSON document whose documents, arrays and code scopes nest
+/// at most `max` deep (the root is level 1). Iterative, with one lazy element iterator per open
+/// level: bounded by `max`, whatever the input, and linear in its length.
+pub fn within_depth(bytes: &[u8], max: usize) -> bool {
+    use bson::RawBsonRef;
+    use bson::spec::ElementType;
+    let Ok(root) = bson::RawDocument::from_bytes(bytes) else {
+        return false;
+    };
+    let mut open = vec![root.iter_elements()];
+    while let Some(level) = open.last_mut() {
+        let Some(element) = level.next() else {
+            open.pop();
+            continue;
+        };
+        let Ok(element) = element else {
+            return false;
+        };
+        let nested = matches!(
+            element.element_type(),
+            ElementType::EmbeddedDocument
+                | ElementType::Array
+                | ElementType::JavaScriptCodeWithScope
+        );
+        if !nested {
+            continue;
+        }
+        if open.len() >= max {
+            return false;
+        }
+        let inner = match element.value() {
+            Ok(RawBsonRef::Document(d)) => d,
+            Ok(RawBsonRef::JavaScriptCodeWithScope(c)) => c.scope,
+            Ok(RawBsonRef::Array(a)) => match bson::RawDocument::from_bytes(a.as_bytes()) {
+                Ok(d) => d,
+                Err(_) => return false,
+            },
+            _ => return false,
+        };
+        open.push(inner.iter_elements());
+    }
+    true
+}
+
 /// Where a delta message stands in its gateway's stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
@@ -47,5 +103,102 @@ impl Position {
     /// origins existed) is taken for the same.
     pub fn same_origin(&self, other: &Position) -> bool {
         self.origin == other.origin || self.origin.is_empty() || other.origin.is_empty()
+    }
+}
+
+/// Builds BSON of any shape for the tests and the fuzzers, without recursion (a serialiser that
+/// recursed would overflow where the decoder must not).
+#[cfg(test)]
+pub(crate) mod shapes {
+    /// How one level holds the next.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Nest {
+        Document,
+        Array,
+        /// JavaScript code with a scope document (BSON type 0x0F).
+        CodeWithScope,
+    }
+
+    impl Nest {
+        fn element_type(self) -> u8 {
+            match self {
+                Nest::Document => 0x03,
+                Nest::Array => 0x04,
+                Nest::CodeWithScope => 0x0F,
+            }
+        }
+
+        /// Bytes a level adds in front of its document (code with scope: total length, code).
+        fn header_bytes(self) -> usize {
+            if self == Nest::CodeWithScope {
+                4 + 4 + 2
+            } else {
+                0
+            }
+        }
+    }
+
+    fn put_len(out: &mut Vec<u8>, n: usize) {
+        out.extend_from_slice(
+            &i32::try_from(n)
+                .expect("test shapes fit BSON")
+                .to_le_bytes(),
+        );
+    }
+
+    /// `doc` (one BSON document) with one more element `key` whose value nests `levels` levels
+    /// (at least 1), each held as `kinds[level % kinds.len()]`, the innermost holding `width`
+    /// int32 elements. The message's depth grows by `levels`.
+    pub fn with_nested(
+        doc: &[u8],
+        key: &str,
+        kinds: &[Nest],
+        levels: usize,
+        width: usize,
+    ) -> Vec<u8> {
+        assert!(levels >= 1 && !kinds.is_empty());
+        let kind = |i: usize| kinds[i % kinds.len()];
+        const CHILD_KEY: &[u8] = b"0\0";
+        // Sizes from the innermost level out: each level's document, then its value.
+        let mut doc_size = vec![0usize; levels];
+        let mut value_size = vec![0usize; levels];
+        for i in (0..levels).rev() {
+            doc_size[i] = if i + 1 == levels {
+                4 + width * (1 + CHILD_KEY.len() + 4) + 1
+            } else {
+                4 + 1 + CHILD_KEY.len() + value_size[i + 1] + 1
+            };
+            value_size[i] = kind(i).header_bytes() + doc_size[i];
+        }
+        let mut value = Vec::with_capacity(value_size[0]);
+        for i in 0..levels {
+            if kind(i) == Nest::CodeWithScope {
+                put_len(&mut value, value_size[i]);
+                put_len(&mut value, 2);
+                value.extend_from_slice(b"x\0");
+            }
+            put_len(&mut value, doc_size[i]);
+            if i + 1 < levels {
+                value.push(kind(i + 1).element_type());
+                value.extend_from_slice(CHILD_KEY);
+            } else {
+                for n in 0..width {
+                    value.push(0x10);
+                    value.extend_from_slice(CHILD_KEY);
+                    value.extend_from_slice(&i32::try_from(n).unwrap_or(0).to_le_bytes());
+                }
+            }
+        }
+        value.resize(value.len() + levels, 0);
+        assert_eq!(value.len(), value_size[0]);
+        let mut out = doc[..doc.len() - 1].to_vec();
+        out.push(kind(0).element_type());
+        out.extend_from_slice(key.as_bytes());
+        out.push(0);
+        out.extend_from_slice(&value);
+        out.push(0);
+        let total = out.len();
+        out[..4].copy_from_slice(&i32::try_from(total).expect("fits").to_le_bytes());
+        out
     }
 }

@@ -970,3 +970,81 @@ fn a_huge_message_does_not_keep_its_buffers() {
     assert!(out.readings.capacity() <= 4096 && out.names.capacity() <= 4096 * 32);
     assert!(out.scratch.fields.capacity() <= 4096);
 }
+
+/// Issue 41: a delta message whose unknown field nested ~9,000 empty documents overflowed the
+/// ingest worker's stack in bson's deserialiser (SIGABRT; redelivered after the restart, so
+/// every central crash-looped). The nesting is bounded on the raw bytes before the parse: at
+/// the bound the message is decoded as usual, one level past it is refused, and 9,000 levels
+/// (as documents, arrays or code scopes) are refused on a thread with a 128 KiB stack.
+#[test]
+fn delta_nesting_is_bounded_before_the_parse() {
+    use crate::delta::shapes::{Nest, with_nested};
+    use crate::limits::DELTA_DEPTH_MAX;
+    let s = crate::summary::Summary::of(NOW_NS, 1.5);
+    let honest = delta_payload("gw-1", "d0/t", &s);
+    let sub = delta_sub();
+    let all = [Nest::Document, Nest::Array, Nest::CodeWithScope];
+    for kinds in [&all[..1], &all[1..2], &all[2..], &all[..]] {
+        // The root is level 1: an extra field of `DEPTH_MAX - 1` levels is at the bound.
+        let at_bound = with_nested(&honest, "unknown", kinds, DELTA_DEPTH_MAX - 1, 3);
+        let d = run(&sub, "bucketd/gw-1/deltas", &at_bound).unwrap();
+        assert_eq!(
+            d.deltas.len(),
+            1,
+            "{kinds:?}: decoded as usual at the bound"
+        );
+        let past = with_nested(&honest, "unknown", kinds, DELTA_DEPTH_MAX, 3);
+        assert_eq!(
+            run(&sub, "bucketd/gw-1/deltas", &past).unwrap_err(),
+            DecodeError::InvalidDelta,
+            "{kinds:?}: one level past the bound"
+        );
+        let deep = with_nested(&honest, "unknown", kinds, 9_000, 0);
+        let verdict = std::thread::Builder::new()
+            .stack_size(128 * 1024)
+            .spawn(move || {
+                let mut c = ctx();
+                c.max_payload_bytes = 1 << 20;
+                let mut out = Decoded::default();
+                decode(&delta_sub(), b"bucketd/gw-1/deltas", &deep, &c, &mut out)
+            })
+            .unwrap()
+            .join()
+            .expect("no stack overflow");
+        assert_eq!(verdict, Err(DecodeError::InvalidDelta), "{kinds:?}");
+    }
+    // A wide message (thousands of elements in one level) is linear work, and decodes.
+    let wide = with_nested(&honest, "unknown", &all[..1], 1, 8_000);
+    let mut c = ctx();
+    c.max_payload_bytes = 1 << 20;
+    let mut out = Decoded::default();
+    decode(&sub, b"bucketd/gw-1/deltas", &wide, &c, &mut out).unwrap();
+    assert_eq!(out.deltas.len(), 1);
+}
+
+/// The depth check reads only well-formed BSON: a length that runs past the buffer, or a
+/// nested document cut short, is refused, never read beyond.
+#[test]
+fn the_depth_check_refuses_malformed_bson() {
+    use crate::delta::within_depth;
+    let s = crate::summary::Summary::of(NOW_NS, 1.5);
+    let honest = delta_payload("gw-1", "d0/t", &s);
+    assert!(within_depth(&honest, 4));
+    assert!(!within_depth(&honest, 3), "a real message nests 4 deep");
+    assert!(!within_depth(&honest[..honest.len() - 1], 8));
+    assert!(!within_depth(b"", 8));
+    let mut long = honest.clone();
+    long[0] = long[0].wrapping_add(1);
+    assert!(!within_depth(&long, 8));
+    // A nested document whose length runs past its parent.
+    let mut bad = crate::delta::shapes::with_nested(
+        &honest,
+        "x",
+        &[crate::delta::shapes::Nest::Document],
+        2,
+        0,
+    );
+    let at = honest.len() - 1 + 1 + 2; // the element's value, after its type and key
+    bad[at] = 0x7f;
+    assert!(!within_depth(&bad, 8));
+}

@@ -14,6 +14,7 @@ use crate::admit::{Admitter, Message, Verdict};
 use crate::batcher::{Batcher, FlushPolicy};
 use crate::config::{Durability, GatewayLimits, Limits};
 use crate::decode::{Format, Subscription, Template, TimestampUnit};
+use crate::delta::shapes::{Nest, with_nested};
 use crate::delta::{DeltaMessage, Position};
 use crate::doc::{BucketDoc, PointDoc};
 use crate::reading::Timestamp;
@@ -150,6 +151,49 @@ struct MessageSpec {
     buckets: Vec<BucketSpec>,
     /// Overwrite a byte of the BSON: (position modulo its length, value).
     corrupt: Option<(usize, u8)>,
+    /// One more field of any shape (issue 41: deep nesting overflowed the stack).
+    shape: Option<Shape>,
+}
+
+/// An extra field: its key (unknown, or a real field's name given twice), how each level holds
+/// the next, how deep it nests and how wide its innermost level is.
+#[derive(Debug, Clone)]
+struct Shape {
+    key: &'static str,
+    kinds: Vec<Nest>,
+    levels: usize,
+    width: usize,
+}
+
+fn shape() -> impl Strategy<Value = Shape> {
+    (
+        prop_oneof![
+            Just("unknown"),
+            Just("buckets"),
+            Just("origin"),
+            Just("seq")
+        ],
+        prop::collection::vec(
+            prop_oneof![
+                Just(Nest::Document),
+                Just(Nest::Array),
+                Just(Nest::CodeWithScope)
+            ],
+            1..4,
+        ),
+        // Around the bound mostly; sometimes thousands of levels.
+        prop_oneof![
+            6 => 1usize..=crate::limits::DELTA_DEPTH_MAX + 2,
+            1 => 100usize..9_000,
+        ],
+        prop_oneof![4 => 0usize..4, 1 => 0usize..2_000],
+    )
+        .prop_map(|(key, kinds, levels, width)| Shape {
+            key,
+            kinds,
+            levels,
+            width,
+        })
 }
 
 fn message() -> impl Strategy<Value = MessageSpec> {
@@ -161,9 +205,10 @@ fn message() -> impl Strategy<Value = MessageSpec> {
         prop_oneof![8 => 0i32..2, 1 => any::<i32>()],
         prop::collection::vec(bucket(), 0..5),
         prop_oneof![6 => Just(None), 1 => any::<(usize, u8)>().prop_map(Some)],
+        prop_oneof![4 => Just(None), 1 => shape().prop_map(Some)],
     )
         .prop_map(
-            |(topic_gateway, gateway, origin, seq, part, buckets, corrupt)| MessageSpec {
+            |(topic_gateway, gateway, origin, seq, part, buckets, corrupt, shape)| MessageSpec {
                 topic_gateway,
                 gateway: gateway.unwrap_or(topic_gateway),
                 origin,
@@ -171,6 +216,7 @@ fn message() -> impl Strategy<Value = MessageSpec> {
                 part,
                 buckets,
                 corrupt,
+                shape,
             },
         )
 }
@@ -245,6 +291,9 @@ fn payload_of(spec: &MessageSpec) -> Vec<u8> {
         buckets: spec.buckets.iter().map(doc_of).collect(),
     })
     .unwrap();
+    if let Some(sh) = &spec.shape {
+        bytes = with_nested(&bytes, sh.key, &sh.kinds, sh.levels, sh.width);
+    }
     if let Some((at, value)) = spec.corrupt {
         let len = bytes.len();
         bytes[at % len] = value;
@@ -265,7 +314,8 @@ fn admitter() -> Admitter {
     };
     let limits = Limits {
         max_series: 12,
-        max_payload_bytes: 65_536,
+        // Large enough for the deepest shapes to reach the parser.
+        max_payload_bytes: 1 << 20,
         max_age: std::time::Duration::from_hours(30),
         max_future: std::time::Duration::from_mins(5),
         dead_letters: 0,
@@ -347,6 +397,18 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
             });
             let counted = !out.summaries.is_empty();
             prop_assert_eq!(out.verdict == Verdict::New || !counted, true);
+            // Too deep is refused as a whole, before anything in it is looked at.
+            if let Some(sh) = spec.shape.as_ref().filter(|_| spec.corrupt.is_none()) {
+                let depth = 1 + sh.levels;
+                let want = depth > crate::limits::DELTA_DEPTH_MAX;
+                // (Or refused earlier: a topic that names no gateway, say.)
+                let refused = matches!(out.verdict, Verdict::Rejected(_));
+                prop_assert!(!want || refused, "{} levels: {:?}", depth, out.verdict);
+                prop_assert!(
+                    claim.is_none() || !want,
+                    "a too-deep message asked for a claim"
+                );
+            }
             // Only a message that decoded asks for a claim, and only as its topic's gateway.
             if let Some((gateway, _)) = &claim {
                 prop_assert_eq!(gateway.as_str(), GATEWAYS[spec.topic_gateway]);
@@ -472,6 +534,7 @@ fn honest_messages_pass_the_whole_path() {
             })
             .collect(),
         corrupt: None,
+        shape: None,
     };
     let batches = vec![vec![spec(0, 0), spec(1, 0)], vec![spec(0, 1), spec(2, 0)]];
     run(&batches, 1).unwrap();
