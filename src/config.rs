@@ -133,6 +133,19 @@ fn validate_central(raw: &RawCentral) -> Result<Option<ClaimsConfig>, ConfigErro
     }))
 }
 
+/// A DNS name as a `Host` header carries it: labels of letters, digits and `-`, joined by `.`.
+fn valid_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
 fn validate_gateway_limits(
     raw: &RawCentral,
     limits: &Limits,
@@ -304,6 +317,10 @@ pub struct RawHttp {
     pub max_concurrent_queries: usize,
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
+    pub max_connections_per_address: usize,
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -551,6 +568,14 @@ pub struct HttpConfig {
     pub max_concurrent_queries: usize,
     /// A connection that has not sent a whole request head in this time is closed.
     pub header_read_timeout: Duration,
+    /// Open connections from one IP address; more are closed as they come (counted).
+    pub max_connections_per_address: usize,
+    /// A request's body must have arrived within this time of its head, and a response that
+    /// the client does not read for this long ends its connection.
+    pub request_timeout: Duration,
+    /// Host names (besides IP addresses and `localhost`) that requests may name while no token
+    /// guards their endpoints: DNS rebinding cannot reach an open API.
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -827,12 +852,35 @@ impl TryFrom<RawConfig> for Config {
                 return Err(invalid(key, format!("must be 1..={most}")));
             }
         }
-        if !(Duration::from_millis(100)..=Duration::from_mins(5))
-            .contains(&raw.http.header_read_timeout)
-        {
-            return Err(invalid(
+        for (key, value, what) in [
+            (
                 "http.header_read_timeout",
-                "must be 100ms..=5m (a slow client's request head, not a query's run time)",
+                raw.http.header_read_timeout,
+                "a slow client's request head, not a query's run time",
+            ),
+            (
+                "http.request_timeout",
+                raw.http.request_timeout,
+                "a slow client's request body or unread answer, not a query's run time",
+            ),
+        ] {
+            if !(Duration::from_millis(100)..=Duration::from_mins(5)).contains(&value) {
+                return Err(invalid(key, format!("must be 100ms..=5m ({what})")));
+            }
+        }
+        if raw.http.max_connections_per_address == 0 {
+            return Err(invalid(
+                "http.max_connections_per_address",
+                "must be at least 1",
+            ));
+        }
+        if let Some(bad) = raw.http.allowed_hosts.iter().find(|h| !valid_host_name(h)) {
+            return Err(invalid(
+                "http.allowed_hosts",
+                format!(
+                    "`{bad}` is not a host name (letters, digits, \"-\" and \".\", without a \
+                     port or scheme)"
+                ),
             ));
         }
         let http = HttpConfig {
@@ -845,6 +893,18 @@ impl TryFrom<RawConfig> for Config {
             max_connections: raw.http.max_connections,
             max_concurrent_queries: raw.http.max_concurrent_queries,
             header_read_timeout: raw.http.header_read_timeout,
+            // Within all connections' bound (the smaller of the two).
+            max_connections_per_address: raw
+                .http
+                .max_connections_per_address
+                .min(raw.http.max_connections),
+            request_timeout: raw.http.request_timeout,
+            allowed_hosts: raw
+                .http
+                .allowed_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
         };
 
         if !valid_log_filter(&raw.log.level) {

@@ -259,6 +259,8 @@ fn start_over(
         query_slots: Arc::new(tokio::sync::Semaphore::new(
             config.http.max_concurrent_queries,
         )),
+        request_timeout: config.http.request_timeout,
+        allowed_hosts: config.http.allowed_hosts.clone().into(),
     };
     // Read before any task starts: nothing may fail after that (a task would be left running).
     let origin = store
@@ -365,7 +367,9 @@ fn start_over(
         crate::http::router(api),
         crate::http::ConnectionLimits {
             max_connections: config.http.max_connections,
+            max_connections_per_address: config.http.max_connections_per_address,
             header_read_timeout: config.http.header_read_timeout,
+            write_stall_max: config.http.request_timeout,
         },
         stats.clone(),
         cancel.clone(),

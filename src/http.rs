@@ -2,6 +2,13 @@
 //! with feature `ui` the chart page at `/` and the Prometheus API under `/prom` (`crate::prom`).
 //! Reads run in redb read transactions on the blocking pool: they never block ingestion or the
 //! writer. Every error is a 4xx/5xx with `{"error": "..."}` naming the bad parameter.
+//!
+//! What a client can hold is bounded (docs/RELIABILITY.md, "Threat model"): connections in all
+//! and per address, a request head's and a body's time, a body's size, an unread answer's time,
+//! and query turns, which a request takes only once its body is in and keeps until its read in
+//! the blocking pool has ended (a client that hangs up does not free it early). Without a token,
+//! an endpoint answers only requests that name this server by address, `localhost` or
+//! `http.allowed_hosts`, and no cross-site POST.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,7 +57,15 @@ pub struct ApiState {
     pub metrics_token: Option<Arc<Secret>>,
     /// Query API requests served at once (`http.max_concurrent_queries`); more wait their turn.
     pub query_slots: Arc<tokio::sync::Semaphore>,
+    /// `http.request_timeout`: the most a request's body may take after its head.
+    pub request_timeout: Duration,
+    /// `http.allowed_hosts`, lower case: names an open endpoint answers to besides addresses and
+    /// `localhost`.
+    pub allowed_hosts: Arc<[String]>,
 }
+
+/// Largest request body (a Prometheus API form: a query of at most 4 KiB, a few `match[]`).
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
 
 pub fn router(state: ApiState) -> Router {
     // Queries take turns (inside the token check: a refused request takes none); a flush has
@@ -69,24 +84,20 @@ pub fn router(state: ApiState) -> Router {
         }),
     );
     let queries = queries.route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
+    let guard = |token: &Option<Arc<Secret>>| Guard {
+        token: token.clone(),
+        stats: state.stats.clone(),
+        allowed_hosts: state.allowed_hosts.clone(),
+    };
     let api = Router::new()
         .route("/api/v1/flush", post(flush))
         .route("/api/v1/rejected", get(rejected))
         .merge(queries)
-        .route_layer(from_fn_with_state(
-            Guard {
-                token: state.api_token.clone(),
-                stats: state.stats.clone(),
-            },
-            require_token,
-        ));
+        .route_layer(from_fn_with_state(guard(&state.api_token), require_token));
     let metrics = Router::new()
         .route("/metrics", get(metrics))
         .route_layer(from_fn_with_state(
-            Guard {
-                token: state.metrics_token.clone(),
-                stats: state.stats.clone(),
-            },
+            guard(&state.metrics_token),
             require_token,
         ));
     let open = Router::new()
@@ -94,10 +105,54 @@ pub fn router(state: ApiState) -> Router {
         .route("/readyz", get(readyz));
     #[cfg(feature = "ui")]
     let open = open.merge(crate::chart::routes());
+    let timeout = state.request_timeout;
     open.merge(api)
         .merge(metrics)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such endpoint") })
         .with_state(state)
+        .layer(from_fn_with_state(timeout, whole_request))
+}
+
+/// Every request: its body read whole (at most [`BODY_BYTES_MAX`], within `timeout`) before
+/// anything else sees it, so no handler waits on a client while holding a query turn; and
+/// every answer marked `nosniff`. A body too slow or too large ends the connection.
+async fn whole_request(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let read = tokio::time::timeout(timeout, axum::body::to_bytes(body, BODY_BYTES_MAX)).await;
+    let refused = match read {
+        Ok(Ok(bytes)) => {
+            let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+            let mut response = next.run(request).await;
+            nosniff(&mut response);
+            return response;
+        }
+        Ok(Err(_)) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {BODY_BYTES_MAX} bytes"),
+        ),
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within http.request_timeout ({})",
+                humantime::format_duration(timeout)
+            ),
+        ),
+    };
+    let mut response = refused.into_response();
+    nosniff(&mut response);
+    // The rest of the body is never read: the connection cannot carry another request.
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+fn nosniff(response: &mut Response) {
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
 }
 
 /// What bounds the server's connections (`[http]`).
@@ -105,9 +160,58 @@ pub fn router(state: ApiState) -> Router {
 pub struct ConnectionLimits {
     /// Connections open at once; one more is closed as it arrives (counted).
     pub max_connections: usize,
+    /// Connections open at once from one IP address; one more is closed as it arrives (counted).
+    pub max_connections_per_address: usize,
     /// A connection that has not sent a whole request head within this time is closed, idle
     /// keep-alive connections included.
     pub header_read_timeout: Duration,
+    /// A connection whose answer the client leaves unread this long is closed.
+    pub write_stall_max: Duration,
+}
+
+/// Connections open per client address, bounded by `max_connections` entries (an address is
+/// listed only while it has one open).
+#[derive(Debug, Default)]
+struct PerAddress(std::sync::Mutex<HashMap<std::net::IpAddr, usize>>);
+
+/// One connection's place in [`PerAddress`], given back when the connection ends.
+struct AddressSlot {
+    table: Arc<PerAddress>,
+    ip: std::net::IpAddr,
+}
+
+impl PerAddress {
+    fn take(table: &Arc<PerAddress>, ip: std::net::IpAddr, max: usize) -> Option<AddressSlot> {
+        let mut open = table
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = open.entry(ip).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot {
+            table: table.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .table
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Serves `app` on `listener` until `cancel`, then lets the requests in progress finish.
@@ -123,6 +227,7 @@ pub async fn serve(
     cancel: tokio_util::sync::CancellationToken,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let per_address = Arc::new(PerAddress::default());
     let mut connections = tokio::task::JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -131,8 +236,8 @@ pub async fn serve(
             // Reap finished connections as they go (the set is bounded by the slots).
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, most likely: wait a little rather than spin.
                 tracing::warn!(error = %e, "Accepting an HTTP connection failed.");
@@ -140,7 +245,12 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
+        let taken = slots.clone().try_acquire_owned().ok().and_then(|permit| {
+            let ip = peer.ip().to_canonical();
+            PerAddress::take(&per_address, ip, limits.max_connections_per_address)
+                .map(|slot| (permit, slot))
+        });
+        let Some(held) = taken else {
             stats
                 .http_connections_refused
                 .fetch_add(1, Ordering::Relaxed);
@@ -150,11 +260,12 @@ pub async fn serve(
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let cancel = cancel.clone();
         connections.spawn(async move {
-            let _permit = permit;
+            let _held = held;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout);
+            let stream = WriteDeadline::new(stream, limits.write_stall_max);
             let connection =
                 builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             tokio::pin!(connection);
@@ -170,32 +281,225 @@ pub async fn serve(
     while connections.join_next().await.is_some() {}
 }
 
-/// The token one group of routes needs, and where refusals are counted.
+/// A stream whose writes fail once the peer has read nothing for `limit`: a client that asks
+/// and never reads its answer cannot hold a connection (and its file descriptor) for ever.
+struct WriteDeadline<S> {
+    inner: S,
+    limit: Duration,
+    /// Armed while a write waits for the peer.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> WriteDeadline<S> {
+        WriteDeadline {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `Pending` stays pending until `limit` has passed without progress, then fails.
+    fn judge<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        poll: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let limit = self.limit;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing of its answer within http.request_timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.judge(cx, poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.judge(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.judge(cx, poll)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.judge(cx, poll)
+    }
+}
+
+/// The token one group of routes needs, where refusals are counted, and (while there is no
+/// token) the names its requests may give in `Host`.
 #[derive(Clone)]
 struct Guard {
     token: Option<Arc<Secret>>,
     stats: Arc<Stats>,
+    allowed_hosts: Arc<[String]>,
 }
 
-/// Runs the request once one of `slots` is free, holding it until the answer is ready: a few
-/// large answers at a time, whatever the number of clients.
+/// Runs the request once one of `slots` is free, holding it until the answer is ready and any
+/// read it started in the blocking pool has ended: a few large answers and reads at a time,
+/// whatever the number of clients. The request runs as a task of its own, so a client that
+/// hangs up does not end it early: its turn is given back only when its work is done.
 async fn take_turn(
     State(slots): State<Arc<tokio::sync::Semaphore>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(_turn) = slots.acquire_owned().await else {
+    let Ok(turn) = slots.acquire_owned().await else {
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucketd is shutting down")
             .into_response();
     };
-    next.run(request).await
+    let work = tokio::spawn(async move {
+        let response = next.run(request).await;
+        drop(turn);
+        response
+    });
+    work.await
+        .unwrap_or_else(|e| ApiError::internal(e).into_response())
 }
 
-/// Lets the request through when no token is configured or it carries
-/// `Authorization: Bearer <token>`; else 401 with `WWW-Authenticate: Bearer`, counted in
-/// `bucketd_http_unauthorized_total`. The answer never echoes what was sent.
+/// Whether a request may reach an endpoint that has no token: its `Host` names this server
+/// (an IP address, `localhost` or `*.localhost`, or a name in `http.allowed_hosts`), so that no
+/// web page reaches it through DNS rebinding (which always sends the page's own name); and it
+/// is no POST from a page of another site (a plain cross-site form needs no CORS preflight).
+/// `Err` says what was refused.
+fn same_site(request: &Request, allowed_hosts: &[String]) -> Result<(), &'static str> {
+    let headers = request.headers();
+    let host = headers
+        .get(header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{0}"))
+        .or_else(|| {
+            request
+                .uri()
+                .authority()
+                .map(axum::http::uri::Authority::as_str)
+        });
+    let Some(host) = host else {
+        // HTTP/1.0 without a Host: no browser sends that.
+        return Ok(());
+    };
+    let name = host_name(host)
+        .ok_or("the Host header is not a host name")?
+        .to_ascii_lowercase();
+    let named = name.parse::<std::net::IpAddr>().is_ok()
+        || name == "localhost"
+        || name.ends_with(".localhost")
+        || allowed_hosts.iter().any(|a| a.eq_ignore_ascii_case(&name));
+    if !named {
+        return Err("the Host header names this server by a name not in http.allowed_hosts");
+    }
+    if request.method() == axum::http::Method::POST {
+        let cross = headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() == b"cross-site");
+        let foreign_origin = headers.get(header::ORIGIN).is_some_and(|origin| {
+            let origin = origin.to_str().unwrap_or("");
+            let authority = origin.split_once("://").map_or("", |(_, rest)| rest);
+            !authority.eq_ignore_ascii_case(host)
+        });
+        if cross || foreign_origin {
+            return Err("a POST from a web page of another site");
+        }
+    }
+    Ok(())
+}
+
+/// The name in a `Host` value (`name`, `name:port`, `[v6]:port`), lower-cased by the caller's
+/// comparison; `None` when it is not one.
+fn host_name(host: &str) -> Option<&str> {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        let (v6, port) = rest.split_once(']')?;
+        if !(port.is_empty() || port.strip_prefix(':').is_some_and(valid_port)) {
+            return None;
+        }
+        v6.parse::<std::net::Ipv6Addr>().ok()?;
+        return Some(v6);
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if valid_port(port) => name,
+            Some(_) => return None,
+            None => host,
+        }
+    };
+    let ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    ok.then_some(name)
+}
+
+fn valid_port(port: &str) -> bool {
+    !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Lets the request through when no token is configured (and it is [`same_site`]) or it
+/// carries `Authorization: Bearer <token>`; else 401 with `WWW-Authenticate: Bearer`, counted
+/// in `bucketd_http_unauthorized_total`, or 403 for a request of another site. The answer
+/// never echoes what was sent.
 async fn require_token(State(guard): State<Guard>, request: Request, next: Next) -> Response {
     let Some(token) = guard.token else {
+        if let Err(why) = same_site(&request, &guard.allowed_hosts) {
+            guard
+                .stats
+                .http_unauthorized
+                .fetch_add(1, Ordering::Relaxed);
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "refused: {why}. Without http.token_file, bucketd answers only requests \
+                     to its IP address, localhost or a name in http.allowed_hosts, and no POST \
+                     from another site's page"
+                ),
+            )
+            .into_response();
+        }
         return next.run(request).await;
     };
     let presented = request
@@ -580,6 +884,8 @@ mod tests {
             api_token: None,
             metrics_token: None,
             query_slots: Arc::new(tokio::sync::Semaphore::new(4)),
+            request_timeout: Duration::from_secs(10),
+            allowed_hosts: Arc::from([]),
         };
         // The store stays open while the reader is used (dropping it closes the file).
         (state, requests, store)
@@ -749,5 +1055,311 @@ mod tests {
             .filter(|(_, _, want)| *want == StatusCode::UNAUTHORIZED)
             .count() as u64;
         assert_eq!(Stats::get(&stats.http_unauthorized), refused);
+    }
+
+    /// A GET of `path` with these headers through the router; the status, the headers and the
+    /// body.
+    async fn call(
+        app: &Router,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, axum::http::HeaderMap, String) {
+        let mut request = Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let body = axum::body::to_bytes(body, 1 << 20).await.unwrap();
+        (
+            parts.status,
+            parts.headers,
+            String::from_utf8_lossy(&body).into_owned(),
+        )
+    }
+
+    /// Issue 41: every answer, errors and refusals included, carries `nosniff`, so that no
+    /// browser reads a device's payload (in `/api/v1/rejected`) as HTML or script.
+    #[tokio::test]
+    async fn every_answer_is_marked_nosniff() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, _, _store) = test_state(&dir, 1);
+        let app = router(state);
+        for (method, path) in [
+            ("GET", "/api/v1/series"),
+            ("GET", "/api/v1/rejected"),
+            ("GET", "/api/v1/buckets"),
+            ("GET", "/metrics"),
+            ("GET", "/healthz"),
+            ("GET", "/no/such/thing"),
+            ("POST", "/api/v1/flush"),
+        ] {
+            let (status, headers, _) = call(&app, method, path, &[]).await;
+            assert_eq!(
+                headers
+                    .get("x-content-type-options")
+                    .map(axum::http::HeaderValue::as_bytes),
+                Some(&b"nosniff"[..]),
+                "{method} {path} ({status})"
+            );
+        }
+    }
+
+    /// Issue 41: without a token, a web page could read device payloads and flush through DNS
+    /// rebinding (its own name resolved to 127.0.0.1) or a cross-site form. An open endpoint
+    /// answers only a Host that is an address, `localhost` or listed, and no cross-site POST;
+    /// with a token, any Host.
+    #[tokio::test]
+    async fn without_a_token_only_requests_naming_this_server_are_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        // No ingest task: a flush that gets through is a 503 at once.
+        let (mut state, _, _store) = test_state(&dir, 1);
+        state.allowed_hosts = Arc::from(["gateway-17.lan".to_owned()]);
+        let stats = state.stats.clone();
+        let app = router(state.clone());
+        let get = |host: &'static str| {
+            let app = app.clone();
+            async move {
+                call(&app, "GET", "/api/v1/series", &[("host", host)])
+                    .await
+                    .0
+            }
+        };
+        for host in [
+            "127.0.0.1:9470",
+            "localhost:9470",
+            "LOCALHOST",
+            "[::1]:9470",
+            "192.168.1.5",
+            "gateway-17.lan:9470",
+            "Gateway-17.LAN",
+            "grafana.localhost:80",
+        ] {
+            assert_eq!(get(host).await, StatusCode::OK, "{host}");
+        }
+        for host in [
+            "attacker.example:9470",
+            "attacker.example",
+            "127.0.0.1.attacker.example",
+            "gateway-17.lan.attacker.example",
+            "localhost:9470:1",
+            "[::1",
+            "a b",
+            "",
+        ] {
+            assert_eq!(get(host).await, StatusCode::FORBIDDEN, "{host:?}");
+        }
+        let refused_so_far = Stats::get(&stats.http_unauthorized);
+        assert_eq!(refused_so_far, 8, "refusals are counted");
+        // The probes stay open to any Host.
+        let (status, _, _) = call(&app, "GET", "/healthz", &[("host", "x.example")]).await;
+        assert_eq!(status, StatusCode::OK);
+        // A cross-site POST is refused before it reaches the flush (whose slot would answer).
+        let post = |headers: &'static [(&'static str, &'static str)]| {
+            let app = app.clone();
+            async move { call(&app, "POST", "/api/v1/flush", headers).await }
+        };
+        for headers in [
+            &[
+                ("host", "127.0.0.1:9470"),
+                ("origin", "http://attacker.example"),
+            ][..],
+            &[("host", "localhost:9470"), ("origin", "null")],
+            &[
+                ("host", "localhost:9470"),
+                ("origin", "http://localhost:9471"),
+            ],
+            &[("host", "localhost:9470"), ("sec-fetch-site", "cross-site")],
+        ] {
+            let (status, _, body) = post(headers).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{headers:?}: {body}");
+            assert!(body.contains("another site"), "{body}");
+        }
+        for headers in [
+            &[
+                ("host", "localhost:9470"),
+                ("origin", "http://localhost:9470"),
+            ][..],
+            &[
+                ("host", "localhost:9470"),
+                ("sec-fetch-site", "same-origin"),
+            ],
+            &[("host", "127.0.0.1:9470")],
+        ] {
+            let (status, _, body) = post(headers).await;
+            assert_ne!(status, StatusCode::FORBIDDEN, "{headers:?}: {body}");
+        }
+        // With a token, the token decides.
+        let f = dir.path().join("token");
+        std::fs::write(&f, "tok-1").unwrap();
+        state.api_token = Some(Arc::new(crate::secret::read("t", &f, None).unwrap()));
+        let app = router(state);
+        let (status, _, _) = call(
+            &app,
+            "GET",
+            "/api/v1/series",
+            &[
+                ("host", "attacker.example"),
+                ("authorization", "Bearer tok-1"),
+            ],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    /// Issue 41: a client that sent a request's head and never its body held one of the query
+    /// turns while the handler waited for the body, with no timeout: four of them locked every
+    /// query. The body is now read (within `http.request_timeout`) before a turn is taken, and
+    /// a body that does not come in time is a 408 that closes the connection.
+    #[tokio::test]
+    async fn a_body_that_never_comes_holds_no_query_turn_and_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut state, _requests, _store) = test_state(&dir, 1);
+        state.query_slots = Arc::new(tokio::sync::Semaphore::new(1));
+        state.request_timeout = Duration::from_mins(1);
+        let app = router(state.clone());
+        // A body that says when it is first asked for, and never gives a byte.
+        let (polled_tx, polled) = oneshot::channel::<()>();
+        let mut polled_tx = Some(polled_tx);
+        let never = futures_util::stream::poll_fn(move |_| {
+            if let Some(tx) = polled_tx.take() {
+                let _ = tx.send(());
+            }
+            std::task::Poll::<Option<Result<bytes::Bytes, std::io::Error>>>::Pending
+        });
+        let path = if cfg!(feature = "ui") {
+            "/prom/api/v1/query"
+        } else {
+            "/api/v1/series"
+        };
+        let slow = Request::post(path)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Body::from_stream(never))
+            .unwrap();
+        let slow = tokio::spawn(app.clone().oneshot(slow));
+        polled.await.expect("the body is read");
+        // The only query turn is free for others while the body is awaited.
+        let fresh = tokio::time::timeout(
+            Duration::from_secs(30),
+            call(&app, "GET", "/api/v1/series", &[]),
+        )
+        .await
+        .expect("a query is answered while a body is awaited");
+        assert_eq!(fresh.0, StatusCode::OK);
+        slow.abort();
+
+        state.request_timeout = Duration::from_millis(200);
+        let app = router(state);
+        let never = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        let slow = Request::post(path).body(Body::from_stream(never)).unwrap();
+        let response = app.oneshot(slow).await.unwrap();
+        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(response.headers()["connection"], "close");
+        // Too large is refused the same way.
+        let big = Request::post("/api/v1/flush")
+            .body(Body::from(vec![b'x'; BODY_BYTES_MAX + 1]))
+            .unwrap();
+        let dir2 = tempfile::tempdir().unwrap();
+        let (state, _r, _s) = test_state(&dir2, 1);
+        let response = router(state).oneshot(big).await.unwrap();
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(response.headers()["connection"], "close");
+    }
+
+    /// Issue 41: a client that hung up freed its query turn while its read went on in the
+    /// blocking pool, so a connect-send-close loop ran any number of reads at once. The turn
+    /// is now given back only when the read has ended.
+    #[tokio::test]
+    async fn a_client_that_hangs_up_keeps_its_turn_until_its_read_ends() {
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        let (finish, finish_rx) = std::sync::mpsc::channel::<()>();
+        let finish_rx = Arc::new(std::sync::Mutex::new(finish_rx));
+        let app = Router::new()
+            .route(
+                "/read",
+                get(move || {
+                    let (started_tx, finish_rx) = (started_tx.clone(), finish_rx.clone());
+                    async move {
+                        tokio::task::spawn_blocking(move || {
+                            started_tx.send(()).unwrap();
+                            let _ = finish_rx.lock().unwrap().recv();
+                        })
+                        .await
+                        .unwrap();
+                        "done"
+                    }
+                }),
+            )
+            .route_layer(from_fn_with_state(slots.clone(), take_turn));
+        let request = app.oneshot(Request::get("/read").body(Body::empty()).unwrap());
+        let client = tokio::spawn(request);
+        tokio::task::spawn_blocking(move || started.recv().unwrap())
+            .await
+            .unwrap();
+        // The client hangs up mid-read.
+        client.abort();
+        assert!(client.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            slots.available_permits(),
+            0,
+            "the read still holds the turn"
+        );
+        finish.send(()).unwrap();
+        let back = tokio::time::timeout(Duration::from_mins(1), slots.acquire())
+            .await
+            .expect("the turn comes back once the read has ended");
+        drop(back);
+    }
+
+    /// Issue 41 (the class of slow clients): an answer the client never reads ends its
+    /// connection after the limit, instead of holding it for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_peer_never_reads_fails_after_the_limit() {
+        use tokio::io::AsyncWriteExt;
+        let (near, _far) = tokio::io::duplex(64);
+        let mut stream = WriteDeadline::new(near, Duration::from_secs(10));
+        let started = tokio::time::Instant::now();
+        let e = stream.write_all(&[0u8; 4096]).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= Duration::from_secs(10));
+        // A reader that keeps up is never cut off.
+        let (near, mut far) = tokio::io::duplex(64);
+        let mut stream = WriteDeadline::new(near, Duration::from_secs(10));
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut far, &mut all)
+                .await
+                .unwrap();
+            all.len()
+        });
+        stream.write_all(&[1u8; 4096]).await.unwrap();
+        stream.shutdown().await.unwrap();
+        drop(stream);
+        assert_eq!(reader.await.unwrap(), 4096);
+    }
+
+    #[test]
+    fn host_names_are_read_like_a_host_header() {
+        for (host, want) in [
+            ("localhost", Some("localhost")),
+            ("localhost:9470", Some("localhost")),
+            ("[::1]:9470", Some("::1")),
+            ("[::1]", Some("::1")),
+            ("10.0.0.1:80", Some("10.0.0.1")),
+            ("a:b", None),
+            ("[::1]x", None),
+            ("[zz]:1", None),
+            (":80", None),
+            ("a/b", None),
+            ("a:123456", None),
+        ] {
+            assert_eq!(host_name(host), want, "{host}");
+        }
     }
 }

@@ -124,6 +124,22 @@ fn bad_values_are_errors_that_name_the_key() {
             "[http]\nheader_read_timeout = \"10m\"\n",
             "http.header_read_timeout",
         ),
+        (
+            "[http]\nrequest_timeout = \"1ms\"\n",
+            "http.request_timeout",
+        ),
+        (
+            "[http]\nmax_connections_per_address = 0\n",
+            "http.max_connections_per_address",
+        ),
+        (
+            "[http]\nallowed_hosts = [\"gateway:9470\"]\n",
+            "http.allowed_hosts",
+        ),
+        (
+            "[http]\nallowed_hosts = [\"http://gateway\"]\n",
+            "http.allowed_hosts",
+        ),
         ("[mqtt]\nreceive_maximum = 70000\n", "receive_maximum"),
         ("[mqtt]\nbroker_window = 70000\n", "broker_window"),
         ("[mqtt]\nbroker_window = -1\n", "broker_window"),

@@ -739,3 +739,82 @@ async fn connections_that_never_send_a_request_cannot_pile_up() {
     );
     d.stop().await.unwrap();
 }
+
+/// Issue 41, as it was found: 40 clients that send the head of `POST /prom/api/v1/query` (or
+/// `POST /api/v1/flush`) with `Content-Length: 65536` and never the body. Before, each held a
+/// query turn while its handler waited for the body, with no timeout, and 32 of them filled
+/// `http.max_connections`: no query was answered again and `/readyz` was refused. Now one
+/// address holds at most `http.max_connections_per_address` connections (the rest are closed
+/// and counted), the bodies are awaited before any turn is taken, and each slow request ends
+/// with a 408 after `http.request_timeout`. All the while, another address is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_from_one_address_lock_out_no_one() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("s.redb"), &topics);
+    raw.http.max_connections = 32;
+    raw.http.max_connections_per_address = 8;
+    raw.http.max_concurrent_queries = 4;
+    raw.http.request_timeout = Duration::from_secs(3);
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let stats = d.stats.clone();
+    // The attacker: 127.0.0.2 (another address on the loopback interface).
+    let mut slow = Vec::new();
+    for i in 0..40 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = socket.connect(d.http_addr).await.unwrap();
+        let path = if i % 2 == 0 {
+            "/prom/api/v1/query"
+        } else {
+            "/api/v1/flush"
+        };
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \
+             application/x-www-form-urlencoded\r\nContent-Length: 65536\r\n\r\nquery=1"
+        );
+        // A refused connection may be closed before the head is written.
+        let _ = s.write_all(head.as_bytes()).await;
+        slow.push(s);
+    }
+    eventually(
+        WAIT,
+        "the connections past the per-address cap to be refused",
+        || Stats::get(&stats.http_connections_refused) >= 32,
+    )
+    .await;
+    // Everyone else is answered meanwhile: queries, probes, the metrics.
+    let (status, body) = http("GET", format!("http://{}/api/v1/series", d.http_addr)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = http("GET", format!("http://{}/readyz", d.http_addr)).await;
+    assert_eq!(status, 200);
+    let (status, _) = http("GET", format!("http://{}/metrics", d.http_addr)).await;
+    assert_eq!(status, 200);
+    // Each slow request that was let in ends with a 408 and its connection closed; the others
+    // were closed unanswered.
+    let mut timed_out = 0;
+    for (i, s) in slow.iter_mut().enumerate() {
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
+        assert!(read.is_ok(), "slow connection {i} is still open");
+        let answer = String::from_utf8_lossy(&answer);
+        if answer.starts_with("HTTP/1.1 408") {
+            assert!(answer.contains("http.request_timeout"), "{answer}");
+            timed_out += 1;
+        } else {
+            assert!(
+                answer.is_empty(),
+                "slow connection {i} was answered: {answer}"
+            );
+        }
+    }
+    assert_eq!(
+        timed_out, 8,
+        "one address's share of connections, each cut off"
+    );
+    d.stop().await.unwrap();
+}
