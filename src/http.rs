@@ -647,8 +647,9 @@ async fn series(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError
     Ok(axum::Json(json!({ "series": list })))
 }
 
-/// The dead letters (`limits.dead_letters`), oldest first: what was refused, why, and the start
-/// of its payload, as text when it is UTF-8 and always in hex (delta messages are BSON).
+/// The dead letters (`limits.dead_letters`), oldest first: what was refused, why, how many of
+/// its readings for that reason, the start of its topic, and the start of its payload, as text
+/// when it is UTF-8 and always in hex (delta messages are BSON).
 async fn rejected(State(s): State<ApiState>) -> axum::Json<Value> {
     use std::fmt::Write;
     let letters: Vec<Value> = s
@@ -664,6 +665,7 @@ async fn rejected(State(s): State<ApiState>) -> axum::Json<Value> {
                 "at": d.at.to_rfc3339_millis(),
                 "reason": d.reason,
                 "topic": d.topic,
+                "count": d.count,
                 "payload": std::str::from_utf8(&d.payload).ok(),
                 "payload_hex": hex,
             })
@@ -923,6 +925,7 @@ mod tests {
             (&json!("invalid_json"), &json!("devices/d1/x"), &json!("{"))
         );
         assert_eq!(list[1]["reason"], "gateway_mismatch");
+        assert_eq!(list[1]["count"], 1);
         assert_eq!(list[1]["payload"], Value::Null, "not UTF-8");
         assert_eq!(list[1]["payload_hex"], "ff00");
         assert!(Timestamp::parse(list[1]["at"].as_str().unwrap()).is_some());

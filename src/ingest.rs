@@ -774,12 +774,13 @@ impl Ingest {
                 for (series, start, summary) in admitted.summaries.drain(..) {
                     batcher.push_summary(series, start, &summary, now);
                 }
-                for e in admitted.rejected.drain(..) {
-                    stats.reject(e, topic, payload);
-                    if let Some(gateway) = &admitted.gateway {
+                stats.reject_all(&admitted.rejected, topic, payload);
+                if let Some(gateway) = &admitted.gateway {
+                    for e in admitted.rejected.drain(..) {
                         warn_gateway(&mut st.gateway_warned, gateway, e, "bucket", now);
                     }
                 }
+                admitted.rejected.clear();
                 if let Some((fp, tag)) = admitted.fingerprint {
                     batcher.push_fingerprint(fp, tag);
                 }

@@ -11,6 +11,8 @@ use crate::reject::DecodeError;
 
 /// Longest payload prefix kept in a dead letter.
 pub const DEAD_LETTER_BYTES_MAX: usize = 256;
+/// Longest topic prefix kept in a dead letter (an MQTT topic may be 64 KiB).
+pub const DEAD_LETTER_TOPIC_BYTES_MAX: usize = 256;
 
 /// One rejected message or reading, as kept in the dead-letter ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +23,8 @@ pub struct DeadLetter {
     pub topic: String,
     /// The payload, truncated to [`DEAD_LETTER_BYTES_MAX`] bytes.
     pub payload: Vec<u8>,
+    /// Readings of the message refused for this reason (the message itself counts as one).
+    pub count: u64,
 }
 
 #[derive(Debug, Default)]
@@ -85,25 +89,52 @@ impl Stats {
         }
     }
 
+    /// Counts a message refused as a whole, and keeps it in the dead letters.
     pub fn reject(&self, reason: DecodeError, topic: &[u8], payload: &[u8]) {
-        self.rejected[reason.index()].fetch_add(1, Ordering::Relaxed);
-        if self.dead_letters_max == 0 {
+        self.reject_all(&[reason], topic, payload);
+    }
+
+    /// Counts every refusal of one message (the message's, or each of its readings') and keeps
+    /// one dead letter per reason, whatever the number of readings: a message of 10,000 bad
+    /// fields costs 10,000 counter increments and a few bounded copies, not 10,000 copies of
+    /// its topic.
+    pub fn reject_all(&self, reasons: &[DecodeError], topic: &[u8], payload: &[u8]) {
+        let mut per_reason = [0u64; DecodeError::ALL.len()];
+        for reason in reasons {
+            per_reason[reason.index()] += 1;
+        }
+        for (counter, n) in self.rejected.iter().zip(per_reason) {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        if self.dead_letters_max == 0 || reasons.is_empty() {
             return;
         }
-        let letter = DeadLetter {
-            at: crate::reading::Timestamp::now(),
-            reason: reason.reason(),
-            topic: String::from_utf8_lossy(topic).into_owned(),
-            payload: payload[..payload.len().min(DEAD_LETTER_BYTES_MAX)].to_vec(),
-        };
+        let at = crate::reading::Timestamp::now();
+        let topic = truncated_text(topic, DEAD_LETTER_TOPIC_BYTES_MAX);
+        let payload = &payload[..payload.len().min(DEAD_LETTER_BYTES_MAX)];
         let mut ring = self
             .dead_letters
             .lock()
             .expect("no panic while holding the lock");
-        if ring.len() == self.dead_letters_max {
-            ring.pop_front();
+        // In the order the reasons first appear in the message.
+        for reason in reasons {
+            let n = std::mem::take(&mut per_reason[reason.index()]);
+            if n == 0 {
+                continue;
+            }
+            if ring.len() == self.dead_letters_max {
+                ring.pop_front();
+            }
+            ring.push_back(DeadLetter {
+                at,
+                reason: reason.reason(),
+                topic: topic.clone(),
+                payload: payload.to_vec(),
+                count: n,
+            });
         }
-        ring.push_back(letter);
     }
 
     /// Counts why a batch was handed to the writer (shutdown flushes are not counted here).
@@ -148,6 +179,16 @@ impl Stats {
     }
 }
 
+/// `bytes` as text (invalid UTF-8 replaced), cut to at most `max` bytes at a character boundary.
+fn truncated_text(bytes: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(max)]);
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +206,40 @@ mod tests {
         assert_eq!(letters[1].reason, "non_finite");
         assert_eq!(stats.rejected(DecodeError::InvalidJson), 2);
         assert_eq!(stats.rejected_total(), 3);
+    }
+
+    /// Issue 41: every rejected reading stored the whole topic in the dead letters, so a 60 KiB
+    /// topic with 10,000 invalid fields copied ~600 MB and stalled ingestion for every device.
+    /// Now one letter per message and reason, with the topic cut to a bounded length, and the
+    /// counters still count every reading.
+    #[test]
+    fn one_dead_letter_per_message_and_reason_with_a_bounded_topic() {
+        let stats = Stats::new(100);
+        let topic = "é".repeat(30_000); // 60,000 bytes, two per character
+        let mut reasons = vec![DecodeError::NonFinite; 10_000];
+        reasons.push(DecodeError::InvalidName);
+        reasons.push(DecodeError::NonFinite);
+        stats.reject_all(&reasons, topic.as_bytes(), b"{...}");
+        let letters = stats.dead_letters();
+        assert_eq!(letters.len(), 2);
+        assert_eq!(
+            (letters[0].reason, letters[0].count),
+            ("non_finite", 10_001)
+        );
+        assert_eq!((letters[1].reason, letters[1].count), ("invalid_name", 1));
+        for l in &letters {
+            assert!(
+                l.topic.len() <= DEAD_LETTER_TOPIC_BYTES_MAX,
+                "{}",
+                l.topic.len()
+            );
+            assert!(l.topic.len() >= DEAD_LETTER_TOPIC_BYTES_MAX - 1);
+            assert!(l.topic.chars().all(|c| c == 'é'));
+        }
+        assert_eq!(stats.rejected(DecodeError::NonFinite), 10_001);
+        assert_eq!(stats.rejected(DecodeError::InvalidName), 1);
+        // A cut inside a character, and bytes that are not UTF-8.
+        assert_eq!(truncated_text("aé".as_bytes(), 2), "a");
+        assert_eq!(truncated_text(b"a\xffb", 8), "a\u{fffd}b");
     }
 }
