@@ -297,7 +297,7 @@ impl Admitter {
     /// narrower buckets folded into this store's width, refusals alongside.
     fn collect(&mut self) {
         for reading in self.decoded.readings() {
-            match self.series.intern(reading.series) {
+            match self.series.intern_reading(reading.series) {
                 Ok(series) => self.out.readings.push((series, reading.ts, reading.value)),
                 Err(e) => self.out.rejected.push(e),
             }
@@ -386,6 +386,23 @@ impl Admitter {
 
     pub fn series_count(&self) -> usize {
         self.series.len()
+    }
+
+    /// Forgets a series the store deleted (retention took its last bucket): its place in
+    /// `limits.max_series` (and its sensor's or gateway's share) is free again. The caller keeps
+    /// one the open batch holds: that batch's commit stores it anew.
+    pub fn forget_series(&mut self, series: &str) {
+        if !self.series.forget(series) {
+            return;
+        }
+        if let Some((gateway, _)) = series.split_once(':')
+            && let Some(n) = self.gateway_series.get_mut(gateway)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.gateway_series.remove(gateway);
+            }
+        }
     }
 }
 

@@ -577,6 +577,16 @@ impl Batcher {
         self.opened_at.is_none()
     }
 
+    /// Whether the open batch has a bucket of `series` (its commit will store the series).
+    pub fn holds_series(&self, series: &str) -> bool {
+        let from: BucketKey = (Arc::from(series), i64::MIN);
+        self.batch
+            .buckets
+            .range(from..)
+            .next()
+            .is_some_and(|((name, _), _)| &**name == series)
+    }
+
     /// Whether the batch is due for commit at `now`, and why.
     pub fn flush_reason(&self, now: Instant) -> Option<FlushReason> {
         let opened_at = self.opened_at?;

@@ -463,6 +463,7 @@ pub struct RawBatch {
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
     pub max_series: usize,
+    pub max_series_per_sensor: usize,
     pub max_payload_bytes: ByteSize,
     #[serde(with = "humantime_serde")]
     pub max_age: Duration,
@@ -682,6 +683,8 @@ pub struct BatchConfig {
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_series: usize,
+    /// Series one sensor's readings may add (within `max_series`).
+    pub max_series_per_sensor: usize,
     pub max_payload_bytes: usize,
     pub max_age: Duration,
     pub max_future: Duration,
@@ -810,8 +813,15 @@ impl TryFrom<RawConfig> for Config {
                 ),
             ));
         }
+        if raw.limits.max_series_per_sensor == 0 {
+            return Err(invalid(
+                "limits.max_series_per_sensor",
+                "must be at least 1",
+            ));
+        }
         let limits = Limits {
             max_series: raw.limits.max_series,
+            max_series_per_sensor: raw.limits.max_series_per_sensor.min(raw.limits.max_series),
             max_payload_bytes,
             max_age: raw.limits.max_age,
             max_future: raw.limits.max_future,

@@ -212,7 +212,11 @@ fn start_over(
     #[cfg(not(feature = "central"))]
     let ledger = None;
     let stats = Arc::new(Stats::new(config.limits.dead_letters));
-    let series = SeriesSet::new(config.limits.max_series, store.series_names().cloned());
+    let series = SeriesSet::new(
+        config.limits.max_series,
+        config.limits.max_series_per_sensor,
+        store.series_names().cloned(),
+    );
     stats
         .series
         .store(series.len() as u64, std::sync::atomic::Ordering::Relaxed);

@@ -396,6 +396,11 @@ impl Ingest {
             .take()
             .expect("a result answers the batch in flight");
         Self::answer_flush_waiters(st, committed.readings as u64);
+        for series in &committed.forgotten {
+            if !self.batcher.holds_series(series) {
+                self.admit.forget_series(series);
+            }
+        }
         debug!(
             readings = committed.readings,
             buckets = committed.stats.buckets_written,

@@ -32,6 +32,11 @@ pub enum DecodeError {
     TimestampOutOfRange,
     #[error("limits.max_series reached; new series are refused")]
     SeriesLimit,
+    #[error(
+        "limits.max_series_per_sensor reached for this sensor; its new series are refused \
+         (others' are not)"
+    )]
+    SensorLimit,
     #[error("payload is not a bucketd delta message (BSON with gateway_id, seq and buckets)")]
     InvalidDelta,
     #[error(
@@ -50,11 +55,17 @@ pub enum DecodeError {
          central.max_buckets_per_message) reached; raise it if the gateway needs more"
     )]
     GatewayLimit,
+    #[error(
+        "a delta message's position jumps further past the last one applied from its gateway \
+         than central.max_position_jump, or names an older database (origin) than that one: \
+         no gateway's outbox could have sent it"
+    )]
+    PositionJump,
 }
 
 impl DecodeError {
     /// Every variant, in a fixed order (the index of a variant is its counter slot).
-    pub const ALL: [DecodeError; 17] = [
+    pub const ALL: [DecodeError; 19] = [
         DecodeError::EmptyPayload,
         DecodeError::PayloadTooLarge,
         DecodeError::TopicMismatch,
@@ -72,6 +83,8 @@ impl DecodeError {
         DecodeError::BucketWidthMismatch,
         DecodeError::GatewayMismatch,
         DecodeError::GatewayLimit,
+        DecodeError::SensorLimit,
+        DecodeError::PositionJump,
     ];
 
     /// The metric label value.
@@ -94,6 +107,8 @@ impl DecodeError {
             DecodeError::BucketWidthMismatch => "bucket_width_mismatch",
             DecodeError::GatewayMismatch => "gateway_mismatch",
             DecodeError::GatewayLimit => "gateway_limit",
+            DecodeError::SensorLimit => "sensor_limit",
+            DecodeError::PositionJump => "position_jump",
         }
     }
 

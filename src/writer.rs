@@ -32,11 +32,14 @@ use crate::stats::Stats;
 use crate::store::{CommitError, CommitStats, Store};
 
 /// The result of one commit.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Committed {
     pub stats: CommitStats,
     pub readings: usize,
     pub took: Duration,
+    /// Series that retention deleted since the last result (their last bucket expired), for
+    /// the ingest side to forget: they no longer count against `limits.max_series`.
+    pub forgotten: Vec<Arc<str>>,
 }
 
 pub struct Writer {
@@ -157,6 +160,7 @@ pub fn spawn(
                         stats: s,
                         readings: batch.readings,
                         took: started.elapsed(),
+                        forgotten: store.take_forgotten(),
                     });
                 let failed = result.is_err();
                 if let Ok(c) = &result {
@@ -319,6 +323,9 @@ fn expire(store: &mut Store, stats: &Stats, r: Retention) -> Result<bool, Commit
     let expired = expired?;
     if expired.pages + expired.buckets > 0 {
         stats
+            .series
+            .store(store.series_count() as u64, Ordering::Relaxed);
+        stats
             .pages_expired
             .fetch_add(expired.pages as u64, Ordering::Relaxed);
         stats
@@ -330,6 +337,7 @@ fn expire(store: &mut Store, stats: &Stats, r: Retention) -> Result<bool, Commit
         info!(
             pages = expired.pages,
             buckets = expired.buckets,
+            series = expired.series,
             more = expired.more,
             "Deleted expired data."
         );

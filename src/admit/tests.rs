@@ -39,6 +39,10 @@ impl DeltaLedger for Ledger {
 }
 
 fn admitter(max_series: usize) -> Admitter {
+    admitter_with(max_series, SeriesSet::new(max_series, max_series, []))
+}
+
+fn admitter_with(max_series: usize, series: SeriesSet) -> Admitter {
     Admitter::new(
         vec![
             sub("sensors/+/+", "sensors/{sensor}/{metric}", Format::Value),
@@ -55,6 +59,7 @@ fn admitter(max_series: usize) -> Admitter {
         ],
         Limits {
             max_series,
+            max_series_per_sensor: max_series,
             max_payload_bytes: 65_536,
             max_age: Duration::from_hours(720),
             max_future: Duration::from_mins(5),
@@ -62,7 +67,7 @@ fn admitter(max_series: usize) -> Admitter {
             dedup_window: 16,
         },
         3600,
-        SeriesSet::new(max_series, []),
+        series,
         Window::new(16, []),
         Resends::new(1, 16, 16, []),
         Some(Box::new(Ledger::default())),
@@ -306,7 +311,7 @@ fn a_gateways_share_counts_the_series_already_stored() {
         )],
         admitter(0).limits.clone(),
         3600,
-        SeriesSet::new(100, stored),
+        SeriesSet::new(100, 100, stored),
         Window::new(16, []),
         Resends::new(1, 16, 16, []),
         None,
@@ -530,4 +535,27 @@ fn once_warm_a_reading_costs_no_allocation_from_decode_to_batch() {
         (full - half) * 100 < 10_000,
         "{half} then {full} allocations"
     );
+}
+
+/// Issue 41: one device's message of thousands of fields used up `limits.max_series` for
+/// every device. Its series stop at its sensor's share (counted as `sensor_limit`, the
+/// message's other readings kept), and another device still gets new series.
+#[test]
+fn one_device_meets_its_own_series_share_and_leaves_room_for_others() {
+    let mut a = admitter_with(1000, SeriesSet::new(1000, 10, []));
+    let fields: Vec<String> = (0..4000).map(|i| format!(r#""m{i}": {i}"#)).collect();
+    let json = format!(r#"{{"ts": {NOW_S}, {}}}"#, fields.join(", "));
+    let m = message("devices/greedy/telemetry", json.as_bytes());
+    let (verdict, readings, rejected, _) = admit(&mut a, &m);
+    assert_eq!(verdict, Verdict::New);
+    assert_eq!(readings.len(), 10);
+    assert_eq!(rejected.len(), 3990);
+    assert!(rejected.iter().all(|e| *e == DecodeError::SensorLimit));
+    let json = format!(r#"{{"ts": {NOW_S}, "temperature": 21.5}}"#);
+    let (_, readings, rejected, _) = admit(
+        &mut a,
+        &message("devices/modest/telemetry", json.as_bytes()),
+    );
+    assert_eq!(readings, [("modest/temperature".to_owned(), 21.5)]);
+    assert!(rejected.is_empty());
 }

@@ -314,6 +314,7 @@ fn admitter() -> Admitter {
     };
     let limits = Limits {
         max_series: 12,
+        max_series_per_sensor: 12,
         // Large enough for the deepest shapes to reach the parser.
         max_payload_bytes: 1 << 20,
         max_age: std::time::Duration::from_hours(30),
@@ -325,7 +326,7 @@ fn admitter() -> Admitter {
         vec![sub],
         limits,
         WIDTH,
-        SeriesSet::new(12, []),
+        SeriesSet::new(12, 12, []),
         crate::dedup::Window::new(16, []),
         crate::resend::Resends::new(1, 16, 16, []),
         Some(Box::new(super::applied::Applied::default())),

@@ -14,8 +14,11 @@
 //! - `log`: `u64` commit sequence number -> a [`crate::commitlog`] record: what that commit
 //!   added, until a checkpoint folds it into `buckets` and `pages` (`store::log`). A commit
 //!   writes only this table (and `dedup`, and new series): its keys only grow.
-//! - `series_by_name`: `&str` (`sensor/metric`) -> `u64` id; `series_by_id`: the reverse. Ids are
-//!   dense, starting at 0.
+//! - `series_by_name`: `&str` (`sensor/metric`) -> `u64` id; `series_by_id`: the reverse. Ids
+//!   start at 0; a new series takes one above the highest. Retention deletes a series whose last
+//!   bucket it deleted (nothing else refers to its id then: the log is folded first, and the
+//!   journal starts over after the pass), so a lapsed series frees its place in
+//!   `limits.max_series` ([`Store::take_forgotten`]).
 //! - `buckets`: `(series_id: u64, start: i64)` -> BSON [`BucketDoc`] as of the last checkpoint.
 //!   redb orders integer tuples numerically, so one series' buckets are contiguous and in time
 //!   order.
@@ -216,6 +219,11 @@ pub struct Store {
     /// Every series in the file, name -> id; bounded by `limits.max_series` through the ingest
     /// side, which refuses new series past the limit.
     series: HashMap<Arc<str>, u64>,
+    /// The id the next new series takes: one above the highest in the file.
+    next_series_id: u64,
+    /// Series retention deleted, not yet reported to the ingest side ([`Store::take_forgotten`]);
+    /// a commit that brings one back takes it off.
+    forgotten: Vec<Arc<str>>,
     /// Sequence number of the next commit.
     next_seq: u64,
     /// The `dedup` table's entries: (commit sequence number, fingerprints), oldest first.
@@ -276,6 +284,8 @@ impl Store {
             path: settings.path.clone(),
             settings: settings.clone(),
             series: HashMap::new(),
+            next_series_id: 0,
+            forgotten: Vec::new(),
             next_seq: 0,
             dedup_log: VecDeque::new(),
             dedup_total: 0,
@@ -325,6 +335,7 @@ impl Store {
         let db = self.db.clone().expect("opened above");
         let db = &*db;
         self.series = read_series(db).map_err(corrupt)?;
+        self.next_series_id = self.series.values().max().map_or(0, |id| id + 1);
         let (next_seq, log) = read_dedup_log(db).map_err(corrupt)?;
         self.next_seq = next_seq;
         self.dedup_total = log.iter().map(|e| e.1).sum();
@@ -604,6 +615,12 @@ impl Store {
         self.series.len()
     }
 
+    /// The series retention deleted since the last call (and no commit brought back), for the
+    /// ingest side's [`crate::series::SeriesSet`] to forget.
+    pub fn take_forgotten(&mut self) -> Vec<Arc<str>> {
+        std::mem::take(&mut self.forgotten)
+    }
+
     /// Size of the database file in bytes.
     pub fn file_bytes(&self) -> u64 {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
@@ -629,7 +646,7 @@ impl Store {
         let fingerprints = crate::dedup::encode(&batch.fingerprints);
         let mut record = std::mem::take(&mut self.record_buf);
         {
-            let first_new_id = self.series.len() as u64;
+            let first_new_id = self.next_series_id;
             let mut entries = Vec::with_capacity(batch.buckets.len());
             for ((series, start), delta) in &batch.buckets {
                 let id = if let Some(&id) = self.series.get(series).or(new_series.get(series)) {
@@ -715,6 +732,11 @@ impl Store {
         stats.log_bytes = record.len() + fingerprints.len();
         self.record_buf = record;
         self.log_bytes = self.log_bytes.saturating_add(stats.log_bytes as u64);
+        self.next_series_id += new_series.len() as u64;
+        if !self.forgotten.is_empty() {
+            // Back in the file: the ingest side must keep counting it.
+            self.forgotten.retain(|name| !new_series.contains_key(name));
+        }
         self.series.extend(new_series);
         self.dedup_log.push_back((seq, batch.fingerprints.len()));
         self.dedup_total += batch.fingerprints.len();

@@ -2,10 +2,13 @@
 //! ([`Store::expire`]), and compacting a file no daemon holds ([`compact`]).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use redb::ReadableTable;
 
-use super::{BUCKETS, CommitError, PAGES, Store, StoreOpenError, open_error};
+use super::{
+    BUCKETS, CommitError, PAGES, SERIES_BY_ID, SERIES_BY_NAME, Store, StoreOpenError, open_error,
+};
 use crate::doc::BucketDoc;
 
 /// What one retention pass deleted.
@@ -13,6 +16,8 @@ use crate::doc::BucketDoc;
 pub struct ExpireStats {
     pub pages: usize,
     pub buckets: usize,
+    /// Series whose last bucket went: deleted too.
+    pub series: usize,
     /// The pass stopped at its budget: more is due.
     pub more: bool,
 }
@@ -21,7 +26,8 @@ impl Store {
     /// One bounded retention pass, in one write transaction: deletes raw pages of buckets
     /// starting before `raw_before` and bucket documents (with any pages left) starting before
     /// `buckets_before` (seconds), at most `max` entries. A bucket whose pages go keeps its
-    /// summary with `pages = 0`.
+    /// summary with `pages = 0`. A series left with no bucket is deleted too, and its name kept
+    /// for [`Store::take_forgotten`].
     pub fn expire(
         &mut self,
         raw_before: i64,
@@ -32,6 +38,7 @@ impl Store {
         // Fold the log first: a bucket deleted here must not come back from a log entry.
         self.checkpoint()?;
         let tx = self.durable_tx()?;
+        let mut emptied_series: Vec<u64> = Vec::new();
         {
             let mut pages = tx.open_table(PAGES)?;
             let mut buckets = tx.open_table(BUCKETS)?;
@@ -77,14 +84,41 @@ impl Store {
                     buckets.remove(key)?;
                 }
                 stats.buckets += bucket_keys.len();
+                let left = |start: i64| (id, start);
+                if !bucket_keys.is_empty()
+                    && buckets
+                        .range(left(i64::MIN)..=left(i64::MAX))?
+                        .next()
+                        .is_none()
+                {
+                    // Pages live under their bucket: none can be left without one.
+                    emptied_series.push(id);
+                }
                 if stats.pages + stats.buckets >= max {
                     stats.more = true;
                     break 'series;
                 }
             }
         }
+        let mut names: Vec<Arc<str>> = Vec::with_capacity(emptied_series.len());
+        if !emptied_series.is_empty() {
+            let mut by_name = tx.open_table(SERIES_BY_NAME)?;
+            let mut by_id = tx.open_table(SERIES_BY_ID)?;
+            for id in &emptied_series {
+                if let Some(name) = by_id.remove(id)? {
+                    let name: Arc<str> = Arc::from(name.value());
+                    by_name.remove(&*name)?;
+                    names.push(name);
+                }
+            }
+        }
         tx.commit()?;
         self.durable_committed();
+        stats.series = names.len();
+        for name in names {
+            self.series.remove(&name);
+            self.forgotten.push(name);
+        }
         Ok(stats)
     }
 }

@@ -1559,3 +1559,68 @@ fn a_log_folded_in_timed_parts_ends_empty() {
     let raw = raw_in(&store.reader(), None, i64::MIN, i64::MAX);
     assert_eq!(raw.len(), 200 * 50);
 }
+
+/// Issue 41 (and "The SD card"): retention never freed a series, so `limits.max_series` was a
+/// lifetime cap. A series whose last bucket retention deletes is deleted with it and reported
+/// once; a new series takes an id above every other (nothing can mix it up with the old one's
+/// data); a series that comes back is a new one, and is no longer reported as forgotten.
+#[test]
+fn retention_deletes_a_series_with_its_last_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.redb");
+    let mut store = Store::open(&settings(&path)).unwrap();
+    store
+        .commit(&batch(&[("old/x", 3600, 1.0), ("keep/x", 3600, 2.0)]))
+        .unwrap();
+    store.commit(&batch(&[("keep/x", 10 * 3600, 3.0)])).unwrap();
+    // The old hour goes: `old/x` has nothing left, `keep/x` has its later bucket.
+    let expired = store.expire(5 * 3600, 5 * 3600, usize::MAX).unwrap();
+    assert_eq!((expired.buckets, expired.series), (2, 1));
+    assert_eq!(store.series_count(), 1);
+    let forgotten: Vec<String> = store
+        .take_forgotten()
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect();
+    assert_eq!(forgotten, ["old/x"]);
+    assert!(store.take_forgotten().is_empty(), "reported once");
+    assert_eq!(store.reader().series().unwrap(), ["keep/x"]);
+    // Budget cut short: a series with buckets left stays.
+    store
+        .commit(&batch(&[
+            ("two/x", 3600, 1.0),
+            ("two/x", 7200, 1.0),
+            ("two/x", 20 * 3600, 1.0),
+        ]))
+        .unwrap();
+    let expired = store.expire(5 * 3600, 5 * 3600, 1).unwrap();
+    assert_eq!(
+        (expired.buckets, expired.series, expired.more),
+        (1, 0, true)
+    );
+    // Back again after the pass reported it: a new series with a new id, whose buckets are
+    // its own (the old hour is not there).
+    store.commit(&batch(&[("old/x", 11 * 3600, 5.0)])).unwrap();
+    drop(store);
+    let mut store = Store::open(&settings(&path)).unwrap();
+    let docs = store
+        .reader()
+        .buckets(Some("old/x"), i64::MIN, i64::MAX)
+        .unwrap();
+    assert_eq!(docs.len(), 1);
+    assert_eq!((docs[0].start, docs[0].count), (11 * 3600, 1));
+    let ids = store.series.clone();
+    let distinct: std::collections::HashSet<u64> = ids.values().copied().collect();
+    assert_eq!(distinct.len(), ids.len(), "ids are unique: {ids:?}");
+    // A series deleted and brought back by a commit before anyone was told is not reported.
+    store.commit(&batch(&[("gone/x", 3600, 1.0)])).unwrap();
+    store.expire(5 * 3600, 5 * 3600, usize::MAX).unwrap();
+    store.commit(&batch(&[("gone/x", 12 * 3600, 1.0)])).unwrap();
+    let forgotten: Vec<String> = store
+        .take_forgotten()
+        .iter()
+        .map(std::string::ToString::to_string)
+        .collect();
+    assert!(!forgotten.contains(&"gone/x".to_owned()), "{forgotten:?}");
+    assert!(store.reader().has_series("gone/x").unwrap());
+}

@@ -818,3 +818,54 @@ async fn slow_bodies_from_one_address_lock_out_no_one() {
     );
     d.stop().await.unwrap();
 }
+
+/// Issue 41: retention never freed a series, so `limits.max_series` was a lifetime cap (a
+/// gateway that met it once refused every new sensor for ever). With room for two series,
+/// one of which lapses: once retention has deleted its last bucket, a third series is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_series_whose_last_bucket_expires_frees_its_place() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("f.redb"), &topics);
+    raw.limits.max_series = 2;
+    raw.store.raw_retention = Duration::from_hours(1);
+    raw.store.bucket_retention = Duration::from_hours(2);
+    raw.store.retention_interval = Duration::from_millis(100);
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let stats = d.stats.clone();
+    let now = now_secs();
+    let reading = |sensor: &str, t: i64| {
+        (
+            topics.json(sensor),
+            format!("{{\"ts\": {t}, \"x\": 1.5}}").into_bytes(),
+        )
+    };
+    publish_all(
+        &broker,
+        &[reading("old", now - 5 * 3600), reading("keep", now)],
+        1,
+    )
+    .await;
+    wait_ingested(&d, 2, 0).await;
+    eventually(WAIT, "retention to delete the lapsed series", || {
+        Stats::get(&stats.buckets_expired) >= 1 && Stats::get(&stats.series) == 1
+    })
+    .await;
+    // The next commit tells the ingest side; then a new series fits.
+    publish_all(&broker, &[reading("keep", now + 1)], 1).await;
+    wait_ingested(&d, 3, 0).await;
+    publish_all(&broker, &[reading("new", now)], 1).await;
+    wait_ingested(&d, 4, 0).await;
+    let (_, series) = get_json(&d, "/api/v1/series").await;
+    let names: Vec<&str> = series["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["keep/x", "new/x"]);
+    assert_eq!(d.stats.rejected_total(), 0);
+    d.stop().await.unwrap();
+}
