@@ -27,10 +27,20 @@ use crate::summary::Summary;
 /// What a central knows of each gateway's delta stream: the last position applied. The fleet
 /// tier implements it (`fleet::applied`); an edge build has none.
 pub trait DeltaLedger: Send {
-    /// Whether `at` is at or before the last position applied from `gateway` (a copy).
-    fn contains(&self, gateway: &str, at: &Position) -> bool;
-    /// Records `at` as the last position applied from `gateway`.
-    fn insert(&mut self, gateway: &str, at: Position);
+    /// The last position applied from `gateway`'s database `origin` (its current one, or one
+    /// it used before), if any.
+    fn last(&self, gateway: &str, origin: &str) -> Option<&Position>;
+    /// Records `at` as the last position applied from `gateway`; returns the positions to
+    /// store with the batch, under their keys (the gateway's own, and those of databases it
+    /// used before when `at` changes its database).
+    fn insert(&mut self, gateway: &str, at: Position) -> Vec<(String, Position)>;
+
+    /// Whether `at` is at or before the last position applied from its gateway's database (a
+    /// copy).
+    fn contains(&self, gateway: &str, at: &Position) -> bool {
+        self.last(gateway, &at.origin)
+            .is_some_and(|last| at.not_after(last))
+    }
 }
 
 /// One received PUBLISH, as admission sees it.
@@ -88,6 +98,9 @@ pub struct Admitted {
     pub replay: bool,
     /// A delta message's gateway and position, recorded with the batch.
     pub applied: Option<(String, Position)>,
+    /// When the message changed its gateway's database: the positions of the databases it
+    /// used before, under their keys (`fleet::applied`), recorded with the batch too.
+    pub retired: Vec<(String, Position)>,
     /// The message came on a delta subscription: the gateway its topic names (for the log).
     pub gateway: Option<String>,
 }
@@ -102,6 +115,7 @@ impl Admitted {
         self.fingerprint = None;
         self.replay = false;
         self.applied = None;
+        self.retired.clear();
         self.gateway = None;
     }
 }
@@ -181,13 +195,54 @@ impl Admitter {
         }
         let ctx = self.decode_context(received);
         decode::decode(sub, topic, payload, &ctx, &mut self.decoded).ok()?;
+        let shared = sub.filter.starts_with("$share/");
+        let refused = self.check_position(shared).is_err();
         let (gateway, at) = self.decoded.delta_from.take()?;
         self.decoded.clear();
+        if refused {
+            return None;
+        }
         let applied = self
             .ledger
             .as_ref()
             .is_some_and(|l| l.contains(&gateway, &at));
         (!applied).then_some((gateway, at))
+    }
+
+    /// A decoded delta message's position, against the last one applied from its gateway's
+    /// database ([`Position::plausible_after`]). The jump bound holds only where this instance
+    /// sees the whole stream: with a subscription shared between central instances
+    /// (`$share/...`), each sees part of it.
+    fn check_position(&self, shared: bool) -> Result<(), DecodeError> {
+        let (Some((gateway, at)), Some(ledger)) = (&self.decoded.delta_from, &self.ledger) else {
+            return Ok(());
+        };
+        // A database not seen before starts its own stream (logged when recorded).
+        let Some(last) = ledger.last(gateway, &at.origin) else {
+            return Ok(());
+        };
+        let max_jump = if shared {
+            u64::MAX
+        } else {
+            self.gateway_limits.max_position_jump
+        };
+        if at.plausible_after(last, max_jump) {
+            Ok(())
+        } else {
+            tracing::warn!(
+                gateway = %gateway,
+                last_origin = %last.origin,
+                last_seq = last.seq,
+                origin = %at.origin,
+                seq = at.seq,
+                max_jump,
+                "Refused a delta message whose position no gateway's outbox could have sent \
+                 after the last one applied (further on than central.max_position_jump). If \
+                 this gateway's upstream.outbox_max_entries is larger, raise \
+                 central.max_position_jump to match."
+            );
+            Err(DecodeError::PositionJump)
+        }
     }
 
     fn decode_context(&self, received: Timestamp) -> DecodeContext {
@@ -203,9 +258,11 @@ impl Admitter {
     pub fn admit(&mut self, m: &Message) -> &mut Admitted {
         self.out.clear();
         let ctx = self.decode_context(m.received);
+        let mut shared = false;
         let decoded = match subscription(&self.subscriptions, m.topic) {
             Ok(sub) => {
                 self.out.store_raw = sub.store_raw;
+                shared = sub.filter.starts_with("$share/");
                 if sub.format == Format::Delta {
                     self.out.gateway = std::str::from_utf8(m.topic)
                         .ok()
@@ -226,8 +283,9 @@ impl Admitter {
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = decoded {
+        if let Err(e) = decoded.and_then(|()| self.check_position(shared)) {
             self.out.verdict = Verdict::Rejected(e);
+            self.decoded.clear();
             return &mut self.out;
         }
         // See `crate::dedup` for what identifies a message and when a copy is dropped.
@@ -370,9 +428,14 @@ impl Admitter {
             };
             self.out.fingerprint = Some((fp, tag));
         }
-        if let Some((gateway, at)) = self.decoded.delta_from.take().filter(|_| counted) {
+        // A delta message's position is recorded whether or not any of its buckets counted
+        // (each may have been refused alone): positions then step one by one, as the gateway
+        // numbers them, and a jump means a forgery.
+        if let Some((gateway, at)) = self.decoded.delta_from.take() {
             if let Some(ledger) = self.ledger.as_mut() {
-                ledger.insert(&gateway, at.clone());
+                let mut store = ledger.insert(&gateway, at.clone());
+                store.retain(|(key, _)| *key != gateway);
+                self.out.retired = store;
             }
             self.out.applied = Some((gateway, at));
         }

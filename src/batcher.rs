@@ -186,8 +186,10 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Whether there is nothing to store: no bucket, and no delta position (a central records
+    /// a delta message's position even when each of its buckets was refused).
     pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
+        self.buckets.is_empty() && self.applied.is_empty()
     }
 }
 

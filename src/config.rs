@@ -74,6 +74,7 @@ pub struct RawCentral {
     pub claims_keep_entries: u32,
     pub max_series_per_gateway: usize,
     pub max_buckets_per_message: usize,
+    pub max_position_jump: u64,
 }
 
 /// What one gateway may use at a central (`[central]`), so that no gateway can exhaust what the
@@ -84,6 +85,8 @@ pub struct GatewayLimits {
     pub max_series: usize,
     /// Buckets in one delta message.
     pub max_buckets_per_message: usize,
+    /// Entries a gateway's position may move on past the last one applied (its outbox's bound).
+    pub max_position_jump: u64,
 }
 
 impl Default for GatewayLimits {
@@ -92,6 +95,7 @@ impl Default for GatewayLimits {
         GatewayLimits {
             max_series: 1000,
             max_buckets_per_message: 1000,
+            max_position_jump: 100_000,
         }
     }
 }
@@ -162,10 +166,14 @@ fn validate_gateway_limits(
             "must be at least 1",
         ));
     }
+    if raw.max_position_jump == 0 {
+        return Err(invalid("central.max_position_jump", "must be at least 1"));
+    }
     Ok(GatewayLimits {
         // limits.max_series bounds every gateway's together.
         max_series: raw.max_series_per_gateway.min(limits.max_series),
         max_buckets_per_message: raw.max_buckets_per_message,
+        max_position_jump: raw.max_position_jump,
     })
 }
 

@@ -204,7 +204,8 @@ fn start_over(
             path: store_path.clone(),
             source,
         })?;
-    let gateways = applied.len();
+    // Keys with `#` hold the databases a gateway used before (`fleet::applied`).
+    let gateways = applied.iter().filter(|(key, _)| !key.contains('#')).count();
     #[cfg(feature = "central")]
     let ledger: Option<Box<dyn crate::admit::DeltaLedger>> =
         Some(Box::new(crate::fleet::applied::Applied::new(applied)));

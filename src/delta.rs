@@ -99,6 +99,19 @@ impl Position {
         self.same_origin(other) && (self.seq, self.part) <= (other.seq, other.part)
     }
 
+    /// Whether `self`, arriving after `last` was applied from the same gateway's database,
+    /// could have come from its outbox: at most `max_jump` entries on (an outbox numbers its
+    /// entries one by one and holds a bounded number). A copy (at or before `last`) is
+    /// plausible; it is told apart elsewhere. A forged `seq = i64::MAX` otherwise made every
+    /// later real message a copy. Positions of different databases are not compared.
+    pub fn plausible_after(&self, last: &Position, max_jump: u64) -> bool {
+        if !self.same_origin(last) {
+            return true;
+        }
+        let ahead = self.seq.saturating_sub(last.seq);
+        u64::try_from(ahead).map_or(true, |n| n <= max_jump)
+    }
+
     /// Whether both come from one database; a position without an origin (recorded before
     /// origins existed) is taken for the same.
     pub fn same_origin(&self, other: &Position) -> bool {

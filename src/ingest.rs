@@ -789,6 +789,9 @@ impl Ingest {
                 if let Some((fp, tag)) = admitted.fingerprint {
                     batcher.push_fingerprint(fp, tag);
                 }
+                for (key, at) in admitted.retired.drain(..) {
+                    batcher.push_applied(&key, at);
+                }
                 if let Some((gateway, at)) = admitted.applied.take() {
                     batcher.push_applied(&gateway, at);
                 }

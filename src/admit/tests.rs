@@ -30,11 +30,12 @@ fn sub(filter: &str, template: &str, format: Format) -> Subscription {
 struct Ledger(std::collections::HashMap<String, Position>);
 
 impl DeltaLedger for Ledger {
-    fn contains(&self, gateway: &str, at: &Position) -> bool {
-        self.0.get(gateway).is_some_and(|last| at.not_after(last))
+    fn last(&self, gateway: &str, origin: &str) -> Option<&Position> {
+        self.0.get(gateway).filter(|last| last.origin == origin)
     }
-    fn insert(&mut self, gateway: &str, at: Position) {
-        self.0.insert(gateway.to_owned(), at);
+    fn insert(&mut self, gateway: &str, at: Position) -> Vec<(String, Position)> {
+        self.0.insert(gateway.to_owned(), at.clone());
+        vec![(gateway.to_owned(), at)]
     }
 }
 
@@ -234,12 +235,16 @@ fn a_delta_bucket_wider_than_the_store_width_is_rejected_alone() {
     assert_eq!(out.verdict, Verdict::New);
     assert!(out.summaries.is_empty());
     assert_eq!(out.rejected, [DecodeError::BucketWidthMismatch]);
-    // Nothing applied: the position is not recorded, so the message is not a copy later.
-    assert!(out.applied.is_none());
+    // Nothing applied, but the position is recorded (issue 41): positions step one by one as
+    // the gateway numbers its entries, so that a jump can be told from a run of refusals; the
+    // same message again is a copy.
+    assert!(out.applied.is_some());
     assert!(
         a.claim_needed(b"bucketd/gw-1/deltas", &payload, NOW)
-            .is_some()
+            .is_none()
     );
+    let again = a.admit(&message("bucketd/gw-1/deltas", &payload));
+    assert_eq!(again.verdict, Verdict::Copy);
 }
 
 /// A delta message from `gateway` with one 1-reading bucket per series, in the hour before NOW.
@@ -264,6 +269,7 @@ fn limited(max_series: usize, per_gateway: usize, per_message: usize) -> Admitte
         GatewayLimits {
             max_series: per_gateway,
             max_buckets_per_message: per_message,
+            max_position_jump: 100,
         },
         crate::sketch::SketchParams::DEFAULT,
     )
@@ -320,6 +326,7 @@ fn a_gateways_share_counts_the_series_already_stored() {
         GatewayLimits {
             max_series: 2,
             max_buckets_per_message: 100,
+            max_position_jump: 100,
         },
         crate::sketch::SketchParams::DEFAULT,
     );
@@ -558,4 +565,87 @@ fn one_device_meets_its_own_series_share_and_leaves_room_for_others() {
     );
     assert_eq!(readings, [("modest/temperature".to_owned(), 21.5)]);
     assert!(rejected.is_empty());
+}
+
+fn delta_from(origin: &str, seq: i64) -> Vec<u8> {
+    let summary = crate::summary::Summary::of((NOW_S - 60) * 1_000_000_000, 2.5);
+    bson::serialize_to_vec(&DeltaMessage {
+        gateway_id: "gw-1".into(),
+        origin: origin.into(),
+        seq,
+        part: 0,
+        buckets: vec![BucketDoc::new("d0/t", NOW_S - 3600, 3600, &summary)],
+    })
+    .unwrap()
+}
+
+/// Issue 41: a central accepted any position. One message with a gateway's real origin and
+/// `seq = i64::MAX` made every later real message of that gateway a copy, for good. A position
+/// further on than `central.max_position_jump` (100 here) is refused as a whole
+/// (`position_jump`), asks for no claim and is not recorded: the real stream goes on. (Older
+/// databases' streams: `fleet::applied`.)
+#[test]
+fn a_position_no_outbox_could_have_sent_is_refused_and_changes_nothing() {
+    let mut a = limited(100, 100, 100);
+    let topic = "bucketd/gw-1/deltas";
+    let origin = "2026-11-22T12:00:00.000Z";
+    let admit_at = |a: &mut Admitter, origin: &str, seq: i64| {
+        let payload = delta_from(origin, seq);
+        let claim = a.claim_needed(topic.as_bytes(), &payload, NOW).is_some();
+        let out = a.admit(&message(topic, &payload));
+        (out.verdict, out.applied.is_some(), claim)
+    };
+    assert_eq!(admit_at(&mut a, origin, 5), (Verdict::New, true, true));
+    let refused = (Verdict::Rejected(DecodeError::PositionJump), false, false);
+    for seq in [i64::MAX, 106, 1_000_000] {
+        assert_eq!(admit_at(&mut a, origin, seq), refused, "seq {seq}");
+    }
+    // The real stream goes on: the next entry, then a jump within the bound.
+    assert_eq!(admit_at(&mut a, origin, 6), (Verdict::New, true, true));
+    assert_eq!(admit_at(&mut a, origin, 106), (Verdict::New, true, true));
+    // Another database (the gateway's card replaced) starts its own stream, anywhere.
+    let newer = "2026-11-25T08:00:00.000Z";
+    assert_eq!(admit_at(&mut a, newer, 5_000), (Verdict::New, true, true));
+    assert_eq!(admit_at(&mut a, newer, 5_101), refused);
+}
+
+/// Where central instances share the subscription, each sees part of a gateway's stream: no
+/// jump bound there.
+#[test]
+fn a_shared_subscription_has_no_jump_bound() {
+    let mut a = Admitter::new(
+        vec![sub(
+            "$share/central/bucketd/+/deltas",
+            "bucketd/{gateway}/deltas",
+            Format::Delta,
+        )],
+        Limits {
+            max_series: 100,
+            max_series_per_sensor: 100,
+            max_payload_bytes: 65_536,
+            max_age: Duration::from_hours(720),
+            max_future: Duration::from_mins(5),
+            dead_letters: 4,
+            dedup_window: 16,
+        },
+        3600,
+        SeriesSet::new(100, 100, []),
+        Window::new(16, []),
+        Resends::new(1, 16, 16, []),
+        Some(Box::new(Ledger::default())),
+    )
+    .with_gateway_limits(
+        GatewayLimits {
+            max_series: 100,
+            max_buckets_per_message: 100,
+            max_position_jump: 10,
+        },
+        crate::sketch::SketchParams::DEFAULT,
+    );
+    let topic = "bucketd/gw-1/deltas";
+    let m = |origin: &str, seq: i64| delta_from(origin, seq);
+    let first = m("2026-11-22T12:00:00.000Z", 5);
+    assert_eq!(a.admit(&message(topic, &first)).verdict, Verdict::New);
+    let far = m("2026-11-22T12:00:00.000Z", 5_000);
+    assert_eq!(a.admit(&message(topic, &far)).verdict, Verdict::New);
 }

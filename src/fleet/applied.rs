@@ -9,7 +9,10 @@
 //!
 //! A position also names its *origin*, the gateway database's creation time: a gateway whose
 //! database was replaced (a new SD card) numbers from the start again, and its messages are
-//! new, not copies.
+//! new, not copies. The last positions of the databases a gateway used before are kept too
+//! ([`RETIRED_ORIGINS_MAX`]): one forged message with a new origin used to reset the gateway's
+//! position, so that captured old messages applied again; now they are still copies of their
+//! own stream, and the real stream goes on where it was.
 //!
 //! Bounded by the number of gateways, each of which holds at least one series
 //! (`limits.max_series`).
@@ -21,17 +24,65 @@ use tracing::warn;
 use crate::admit::DeltaLedger;
 use crate::delta::Position;
 
-/// The last position applied per gateway.
+/// Databases a gateway used before its current one whose last positions are kept: a message of
+/// one of them is told as a copy or a continuation of that stream, whichever gateway sent it.
+pub const RETIRED_ORIGINS_MAX: usize = 4;
+
+/// How a retired origin's position is keyed in the store, beside the gateway's own key:
+/// `<gateway>#<slot>` (a gateway id has no `#`).
+fn retired_key(gateway: &str, slot: usize) -> String {
+    format!("{gateway}#{slot}")
+}
+
+/// One gateway's streams: its current database's last position, and those of the databases it
+/// used before (the most recent [`RETIRED_ORIGINS_MAX`], oldest first).
+#[derive(Debug, Clone)]
+struct Streams {
+    current: Position,
+    retired: Vec<Position>,
+}
+
+/// The last position applied per gateway and database.
 #[derive(Debug, Default)]
 pub struct Applied {
-    by_gateway: HashMap<String, Position>,
+    by_gateway: HashMap<String, Streams>,
 }
 
 impl Applied {
+    /// From the store's entries: `<gateway>` -> its current position, `<gateway>#<slot>` -> a
+    /// retired one.
     pub fn new(stored: impl IntoIterator<Item = (String, Position)>) -> Applied {
-        Applied {
-            by_gateway: stored.into_iter().collect(),
+        let mut current = HashMap::new();
+        let mut retired: HashMap<String, Vec<(usize, Position)>> = HashMap::new();
+        for (key, at) in stored {
+            match key.split_once('#') {
+                Some((gateway, slot)) => {
+                    let slot = slot.parse().unwrap_or(usize::MAX);
+                    retired
+                        .entry(gateway.to_owned())
+                        .or_default()
+                        .push((slot, at));
+                }
+                None => {
+                    current.insert(key, at);
+                }
+            }
         }
+        let by_gateway = current
+            .into_iter()
+            .map(|(gateway, current)| {
+                let mut old = retired.remove(&gateway).unwrap_or_default();
+                old.sort_by_key(|(slot, _)| *slot);
+                let retired = old
+                    .into_iter()
+                    .map(|(_, at)| at)
+                    .filter(|at| at.origin != current.origin)
+                    .take(RETIRED_ORIGINS_MAX)
+                    .collect();
+                (gateway, Streams { current, retired })
+            })
+            .collect();
+        Applied { by_gateway }
     }
 
     pub fn len(&self) -> usize {
@@ -44,33 +95,57 @@ impl Applied {
 }
 
 impl DeltaLedger for Applied {
-    /// Whether the message at `at` from `gateway` was applied already.
-    fn contains(&self, gateway: &str, at: &Position) -> bool {
-        self.by_gateway
-            .get(gateway)
-            .is_some_and(|last| at.not_after(last))
+    fn last(&self, gateway: &str, origin: &str) -> Option<&Position> {
+        let streams = self.by_gateway.get(gateway)?;
+        if streams.current.origin == origin || streams.current.origin.is_empty() {
+            return Some(&streams.current);
+        }
+        streams.retired.iter().find(|at| at.origin == origin)
     }
 
-    /// Records that the message at `at` from `gateway` is applied.
-    fn insert(&mut self, gateway: &str, at: Position) {
-        match self.by_gateway.get_mut(gateway) {
-            Some(last) => {
-                if !last.same_origin(&at) {
-                    warn!(
-                        gateway,
-                        was = %last.origin,
-                        now = %at.origin,
-                        "A gateway's deltas now come from another database (a new one numbers \
-                         its entries from the start). If two gateways share this id, give each \
-                         its own upstream.gateway_id: their deltas cannot be told apart."
-                    );
-                }
-                *last = at;
-            }
-            None => {
-                self.by_gateway.insert(gateway.to_owned(), at);
-            }
+    /// Records that the message at `at` from `gateway` is applied. A change of database is
+    /// logged with both origins; the one left keeps its last position (a message of it later
+    /// is a copy or its continuation, not a new stream), and every position kept for the
+    /// gateway is returned to be stored.
+    fn insert(&mut self, gateway: &str, at: Position) -> Vec<(String, Position)> {
+        let Some(streams) = self.by_gateway.get_mut(gateway) else {
+            self.by_gateway.insert(
+                gateway.to_owned(),
+                Streams {
+                    current: at.clone(),
+                    retired: Vec::new(),
+                },
+            );
+            return vec![(gateway.to_owned(), at)];
+        };
+        if streams.current.same_origin(&at) {
+            streams.current = at.clone();
+            return vec![(gateway.to_owned(), at)];
         }
+        warn!(
+            gateway,
+            was = %streams.current.origin,
+            now = %at.origin,
+            "A gateway's deltas now come from another database (origin): a new one numbers its \
+             entries from the start. If the gateway's database was not replaced, someone else \
+             publishes as it: check the broker's ACL for its topic. If two gateways share this \
+             id, give each its own upstream.gateway_id: their deltas cannot be told apart."
+        );
+        streams.retired.retain(|old| old.origin != at.origin);
+        let left = std::mem::replace(&mut streams.current, at.clone());
+        streams.retired.push(left);
+        if streams.retired.len() > RETIRED_ORIGINS_MAX {
+            streams.retired.remove(0);
+        }
+        let mut out = vec![(gateway.to_owned(), at)];
+        out.extend(
+            streams
+                .retired
+                .iter()
+                .enumerate()
+                .map(|(slot, old)| (retired_key(gateway, slot), old.clone())),
+        );
+        out
     }
 }
 
@@ -97,11 +172,13 @@ mod tests {
         assert!(!a.contains("g1", &at("o", 5, 2)));
         assert!(!a.contains("g1", &at("o", 6, 0)));
         assert!(!a.contains("g2", &at("o", 1, 0)));
-        // A replaced database numbers from the start again.
+        // A replaced database numbers from the start again; the old one's messages are still
+        // told by its own last position.
         assert!(!a.contains("g1", &at("p", 1, 0)));
         a.insert("g1", at("p", 1, 0));
         assert!(a.contains("g1", &at("p", 1, 0)));
-        assert!(!a.contains("g1", &at("o", 1, 0)));
+        assert!(a.contains("g1", &at("o", 1, 0)));
+        assert!(!a.contains("g1", &at("o", 6, 0)));
         assert_eq!(a.len(), 1);
         // Recorded before origins existed: the same stream.
         a.insert("g3", at("", 4, 0));
@@ -111,5 +188,53 @@ mod tests {
             Position::decode(&at("p", 1, 0).encode()),
             Some(at("p", 1, 0))
         );
+    }
+
+    /// Issue 41: one forged message with a new origin reset a gateway's position, so that
+    /// captured old messages of its real database applied again (counted twice). Each
+    /// database's last position is kept (the current one and the last few before it): the
+    /// old messages stay copies, the real stream goes on where it was, and what the store
+    /// keeps brings it all back after a restart.
+    #[test]
+    fn a_forged_origin_neither_resets_a_stream_nor_lets_old_messages_apply_again() {
+        let real = "2026-11-22T12:00:00.000Z";
+        let forged = "2026-11-26T00:00:00.000Z";
+        let mut a = Applied::default();
+        let mut stored: HashMap<String, Position> = HashMap::new();
+        let record = |a: &mut Applied, stored: &mut HashMap<String, Position>, p: Position| {
+            for (key, at) in a.insert("g1", p) {
+                stored.insert(key, at);
+            }
+        };
+        record(&mut a, &mut stored, at(real, 10, 0));
+        record(&mut a, &mut stored, at(forged, 0, 0));
+        for seq in 0..=10 {
+            assert!(a.contains("g1", &at(real, seq, 0)), "captured {seq}");
+        }
+        assert!(
+            !a.contains("g1", &at(real, 11, 0)),
+            "the real stream goes on"
+        );
+        record(&mut a, &mut stored, at(real, 11, 0));
+        assert!(
+            a.contains("g1", &at(forged, 0, 0)),
+            "the forged one is a copy now"
+        );
+        // A restart reads back the same.
+        let b = Applied::new(stored.clone());
+        assert!(b.contains("g1", &at(real, 11, 0)));
+        assert!(!b.contains("g1", &at(real, 12, 0)));
+        assert!(b.contains("g1", &at(forged, 0, 0)));
+        // Bounded: the oldest retired database is forgotten past RETIRED_ORIGINS_MAX.
+        for day in 0..=RETIRED_ORIGINS_MAX {
+            record(
+                &mut a,
+                &mut stored,
+                at(&format!("2026-12-0{}T00:00:00.000Z", day + 1), 0, 0),
+            );
+        }
+        assert!(stored.len() <= 1 + RETIRED_ORIGINS_MAX, "{stored:?}");
+        assert!(!a.contains("g1", &at(real, 0, 0)), "forgotten, the oldest");
+        assert!(a.contains("g1", &at("2026-12-02T00:00:00.000Z", 0, 0)));
     }
 }

@@ -47,6 +47,10 @@ WHERE gateway_id = $1 AND origin = $2 AND seq = $3 AND part = $4";
 /// Every this many sequence numbers of a gateway, its old claims are deleted.
 const TRIM_EVERY: i64 = 256;
 
+/// Claims of a gateway's other databases are deleted once this old: a gateway resends only its
+/// newest forwarding batch, within minutes; a week covers a central's long outage.
+pub const CLAIMS_AGE_MAX: &str = "7 days";
+
 /// Answers the ingest loop's claim requests until it stops sending them or `cancel`. While the
 /// claims database is unreachable, the request waits and is tried again (at most
 /// [`CLAIM_RETRY_MAX`] apart); the ingest loop meanwhile reads nothing from the broker, which
@@ -154,12 +158,15 @@ impl Claims {
         };
         if at.part == 0 && at.seq % TRIM_EVERY == 0 {
             // Saturating: a position is checked (seq >= 0) before it is claimed, but a wrap
-            // here would delete every claim of the gateway.
+            // here would delete every claim of the gateway. A message trims only its own
+            // database's claims: a forged origin deleted the real one's (issue 41). Other
+            // databases' claims go once they are older than any resend ([`CLAIMS_AGE_MAX`]).
             let below = at.seq.saturating_sub(i64::from(self.config.keep_entries));
             client
                 .execute(
-                    "DELETE FROM bucketd_claims WHERE gateway_id = $1 AND (origin <> $2 OR seq < $3)",
-                    &[&gateway, &at.origin, &below],
+                    "DELETE FROM bucketd_claims WHERE gateway_id = $1 AND ((origin = $2 AND \
+                     seq < $3) OR (origin <> $2 AND claimed_at < now() - $4::text::interval))",
+                    &[&gateway, &at.origin, &below, &CLAIMS_AGE_MAX],
                 )
                 .await?;
         }

@@ -1,9 +1,14 @@
 //! The outbox: what every commit changed, kept for the upstream forwarder (`fleet::forwarder`).
 //!
-//! Table `outbox`: commit sequence number -> BSON [`OutboxDoc`], the per-bucket deltas of that
+//! Table `outbox`: entry sequence number -> BSON [`OutboxDoc`], the per-bucket deltas of a
 //! commit (each a [`BucketDoc`] holding only the readings the commit added). Written in the same
 //! transaction as the buckets, so a delta exists exactly when its readings do. Sequence numbers
-//! only grow; a late reading for an old hour is a delta for that hour like any other.
+//! only grow, one by one: the next entry is numbered one above the newest (the first of a file,
+//! by its commit's sequence number; files before issue 41 numbered entries by commit, so their
+//! older entries may have gaps). A commit trims acknowledged entries and writes its own in one
+//! transaction, so the table is never empty once written, and the numbering survives restarts. A central refuses a position further
+//! past the last one it applied than an outbox can hold (`central.max_position_jump`). A late
+//! reading for an old hour is a delta for that hour like any other.
 //!
 //! Bounded by `upstream.outbox_max_entries`: at the bound, a commit's deltas are merged into
 //! the newest entry instead of a new one (summaries are mergeable), unless that entry may have
@@ -120,6 +125,10 @@ pub(super) fn plan<'a>(
     width_secs: i64,
 ) -> Result<(OutboxWrite, Option<MutexGuard<'a, ()>>), CommitError> {
     let mut table = tx.open_table(OUTBOX)?;
+    // Entries are numbered one after another (not by commit): a central can then tell that a
+    // position far past the last it applied could not have come from this outbox. Read before
+    // the trim, which may take every entry.
+    let next_key = table.last()?.map_or(seq, |(k, _)| k.value() + 1);
     let acked_below = shared.acked_below.load(Ordering::Relaxed);
     if acked_below > 0 {
         table.retain_in(..acked_below, |_, _| false)?;
@@ -168,7 +177,7 @@ pub(super) fn plan<'a>(
             doc
         }
         None => OutboxDoc {
-            seq: i64::try_from(seq).expect("fewer than 2^63 commits"),
+            seq: i64::try_from(next_key).expect("fewer than 2^63 entries"),
             created_ns: crate::reading::Timestamp::now().as_nanos(),
             buckets: deltas.collect(),
         },

@@ -271,3 +271,67 @@ async fn a_shared_central_killed_mid_stream_loses_nothing_and_applies_nothing_tw
     drop((first._dir, second._dir));
     testdb.drop_it().await;
 }
+
+/// Issue 41: a claim at `seq % 256 == 0` trimmed the gateway's claims of every *other* origin,
+/// so one message with a forged origin deleted the real database's claims (and a resend of its
+/// newest batch could then be applied twice). A message now trims only its own database's
+/// claims; another database's go only once they are older than any resend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_origin_cannot_trim_the_real_databases_claims() {
+    use bucketd::delta::Position;
+    use bucketd::fleet::claims::Claims;
+
+    let testdb = TestDb::create().await;
+    let config = bucketd::config::ClaimsConfig {
+        conninfo: testdb.conninfo(),
+        password_file: None,
+        keep_entries: 1000,
+    };
+    let mut claims = Claims::new(config, None, "central-a".into());
+    let at = |origin: &str, seq: i64| Position {
+        origin: origin.into(),
+        seq,
+        part: 0,
+    };
+    let real = "2026-11-22T12:00:00.000Z";
+    for seq in 1..=300 {
+        assert!(claims.claim("gw-r", &at(real, seq)).await.unwrap());
+    }
+    let pg = connect(&testdb.conninfo()).await;
+    let count = async |origin: &str| -> i64 {
+        pg.query_one(
+            "SELECT count(*) FROM bucketd_claims WHERE gateway_id = 'gw-r' AND origin = $1",
+            &[&origin],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    assert_eq!(count(real).await, 300);
+    // Forged: another origin, at a position that trims.
+    let forged = "2026-11-26T00:00:00.000Z";
+    assert!(claims.claim("gw-r", &at(forged, 2048)).await.unwrap());
+    assert_eq!(
+        count(real).await,
+        300,
+        "the real database's claims are kept"
+    );
+    // Its own trim still works: 2048 - 1000 = 1048 keeps nothing of its own below that.
+    assert!(claims.claim("gw-r", &at(real, 2304)).await.unwrap());
+    assert_eq!(
+        count(real).await,
+        1,
+        "the real database trims its own old claims"
+    );
+    // Another database's claims go once a week old.
+    pg.execute(
+        "UPDATE bucketd_claims SET claimed_at = now() - interval '8 days' WHERE origin = $1",
+        &[&forged],
+    )
+    .await
+    .unwrap();
+    assert!(claims.claim("gw-r", &at(real, 2560)).await.unwrap());
+    assert_eq!(count(forged).await, 0);
+    drop(pg);
+    testdb.drop_it().await;
+}
