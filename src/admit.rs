@@ -135,6 +135,8 @@ pub struct Admitter {
     dedup: Window,
     resends: Resends,
     ledger: Option<Box<dyn DeltaLedger>>,
+    /// A subscription takes delta messages (this is a central): device sensors may not hold `:`.
+    takes_deltas: bool,
     decoded: Decoded,
     out: Admitted,
 }
@@ -155,7 +157,9 @@ impl Admitter {
                 *gateway_series.entry(gateway.to_owned()).or_insert(0) += 1;
             }
         }
+        let takes_deltas = subscriptions.iter().any(|s| s.format == Format::Delta);
         Admitter {
+            takes_deltas,
             subscriptions,
             limits,
             gateway_limits: GatewayLimits::default(),
@@ -355,6 +359,12 @@ impl Admitter {
     /// narrower buckets folded into this store's width, refusals alongside.
     fn collect(&mut self) {
         for reading in self.decoded.readings() {
+            // At a central, `<gateway>:<sensor>/<metric>` names a gateway's series: a device's
+            // sensor with a `:` could pass for (and add to) a gateway's (issue 41).
+            if self.takes_deltas && crate::reading::split_series(reading.series).0.contains(':') {
+                self.out.rejected.push(DecodeError::InvalidName);
+                continue;
+            }
             match self.series.intern_reading(reading.series) {
                 Ok(series) => self.out.readings.push((series, reading.ts, reading.value)),
                 Err(e) => self.out.rejected.push(e),

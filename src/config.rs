@@ -1437,14 +1437,21 @@ pub fn redact_conninfo(conninfo: &str) -> String {
         .find_map(|scheme| conninfo.strip_prefix(scheme).map(|rest| (scheme, rest)))
     {
         let (scheme, rest) = rest;
-        let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-        let authority = match authority.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:{HIDDEN}@{host}"),
-                None => authority.to_owned(),
-            },
-            None => authority.to_owned(),
+        // The credentials run to an `@` even past a `/` or `?` (tokio-postgres reads them so: a
+        // password may hold both), so they end at the last `@`; an `@` later in the query only
+        // hides more than it must.
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((userinfo, rest)) => (
+                match userinfo.split_once(':') {
+                    Some((user, _)) => format!("{user}:{HIDDEN}@"),
+                    None => format!("{userinfo}@"),
+                },
+                rest,
+            ),
+            None => (String::new(), rest),
         };
+        let (host, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+        let authority = format!("{userinfo}{host}");
         let tail = match tail.split_once('?') {
             Some((path, query)) => {
                 let query: Vec<String> = query
@@ -1505,6 +1512,17 @@ fn validate_pg_tls(key: &str, conninfo: &str) -> Result<(), ConfigError> {
         return Err(not_built(key, &["tls"]));
     }
     Ok(())
+}
+
+/// Whether `host` (a name or an address) is this machine: a password sent there crosses no
+/// network.
+pub fn is_loopback_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// libpq's `sslmode`, as bucketd's PostgreSQL client honours it (`fleet::pg_tls`).

@@ -160,6 +160,29 @@ fn start_over(
         }
         None => None,
     };
+    #[cfg(feature = "postgres")]
+    {
+        let upstream = config.upstream.as_ref().and_then(|u| match &u.target {
+            crate::config::UpstreamTarget::Postgres { conninfo } => {
+                Some(("upstream.postgres", conninfo, u.password_file.is_some()))
+            }
+            crate::config::UpstreamTarget::Mqtt { .. } => None,
+        });
+        let claims = config.claims.as_ref().map(|c| {
+            (
+                "central.claims_postgres",
+                &c.conninfo,
+                c.password_file.is_some(),
+            )
+        });
+        for (key, conninfo, password_file) in upstream.into_iter().chain(claims) {
+            if let Some(warning) =
+                crate::fleet::postgres::password_exposure(key, conninfo, password_file)
+            {
+                tracing::warn!("{warning}");
+            }
+        }
+    }
     if config.mqtt.credentials.is_some() && tls.is_none() && !is_loopback(&config.mqtt.host) {
         tracing::warn!(
             host = %config.mqtt.host,
@@ -468,8 +491,5 @@ pub async fn run(
 
 /// Whether `host` is this machine (a password sent there in clear text stays on it).
 fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    crate::config::is_loopback_host(host)
 }

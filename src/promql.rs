@@ -128,14 +128,20 @@ pub struct Matcher {
 
 impl Matcher {
     fn new(label: String, op: MatchOp, value: String) -> Result<Matcher, String> {
+        let compile = |pattern: &str| {
+            regex_lite::RegexBuilder::new(pattern)
+                .size_limit(REGEX_SIZE_MAX)
+                .nest_limit(REGEX_NESTING_MAX)
+                .build()
+                .map_err(|e| format!("label matcher {label}: bad regular expression: {e}"))
+        };
         let regex = match op {
-            MatchOp::Regex | MatchOp::NotRegex => Some(
-                regex_lite::RegexBuilder::new(&format!("^(?:{value})$"))
-                    .size_limit(REGEX_SIZE_MAX)
-                    .nest_limit(REGEX_NESTING_MAX)
-                    .build()
-                    .map_err(|e| format!("label matcher {label}: bad regular expression: {e}"))?,
-            ),
+            MatchOp::Regex | MatchOp::NotRegex => {
+                // A whole expression on its own first: `a)|(.*` would otherwise close the
+                // anchoring group and match everything (issue 41).
+                compile(&value)?;
+                Some(compile(&format!("^(?:{value})$"))?)
+            }
             MatchOp::Equal | MatchOp::NotEqual => None,
         };
         Ok(Matcher {
@@ -662,6 +668,7 @@ impl Parser {
     /// The matchers after `{`, up to and including `}`.
     fn selector(&mut self, name: Option<String>) -> Result<Selector, String> {
         let mut matchers = Vec::new();
+        let named = name.is_some();
         if let Some(name) = name {
             matchers.push(Matcher::new("__name__".into(), MatchOp::Equal, name)?);
         }
@@ -683,7 +690,8 @@ impl Parser {
                     "label matcher {label}: the value must be a quoted string"
                 ));
             };
-            if matchers.len() > MATCHERS_MAX {
+            // Label matchers between the braces (a metric name before them is not one).
+            if matchers.len() - usize::from(named) >= MATCHERS_MAX {
                 return Err(format!(
                     "a selector may have at most {MATCHERS_MAX} label matchers"
                 ));

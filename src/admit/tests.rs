@@ -649,3 +649,45 @@ fn a_shared_subscription_has_no_jump_bound() {
     let far = m("2026-11-22T12:00:00.000Z", 5_000);
     assert_eq!(a.admit(&message(topic, &far)).verdict, Verdict::New);
 }
+
+/// Issue 41: at a central, a device's sensor named `site-1:x` made the series
+/// `site-1:x/temperature`, which reads as gateway site-1's (and counted as none of its share).
+/// A central refuses a `:` in a device's sensor; a gateway (no delta subscription) keeps it.
+#[test]
+fn a_device_sensor_cannot_pass_for_a_gateway_series_at_a_central() {
+    let mut central = admitter(100);
+    let json = format!(r#"{{"ts": {NOW_S}, "temperature": 21.5}}"#);
+    let (verdict, readings, rejected, _) = admit(
+        &mut central,
+        &message("devices/site-1:x/telemetry", json.as_bytes()),
+    );
+    assert_eq!(verdict, Verdict::New);
+    assert!(readings.is_empty());
+    assert_eq!(rejected, [DecodeError::InvalidName]);
+    let mut gateway = Admitter::new(
+        vec![sub(
+            "devices/+/telemetry",
+            "devices/{sensor}/telemetry",
+            Format::Json,
+        )],
+        Limits {
+            max_series: 100,
+            max_series_per_sensor: 100,
+            max_payload_bytes: 65_536,
+            max_age: Duration::from_hours(720),
+            max_future: Duration::from_mins(5),
+            dead_letters: 4,
+            dedup_window: 16,
+        },
+        3600,
+        SeriesSet::new(100, 100, []),
+        Window::new(16, []),
+        Resends::new(1, 16, 16, []),
+        None,
+    );
+    let (_, readings, _, _) = admit(
+        &mut gateway,
+        &message("devices/aa:bb:cc/telemetry", json.as_bytes()),
+    );
+    assert_eq!(readings, [("aa:bb:cc/temperature".to_owned(), 21.5)]);
+}

@@ -346,6 +346,13 @@ fn rendered_config_hides_passwords_in_connection_strings() {
             "postgresql://db/fleet?user=u&PASSWORD=***",
         ),
         ("postgresql://u@db/fleet", "postgresql://u@db/fleet"),
+        // Issue 41: a password holding `/` or `?` was printed.
+        (
+            "postgresql://u:pa/ss?w0rd@db:5432/fleet?sslmode=require",
+            "postgresql://u:***@db:5432/fleet?sslmode=require",
+        ),
+        ("postgres://u:a?b@db", "postgres://u:***@db"),
+        ("postgres://u:a@b/c@db/f", "postgres://u:***@db/f"),
         (
             "host=db user=u password=s3cret dbname=f",
             "host=db user=u password=*** dbname=f",

@@ -41,6 +41,49 @@ ON CONFLICT (series, start) DO UPDATE SET
         * (t.count::float8 / (t.count + excluded.count)) * excluded.count,
     sketch = excluded.sketch";
 
+/// Why a password for `conninfo` (in it, or from its password file) would reach someone who
+/// is not the server: the connection goes over the network (not a socket or loopback) and does
+/// not check the server's certificate (`sslmode` disable or prefer, or require without
+/// `sslrootcert`). MQTT warns alike; `None` when it is safe or there is no password.
+pub fn password_exposure(key: &str, conninfo: &str, password_file: bool) -> Option<String> {
+    use crate::config::SslMode;
+    let tls = crate::config::pg_tls(conninfo).ok()?;
+    let verified = match tls.mode {
+        SslMode::Disable | SslMode::Prefer => false,
+        SslMode::Require => tls.root_cert.is_some(),
+        SslMode::VerifyCa | SslMode::VerifyFull => true,
+    };
+    let config: tokio_postgres::Config = tls.conninfo.parse().ok()?;
+    if verified || (!password_file && config.get_password().is_none()) {
+        return None;
+    }
+    let remote: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .filter_map(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => Some(name.clone()),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(_) => None,
+        })
+        .chain(config.get_hostaddrs().iter().map(ToString::to_string))
+        .filter(|host| !crate::config::is_loopback_host(host))
+        .collect();
+    if remote.is_empty() {
+        return None;
+    }
+    let mode = match tls.mode {
+        SslMode::Disable => "disable: no TLS",
+        SslMode::Prefer => "prefer: TLS if offered, the certificate not checked",
+        _ => "require without sslrootcert: the certificate not checked",
+    };
+    Some(format!(
+        "The PostgreSQL password of {key} goes to {} without a check of the server's \
+         certificate (sslmode={mode}): whoever sits on the path can take it. Set \
+         sslmode=verify-full and sslrootcert=<the server's CA file> in {key}.",
+        remote.join(", ")
+    ))
+}
+
 /// Connects to PostgreSQL (`conninfo` without the password) and runs `schema`, idempotently,
 /// under an advisory lock that serialises it with every other bucketd doing the same.
 pub async fn connect(
@@ -194,6 +237,46 @@ fn merged_sketch(stored: &[u8], delta: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 41: `sslmode=prefer` (libpq's default) or `require` without a root certificate sent
+    /// a password to a remote server without checking who it was, with no word of it (MQTT
+    /// warns). Each case: (conninfo, a password file, warned).
+    #[test]
+    fn a_password_sent_unchecked_over_the_network_is_warned_about() {
+        for (conninfo, file, warned) in [
+            ("host=db.example user=u", true, true),
+            ("host=db.example user=u password=x", false, true),
+            ("host=db.example user=u sslmode=require", true, true),
+            ("postgresql://u:x@db.example/f?sslmode=disable", false, true),
+            ("host=10.0.0.5 user=u sslmode=prefer", true, true),
+            ("host=db.example user=u", false, false),
+            ("host=localhost user=u password=x", false, false),
+            ("host=127.0.0.1 user=u", true, false),
+            ("host=/run/postgresql user=u", true, false),
+            (
+                "host=db.example user=u sslmode=require sslrootcert=/etc/ca.pem",
+                true,
+                false,
+            ),
+            (
+                "host=db.example user=u sslmode=verify-full sslrootcert=/etc/ca.pem",
+                true,
+                false,
+            ),
+            ("host=localhost,db.example user=u", true, true),
+        ] {
+            let warning = password_exposure("upstream.postgres", conninfo, file);
+            assert_eq!(warning.is_some(), warned, "{conninfo}: {warning:?}");
+            if let Some(w) = warning {
+                assert!(w.contains("db.example") || w.contains("10.0.0.5"), "{w}");
+                assert!(
+                    w.contains("verify-full") && w.contains("upstream.postgres"),
+                    "{w}"
+                );
+                assert!(!w.contains("password=x"), "{w}");
+            }
+        }
+    }
 
     #[test]
     fn merged_sketch_holds_both_and_survives_a_damaged_side() {

@@ -457,7 +457,35 @@ fn matchers_and_their_regular_expressions_are_bounded() {
     let e = error(&format!("bucketd_bucket_max{{{}}}", nine.join(",")));
     assert!(e.contains("at most 8 label matchers"), "{e}");
     assert!(parse(&format!("bucketd_bucket_max{{{}}}", nine[..8].join(","))).is_ok());
+    // Issue 41: nine label matchers without a metric name got through (the count was taken
+    // before the ninth was added).
+    let e = error(&format!("{{{}}}", nine.join(",")));
+    assert!(e.contains("at most 8 label matchers"), "{e}");
+    assert!(parse(&format!("{{{}}}", nine[..8].join(","))).is_ok());
     let e = error(r#"bucketd_bucket_max{series=~"(a{100}){100}"}"#);
     assert!(e.contains("bad regular expression"), "{e}");
     assert!(parse(r#"bucketd_bucket_max{series=~"(boiler|attic|kitchen)/t.*"}"#).is_ok());
+}
+
+/// Issue 41: a `)` in a regular expression closed the `^(?:...)$` anchoring group, so
+/// `sensor=~"x)|(.*"` matched every series (and slipped past the rule that a selector must not
+/// match everything). An expression must be whole on its own.
+#[test]
+fn a_regular_expression_cannot_escape_its_anchors() {
+    for bad in [
+        r#"bucketd_bucket_max{sensor=~"x)|(.*"}"#,
+        r#"{sensor=~"x)|(.*"}"#,
+        r#"{sensor!~"x)|(^$"}"#,
+        r#"bucketd_bucket_max{series=~"a)"}"#,
+    ] {
+        let e = error(bad);
+        assert!(
+            e.contains("bad regular expression") || e.contains("needs a metric name"),
+            "{bad}: {e}"
+        );
+    }
+    assert_eq!(
+        selects(r#"bucketd_bucket_max{sensor=~"(a)|(b)"}"#, "a/t"),
+        [Field::Max]
+    );
 }
