@@ -66,6 +66,9 @@ pub struct ApiState {
 
 /// Largest request body (a Prometheus API form: a query of at most 4 KiB, a few `match[]`).
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
+/// Longest request target (path and query string): the API's parameters are a series name
+/// and a few times; Grafana and promtool send their queries as form bodies.
+pub const URI_BYTES_MAX: usize = 16 * 1024;
 
 pub fn router(state: ApiState) -> Router {
     // Queries take turns (inside the token check: a refused request takes none); a flush has
@@ -113,10 +116,23 @@ pub fn router(state: ApiState) -> Router {
         .layer(from_fn_with_state(timeout, whole_request))
 }
 
-/// Every request: its body read whole (at most [`BODY_BYTES_MAX`], within `timeout`) before
-/// anything else sees it, so no handler waits on a client while holding a query turn; and
+/// Every request: its target at most [`URI_BYTES_MAX`] bytes, and its body read whole (at most
+/// [`BODY_BYTES_MAX`], within `timeout`) before anything else sees it, so no handler waits on a client while holding a query turn; and
 /// every answer marked `nosniff`. A body too slow or too large ends the connection.
 async fn whole_request(State(timeout): State<Duration>, request: Request, next: Next) -> Response {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |pq| pq.as_str().len());
+    if target > URI_BYTES_MAX {
+        let mut response = ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            format!("the request target is longer than {URI_BYTES_MAX} bytes"),
+        )
+        .into_response();
+        nosniff(&mut response);
+        return response;
+    }
     let (parts, body) = request.into_parts();
     let read = tokio::time::timeout(timeout, axum::body::to_bytes(body, BODY_BYTES_MAX)).await;
     let refused = match read {
@@ -1363,6 +1379,141 @@ mod tests {
             ("a:123456", None),
         ] {
             assert_eq!(host_name(host), want, "{host}");
+        }
+    }
+
+    /// Issue 41: the HTTP query string and form body are bounded, tested at the bound and one
+    /// past it.
+    #[tokio::test]
+    async fn request_targets_and_bodies_are_bounded_at_the_limit_and_one_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, _, _store) = test_state(&dir, 1);
+        let app = router(state);
+        let target = |n: usize| {
+            let head = "/api/v1/series?pad=";
+            format!("{head}{}", "a".repeat(n - head.len()))
+        };
+        let (status, _, _) = call(&app, "GET", &target(URI_BYTES_MAX), &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, headers, body) = call(&app, "GET", &target(URI_BYTES_MAX + 1), &[]).await;
+        assert_eq!(status, StatusCode::URI_TOO_LONG, "{body}");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        if cfg!(feature = "ui") {
+            let form = |n: usize| {
+                let head = "query=1&pad=";
+                format!("{head}{}", "a".repeat(n - head.len()))
+            };
+            for (n, want) in [
+                (BODY_BYTES_MAX, StatusCode::OK),
+                (BODY_BYTES_MAX + 1, StatusCode::PAYLOAD_TOO_LARGE),
+            ] {
+                let request = Request::post("/prom/api/v1/query")
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body(Body::from(form(n)))
+                    .unwrap();
+                let response = app.clone().oneshot(request).await.unwrap();
+                assert_eq!(response.status(), want, "a body of {n} bytes");
+            }
+        }
+    }
+
+    /// A value of any parameter, often an extreme one.
+    fn nasty_value() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(i64::MAX.to_string()),
+            Just(i64::MIN.to_string()),
+            Just("9223372036854775807000".to_owned()),
+            Just("-9223372036854775".to_owned()),
+            Just("1e308".to_owned()),
+            Just("-1e308".to_owned()),
+            Just("NaN".to_owned()),
+            Just("inf".to_owned()),
+            Just("0".to_owned()),
+            Just("-1".to_owned()),
+            Just("1763719200".to_owned()),
+            Just("9999-12-31T23:59:59Z".to_owned()),
+            Just("0000-01-01T00:00:00Z".to_owned()),
+            Just("2026-11-21T10:00:00+23:59".to_owned()),
+            Just("99999999999999h".to_owned()),
+            Just("1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y1y".to_owned()),
+            Just("0.0001".to_owned()),
+            Just("1ms".to_owned()),
+            Just("7d".to_owned()),
+            Just("a/t".to_owned()),
+            Just("bucketd_bucket_mean".to_owned()),
+            Just(r#"bucketd_bucket_mean{series=~".+"}"#.to_owned()),
+            Just(r#"sum by (sensor) (bucketd_bucket_max{sensor!=""})"#.to_owned()),
+            Just("-(-(-1))".to_owned()),
+            "[ -~]{0,40}",
+            any::<String>(),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Issue 41, the class: whatever a client puts in any parameter of any endpoint, the
+        /// answer is a 2xx or 4xx (never a 5xx, never a panic: arithmetic on its numbers is
+        /// checked), over a store that holds data.
+        #[test]
+        fn any_parameter_value_is_answered_or_refused_never_a_crash(
+            values in proptest::collection::vec(nasty_value(), 6),
+            post in proptest::bool::ANY,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let dir = tempfile::tempdir().unwrap();
+                let (state, _, mut store) = test_state(&dir, 1);
+                let mut b = crate::batcher::Batcher::by_hand();
+                let now = std::time::Instant::now();
+                for h in 0..48i64 {
+                    let ts = Timestamp::from_secs(1_763_719_200 - h * 3600);
+                    b.push_reading(Arc::from("a/t"), ts, h as f64, true, now);
+                }
+                store.commit(&b.take().0).unwrap();
+                let app = router(state);
+                let enc = |v: &str| serde_urlencoded::to_string([("x", v)]).unwrap()[2..].to_owned();
+                let v: Vec<String> = values.iter().map(|v| enc(v)).collect();
+                let mut paths = vec![
+                    format!("/api/v1/buckets?series={}&from={}&to={}&step={}", v[0], v[1], v[2], v[3]),
+                    format!("/api/v1/buckets?series=a/t&from={}&to={}&step={}", v[1], v[2], v[3]),
+                    format!("/api/v1/raw?series=a/t&from={}&to={}&limit={}", v[1], v[2], v[4]),
+                    format!("/api/v1/raw?series={}&from={}&to={}", v[0], v[1], v[2]),
+                ];
+                if cfg!(feature = "ui") {
+                    paths.extend([
+                        format!("/prom/api/v1/query_range?query={}&start={}&end={}&step={}", v[0], v[1], v[2], v[3]),
+                        format!("/prom/api/v1/query_range?query=bucketd_bucket_mean&start={}&end={}&step={}", v[1], v[2], v[3]),
+                        format!("/prom/api/v1/query?query={}&time={}", v[5], v[1]),
+                        format!("/prom/api/v1/query?query=bucketd_bucket_count&time={}", v[1]),
+                        format!("/prom/api/v1/series?match[]={}&start={}&end={}", v[0], v[1], v[2]),
+                        format!("/prom/api/v1/labels?match[]={}", v[5]),
+                        format!("/prom/api/v1/label/{}/values?match[]={}", v[4], v[0]),
+                        format!("/prom/api/v1/metadata?metric={}&limit={}", v[0], v[4]),
+                    ]);
+                }
+                for path in paths {
+                    let method = if post && path.starts_with("/prom") { "POST" } else { "GET" };
+                    let (path, body) = match path.split_once('?') {
+                        Some((p, q)) if method == "POST" => (p.to_owned(), q.to_owned()),
+                        _ => (path.clone(), String::new()),
+                    };
+                    let request = Request::builder()
+                        .method(method)
+                        .uri(&path)
+                        .header("content-type", "application/x-www-form-urlencoded")
+                        .body(Body::from(body))
+                        .unwrap();
+                    let response = app.clone().oneshot(request).await.unwrap();
+                    let status = response.status();
+                    proptest::prop_assert!(
+                        status.is_success() || status.is_client_error(),
+                        "{} {}: {}", method, path, status
+                    );
+                }
+                Ok(())
+            })?;
         }
     }
 }

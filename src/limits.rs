@@ -119,6 +119,11 @@ pub const DELTA_WIDTH_SECS_MAX: i64 = 86_400;
 /// The longest `origin` of a delta message (an RFC 3339 time).
 pub const DELTA_ORIGIN_BYTES_MAX: usize = 64;
 
+/// Deepest nesting of objects and arrays in a JSON payload, the payload's own object (or array)
+/// counting as one: `serde_json`'s recursion limit (128 levels below its entry), which bucketd
+/// keeps on. Deeper payloads are refused as `invalid_json`.
+pub const JSON_DEPTH_MAX: usize = 127;
+
 /// Deepest nesting of documents and arrays in a delta message, checked on the raw bytes before
 /// anything is deserialised (bson's deserialiser recurses once per level with no limit of its
 /// own: 9,000 levels of an unknown field overflowed a worker's stack). A real message nests 4

@@ -1048,3 +1048,42 @@ fn the_depth_check_refuses_malformed_bson() {
     bad[at] = 0x7f;
     assert!(!within_depth(&bad, 8));
 }
+
+/// Issue 41: every parser of network input has a nesting bound, tested at the bound and one
+/// past it. JSON's is `serde_json`'s recursion limit ([`crate::limits::JSON_DEPTH_MAX`] levels,
+/// the payload's own object counting as one): at the bound a payload decodes (its nested field
+/// ignored) on a 256 KiB stack, an eighth of a Tokio worker's; one past it is `invalid_json`.
+#[test]
+fn json_nesting_is_bounded_at_the_limit_and_one_past_it() {
+    use crate::limits::JSON_DEPTH_MAX;
+    let run_nested = |depth: usize| {
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let payload = format!(
+                    r#"{{"ts": {NOW_S}, "x": 1, "deep": {}{}}}"#,
+                    "[".repeat(depth - 1),
+                    "]".repeat(depth - 1)
+                );
+                let mut out = Decoded::default();
+                let mut c = ctx();
+                c.max_payload_bytes = 1 << 20;
+                let r = decode(
+                    &subs()[1],
+                    b"devices/d/telemetry",
+                    payload.as_bytes(),
+                    &c,
+                    &mut out,
+                );
+                r.map(|()| out.readings().len())
+            })
+            .unwrap()
+            .join()
+            .expect("no stack overflow")
+    };
+    assert_eq!(run_nested(JSON_DEPTH_MAX), Ok(1));
+    assert_eq!(
+        run_nested(JSON_DEPTH_MAX + 1),
+        Err(DecodeError::InvalidJson)
+    );
+}

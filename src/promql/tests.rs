@@ -489,3 +489,25 @@ fn a_regular_expression_cannot_escape_its_anchors() {
         [Field::Max]
     );
 }
+/// Issue 41: every parser of network input has bounds tested at the bound and one past it.
+/// PromQL's: [`NESTING_MAX`] levels (the innermost operand counting as one) and
+/// [`QUERY_BYTES_MAX`] bytes of text.
+#[test]
+fn query_nesting_and_length_are_bounded_at_the_limit_and_one_past_it() {
+    let parens = |n: usize| format!("{}1{}", "(".repeat(n), ")".repeat(n));
+    assert!(matches!(parse(&parens(NESTING_MAX - 1)), Ok(Expr::Scalar(n)) if n == 1.0));
+    assert!(error(&parens(NESTING_MAX)).contains("nests deeper than 64"));
+    let signs = |n: usize| format!("{}1", "-".repeat(n));
+    assert!(parse(&signs(NESTING_MAX - 1)).is_ok());
+    assert!(error(&signs(NESTING_MAX)).contains("nests deeper than 64"));
+    let sized = |n: usize| {
+        let frame = r#"bucketd_bucket_max{series=""}"#.len();
+        format!(
+            r#"bucketd_bucket_max{{series="{}"}}"#,
+            "a".repeat(n - frame)
+        )
+    };
+    assert_eq!(sized(QUERY_BYTES_MAX).len(), QUERY_BYTES_MAX);
+    assert!(parse(&sized(QUERY_BYTES_MAX)).is_ok());
+    assert!(error(&sized(QUERY_BYTES_MAX + 1)).contains("longer than"));
+}
