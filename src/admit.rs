@@ -30,6 +30,8 @@ pub trait DeltaLedger: Send {
     /// The last position applied from `gateway`'s database `origin` (its current one, or one
     /// it used before), if any.
     fn last(&self, gateway: &str, origin: &str) -> Option<&Position>;
+    /// Whether any position of `gateway` is recorded.
+    fn knows(&self, gateway: &str) -> bool;
     /// Records `at` as the last position applied from `gateway`; returns the positions to
     /// store with the batch, under their keys (the gateway's own, and those of databases it
     /// used before when `at` changes its database).
@@ -440,8 +442,18 @@ impl Admitter {
         }
         // A delta message's position is recorded whether or not any of its buckets counted
         // (each may have been refused alone): positions then step one by one, as the gateway
-        // numbers them, and a jump means a forgery.
-        if let Some((gateway, at)) = self.decoded.delta_from.take() {
+        // numbers them, and a jump means a forgery. A gateway's first position needs a bucket
+        // that counted: the positions stay bounded by the series (`limits.max_series`), not by
+        // the gateway ids a publisher can invent.
+        let known = |ledger: &Option<Box<dyn DeltaLedger>>, gateway: &str| {
+            ledger.as_ref().is_some_and(|l| l.knows(gateway))
+        };
+        if let Some((gateway, at)) = self
+            .decoded
+            .delta_from
+            .take()
+            .filter(|(gateway, _)| counted || known(&self.ledger, gateway))
+        {
             if let Some(ledger) = self.ledger.as_mut() {
                 let mut store = ledger.insert(&gateway, at.clone());
                 store.retain(|(key, _)| *key != gateway);

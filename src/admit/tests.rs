@@ -30,6 +30,9 @@ fn sub(filter: &str, template: &str, format: Format) -> Subscription {
 struct Ledger(std::collections::HashMap<String, Position>);
 
 impl DeltaLedger for Ledger {
+    fn knows(&self, gateway: &str) -> bool {
+        self.0.contains_key(gateway)
+    }
     fn last(&self, gateway: &str, origin: &str) -> Option<&Position> {
         self.0.get(gateway).filter(|last| last.origin == origin)
     }
@@ -180,9 +183,13 @@ fn readings_past_the_series_limit_are_rejected_alone_and_leave_no_fingerprint() 
 }
 
 fn delta(seq: i64, width_secs: i64, start: i64) -> Vec<u8> {
+    delta_for("gw-1", seq, width_secs, start)
+}
+
+fn delta_for(gateway: &str, seq: i64, width_secs: i64, start: i64) -> Vec<u8> {
     let summary = crate::summary::Summary::of(start * 1_000_000_000, 2.5);
     bson::serialize_to_vec(&DeltaMessage {
-        gateway_id: "gw-1".into(),
+        gateway_id: gateway.into(),
         origin: "2026-11-22T12:00:00.000Z".into(),
         seq,
         part: 0,
@@ -230,6 +237,14 @@ fn delta_buckets_fold_into_the_store_width_and_a_position_applied_is_a_copy() {
 #[test]
 fn a_delta_bucket_wider_than_the_store_width_is_rejected_alone() {
     let mut a = admitter(100);
+    // A gateway's first position needs a bucket that counted (invented gateway ids must not
+    // grow the positions without bound): not recorded, so not a copy later either.
+    let unknown = delta_for("gw-9", 1, 7200, NOW_S - 3600);
+    let out = a.admit(&message("bucketd/gw-9/deltas", &unknown));
+    assert_eq!(out.rejected, [DecodeError::BucketWidthMismatch]);
+    assert!(out.applied.is_none());
+    let known = delta(0, 3600, NOW_S - 3600);
+    assert_eq!(a.admit(&message("bucketd/gw-1/deltas", &known)).verdict, Verdict::New);
     let payload = delta(1, 7200, NOW_S - 3600);
     let out = a.admit(&message("bucketd/gw-1/deltas", &payload));
     assert_eq!(out.verdict, Verdict::New);

@@ -15,7 +15,8 @@
 //! own stream, and the real stream goes on where it was.
 //!
 //! Bounded by the number of gateways, each of which holds at least one series
-//! (`limits.max_series`).
+//! (`limits.max_series`: a gateway's first position is recorded only with a bucket that
+//! counted), times the databases kept per gateway.
 
 use std::collections::HashMap;
 
@@ -95,6 +96,10 @@ impl Applied {
 }
 
 impl DeltaLedger for Applied {
+    fn knows(&self, gateway: &str) -> bool {
+        self.by_gateway.contains_key(gateway)
+    }
+
     fn last(&self, gateway: &str, origin: &str) -> Option<&Position> {
         let streams = self.by_gateway.get(gateway)?;
         if streams.current.origin == origin || streams.current.origin.is_empty() {

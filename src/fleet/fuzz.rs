@@ -446,9 +446,13 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
                 b.push_summary(series.clone(), *start, s, now);
             }
             if let Some((gateway, at)) = out.applied.take() {
-                // Every message that decoded leaves its position, counted or not (issue 41);
-                // one refused as a whole leaves none.
+                // Every message that decoded leaves its position, counted or not once its
+                // gateway is known (issue 41); one refused as a whole leaves none.
                 prop_assert_eq!(out.verdict, Verdict::New, "a position of a refused message");
+                prop_assert!(
+                    counted || applied.contains_key(&gateway),
+                    "a new gateway's position without a bucket that counted"
+                );
                 b.push_applied(&gateway, at.clone());
                 applied.insert(gateway, at);
             }
