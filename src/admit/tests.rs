@@ -47,7 +47,7 @@ fn admitter(max_series: usize) -> Admitter {
 }
 
 fn admitter_with(max_series: usize, series: SeriesSet) -> Admitter {
-    Admitter::new(
+    admitter_of(
         vec![
             sub("sensors/+/+", "sensors/{sensor}/{metric}", Format::Value),
             sub(
@@ -61,6 +61,21 @@ fn admitter_with(max_series: usize, series: SeriesSet) -> Admitter {
                 Format::Delta,
             ),
         ],
+        max_series,
+        series,
+        Some(Box::new(Ledger::default())),
+    )
+}
+
+/// An admitter of these subscriptions, with room for `max_series` series.
+fn admitter_of(
+    subscriptions: Vec<Subscription>,
+    max_series: usize,
+    series: SeriesSet,
+    ledger: Option<Box<dyn DeltaLedger>>,
+) -> Admitter {
+    Admitter::new(
+        subscriptions,
         Limits {
             max_series,
             max_series_per_sensor: max_series,
@@ -74,7 +89,7 @@ fn admitter_with(max_series: usize, series: SeriesSet) -> Admitter {
         series,
         Window::new(16, []),
         Resends::new(1, 16, 16, []),
-        Some(Box::new(Ledger::default())),
+        ledger,
     )
 }
 
@@ -244,7 +259,10 @@ fn a_delta_bucket_wider_than_the_store_width_is_rejected_alone() {
     assert_eq!(out.rejected, [DecodeError::BucketWidthMismatch]);
     assert!(out.applied.is_none());
     let known = delta(0, 3600, NOW_S - 3600);
-    assert_eq!(a.admit(&message("bucketd/gw-1/deltas", &known)).verdict, Verdict::New);
+    assert_eq!(
+        a.admit(&message("bucketd/gw-1/deltas", &known)).verdict,
+        Verdict::New
+    );
     let payload = delta(1, 7200, NOW_S - 3600);
     let out = a.admit(&message("bucketd/gw-1/deltas", &payload));
     assert_eq!(out.verdict, Verdict::New);
@@ -628,25 +646,14 @@ fn a_position_no_outbox_could_have_sent_is_refused_and_changes_nothing() {
 /// jump bound there.
 #[test]
 fn a_shared_subscription_has_no_jump_bound() {
-    let mut a = Admitter::new(
+    let mut a = admitter_of(
         vec![sub(
             "$share/central/bucketd/+/deltas",
             "bucketd/{gateway}/deltas",
             Format::Delta,
         )],
-        Limits {
-            max_series: 100,
-            max_series_per_sensor: 100,
-            max_payload_bytes: 65_536,
-            max_age: Duration::from_hours(720),
-            max_future: Duration::from_mins(5),
-            dead_letters: 4,
-            dedup_window: 16,
-        },
-        3600,
+        100,
         SeriesSet::new(100, 100, []),
-        Window::new(16, []),
-        Resends::new(1, 16, 16, []),
         Some(Box::new(Ledger::default())),
     )
     .with_gateway_limits(
@@ -679,25 +686,14 @@ fn a_device_sensor_cannot_pass_for_a_gateway_series_at_a_central() {
     assert_eq!(verdict, Verdict::New);
     assert!(readings.is_empty());
     assert_eq!(rejected, [DecodeError::InvalidName]);
-    let mut gateway = Admitter::new(
+    let mut gateway = admitter_of(
         vec![sub(
             "devices/+/telemetry",
             "devices/{sensor}/telemetry",
             Format::Json,
         )],
-        Limits {
-            max_series: 100,
-            max_series_per_sensor: 100,
-            max_payload_bytes: 65_536,
-            max_age: Duration::from_hours(720),
-            max_future: Duration::from_mins(5),
-            dead_letters: 4,
-            dedup_window: 16,
-        },
-        3600,
+        100,
         SeriesSet::new(100, 100, []),
-        Window::new(16, []),
-        Resends::new(1, 16, 16, []),
         None,
     );
     let (_, readings, _, _) = admit(
