@@ -1473,7 +1473,17 @@ mod tests {
                 }
                 store.commit(&b.take().0).unwrap();
                 let app = router(state);
-                let enc = |v: &str| serde_urlencoded::to_string([("x", v)]).unwrap()[2..].to_owned();
+                let enc = |v: &str| {
+                    v.bytes().fold(String::new(), |mut out, b| {
+                        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                            out.push(char::from(b));
+                        } else {
+                            use std::fmt::Write;
+                            let _ = write!(out, "%{b:02X}");
+                        }
+                        out
+                    })
+                };
                 let v: Vec<String> = values.iter().map(|v| enc(v)).collect();
                 let mut paths = vec![
                     format!("/api/v1/buckets?series={}&from={}&to={}&step={}", v[0], v[1], v[2], v[3]),
