@@ -56,9 +56,8 @@ pub enum DecodeError {
     )]
     GatewayLimit,
     #[error(
-        "a delta message's position jumps further past the last one applied from its gateway \
-         than central.max_position_jump, or names an older database (origin) than that one: \
-         no gateway's outbox could have sent it"
+        "a delta message's position jumps further past the last one applied from its gateway's \
+         database than central.max_position_jump: no gateway's outbox could have sent it"
     )]
     PositionJump,
 }
