@@ -66,6 +66,9 @@ pub struct ApiState {
 
 /// Largest request body (a Prometheus API form: a query of at most 4 KiB, a few `match[]`).
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
+/// Largest request head (request line and headers; past it, 431): a target of
+/// [`URI_BYTES_MAX`] and the headers of any client.
+pub const HEAD_BYTES_MAX: usize = 64 * 1024;
 /// Longest request target (path and query string): the API's parameters are a series name
 /// and a few times; Grafana and promtool send their queries as form bodies.
 pub const URI_BYTES_MAX: usize = 16 * 1024;
@@ -280,7 +283,10 @@ pub async fn serve(
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout);
+                .header_read_timeout(limits.header_read_timeout)
+                // A request head of at most this much (hyper's default buffer takes ~400 KB):
+                // what 32 connections can make the server hold stays ~2 MiB.
+                .max_header_size(HEAD_BYTES_MAX);
             let stream = WriteDeadline::new(stream, limits.write_stall_max);
             let connection =
                 builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);

@@ -869,3 +869,77 @@ async fn a_series_whose_last_bucket_expires_frees_its_place() {
     assert_eq!(d.stats.rejected_total(), 0);
     d.stop().await.unwrap();
 }
+
+/// Issue 41: a request head is bounded (`http::HEAD_BYTES_MAX`, 64 KiB, against hyper's ~400 KB
+/// default), so 32 connections hold at most ~2 MiB of heads: a head within it is answered, one
+/// past it is a 431; answers far larger than the bound still go out whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_heads_are_bounded_and_large_answers_still_go_out() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let raw = raw_config(&broker, Protocol::V5, &dir.path().join("h.redb"), &topics);
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    // A head of exactly `head_bytes` bytes.
+    let ask = |head_bytes: usize| {
+        let addr = d.http_addr;
+        async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let frame =
+                "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: \r\nConnection: close\r\n\r\n";
+            let head = format!(
+                "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {}\r\nConnection: close\r\n\r\n",
+                "a".repeat(head_bytes - frame.len())
+            );
+            assert_eq!(head.len(), head_bytes);
+            let _ = s.write_all(head.as_bytes()).await;
+            let mut answer = Vec::new();
+            let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    let bound = bucketd::http::HEAD_BYTES_MAX;
+    let at = ask(bound).await;
+    assert!(
+        at.starts_with("HTTP/1.1 200"),
+        "{}",
+        &at[..at.len().min(80)]
+    );
+    let past = ask(bound + 1).await;
+    assert!(
+        past.starts_with("HTTP/1.1 431"),
+        "{}",
+        &past[..past.len().min(80)]
+    );
+    // An answer of several times the bound: every reading of a day at one a second.
+    let now = now_secs();
+    let messages: Vec<(String, Vec<u8>)> = (0..20_000)
+        .map(|i| {
+            let t = now - 20_000 + i;
+            (
+                topics.json("big"),
+                format!("{{\"ts\": {t}, \"x\": {i}}}").into_bytes(),
+            )
+        })
+        .collect();
+    publish_all(&broker, &messages, 1).await;
+    wait_ingested(&d, 20_000, 0).await;
+    let (status, body) = http(
+        "GET",
+        format!(
+            "http://{}/api/v1/raw?series=big/x&from={}&to={}",
+            d.http_addr,
+            now - 30_000,
+            now + 10
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(body.len() > 8 * bound, "{} bytes", body.len());
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["readings"].as_array().unwrap().len(), 20_000);
+    d.stop().await.unwrap();
+}
