@@ -28,7 +28,8 @@
 //! of 14 readings at 1,000 messages/s, 5x the bytes written per reading). So a stall is proven
 //! only by a quiet period that outlasts any delayed ACK ([`QUIET_CONFIRM`]) in a batch that began
 //! as the echo of a release (within [`ECHO_MAX`] plus the connection's handshake time, so a
-//! 150 ms round trip is no obstacle). The unacknowledged count at that stall is the broker's
+//! 150 ms round trip is no obstacle; with quick ACKs within [`ECHO_FAST`] plus it), after a
+//! release that found the broker quiet (nothing for [`Batcher::quiet_fast`]). The unacknowledged count at that stall is the broker's
 //! window: from then on a batch that reaches it commits without waiting. The quiet counts from
 //! our release when that came after the batch's last message: until then the broker may be
 //! waiting for the acks we hold (a batch that arrives during a commit holds the rest of a window
@@ -51,6 +52,15 @@
 //! committed the moment a batch holds it if the batch came that densely; a batch that reached
 //! it at a slower pace waits a quiet of [`BURST_RATIO`] times its mean gap first, so that a
 //! window learned by chance from a slow stream does not commit every few messages.
+//!
+//! A window is believed only once the broker has shown that it waits for our acknowledgements
+//! (issue 42): it was quiet before our release, and it sent again within a round trip after it.
+//! Publishers with a period of their own (devices that report together, every 100 ms) meet a
+//! release at any point of their cycle, and a flush interval anchored at one of their bursts
+//! ends at another, so a burst that runs on across a commit, or begins a while after the
+//! release, proves nothing; taking such bursts for a window of 20 had a broker without one
+//! commit every burst, 10 times a second. On a broker without a window, bucketd then commits
+//! once per `flush_interval` (`a_broker_without_a_window_gets_one_commit_per_interval...`).
 //!
 //! The first window of a connection has no release before it to echo (the broker sends when
 //! the publishers do). Once per connection, a burst followed by that short quiet (without quick
@@ -221,6 +231,12 @@ pub struct Batcher {
     window_seen: Option<usize>,
     /// Whether this connection's probe was spent (see the module docs).
     probed: bool,
+    /// The last QoS 1/2 message's arrival, whichever batch it joined.
+    latest_arrival: Option<Instant>,
+    /// Whether nothing had arrived for [`Batcher::quiet_fast`] when the last release came: the
+    /// broker had stopped, as one waiting for our acknowledgements does. Only a refill after
+    /// such a release proves a window (see [`Batcher::fast_stall_at`]).
+    released_after_quiet: bool,
 }
 
 impl Batcher {
@@ -270,6 +286,8 @@ impl Batcher {
             handshake: Duration::ZERO,
             window_seen: None,
             probed: false,
+            latest_arrival: None,
+            released_after_quiet: true,
         }
     }
 
@@ -278,6 +296,7 @@ impl Batcher {
     pub fn arrived(&mut self, now: Instant) {
         self.first_arrival.get_or_insert(now);
         self.last_arrival = Some(now);
+        self.latest_arrival = Some(now);
         self.arrivals = self.arrivals.saturating_add(1);
     }
 
@@ -285,6 +304,9 @@ impl Batcher {
     /// taken last were queued.
     pub fn released(&mut self, now: Instant) {
         self.released_at = Some(now);
+        self.released_after_quiet = self
+            .latest_arrival
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.quiet_fast());
         self.committing.fill(0);
     }
 
@@ -305,6 +327,8 @@ impl Batcher {
         }
         self.window_seen = None;
         self.probed = false;
+        // Nothing has come on the new connection yet.
+        self.released_after_quiet = true;
     }
 
     /// The broker's window as learned from stalls, if one was.
@@ -344,9 +368,7 @@ impl Batcher {
         }
         // A batch that began during the commit counts too: a broker whose window was not full
         // at the flush fills it meanwhile, then waits for this release.
-        let echo = self
-            .released_at
-            .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
+        let echo = self.is_echo(first);
         if let Some(w) = self.broker_window()
             && self.holds_window(w)
         {
@@ -412,18 +434,43 @@ impl Batcher {
         let (Some(first), Some(last)) = (self.first_arrival, self.last_arrival) else {
             return false;
         };
-        let echo = self
-            .released_at
-            .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
+        let echo = self.is_echo(first) && self.released_after_quiet;
         self.fast_stall_at(first, last).is_some()
             || (echo && now >= self.quiet_from(last) + self.quiet_confirm())
     }
 
+    /// Whether a batch whose first message came at `first` is the broker's answer to our
+    /// release: it came within a round trip of it (the handshake time), plus [`ECHO_FAST`] with
+    /// quick ACKs, else plus [`ECHO_MAX`] (a broker's Nagle gap may hold it that long). Only a
+    /// broker that held messages back for our acknowledgements answers that fast every time;
+    /// publishers with a period of their own (a burst every 100 ms) do not, and neither their
+    /// bursts nor their pauses may then pass for a window (issue 42: a "window of 20" learned
+    /// from such bursts made a broker without one commit 10 times a second).
+    fn is_echo(&self, first: Instant) -> bool {
+        let slack = if self.policy.quick_acks {
+            ECHO_FAST
+        } else {
+            ECHO_MAX
+        };
+        self.released_at
+            .is_some_and(|r| first.saturating_duration_since(r) <= slack + self.handshake)
+    }
+
     /// With quick ACKs, when a batch shaped like a broker's full window counts as stalled: a
     /// burst of two or more (see [`Batcher::is_burst`]), then [`Batcher::quiet_fast`] of quiet.
+    ///
+    /// Only a refill proves anything: the broker was quiet before our release (as one waiting
+    /// for our acknowledgements is) and sent again after it. A publisher's burst that runs on
+    /// across a commit (a flush interval anchored at one burst ends at the next) is neither,
+    /// and must not pass for a window (issue 42).
     fn fast_stall_at(&self, first: Instant, last: Instant) -> Option<Instant> {
-        (self.policy.quick_acks && self.fullest() >= 2 && self.is_burst(first, last))
-            .then(|| self.quiet_from(last) + self.quiet_fast())
+        let after_release = self.released_at.is_some_and(|r| first >= r);
+        (self.policy.quick_acks
+            && self.fullest() >= 2
+            && after_release
+            && self.released_after_quiet
+            && self.is_burst(first, last))
+        .then(|| self.quiet_from(last) + self.quiet_fast())
     }
 
     /// Whether the batch came as a broker refilling its window does: it began at once after

@@ -834,3 +834,62 @@ fn a_quiet_before_the_release_proves_no_stall_and_a_window_never_shrinks() {
     let _ = b.take_for(FlushReason::Stall, t);
     assert_eq!(b.window_seen(), Some(20));
 }
+
+/// Issue 42: on a broker without an in-flight window (Debian's Mosquitto, MQTT 5), 20 messages
+/// every 100 ms made bucketd learn a "window of 20" from the bursts and commit 10 to 20 times a
+/// second, 4x the bytes an SD card took at one commit a second; a single message and a pause
+/// taught a window of 1 likewise. Whatever the pattern, the round trip or the commit time, a
+/// broker that never stops at a window gets one commit per `flush_interval` (plus the
+/// connection's one probe and the bursts around its first moments), over a minute.
+#[test]
+fn a_broker_without_a_window_gets_one_commit_per_interval_whatever_the_pattern() {
+    // (messages per burst, period): independent devices, one burst a second, 20 every 100 ms...
+    let patterns: [(usize, u64); 8] = [
+        (1, 5),
+        (200, 1000),
+        (20, 100),
+        (5, 50),
+        (20, 250),
+        (1, 300),
+        (3, 700),
+        (1, 1000),
+    ];
+    let commits = |secs: u64, burst: usize, period_ms: u64, p: FlushPolicy, net: Net, commit| {
+        let mut schedule = Vec::new();
+        for k in 0..(secs * 1000 / period_ms) {
+            for j in 0..burst {
+                let at =
+                    Duration::from_millis(k * period_ms) + Duration::from_micros(j as u64 * 30);
+                schedule.push(at);
+            }
+        }
+        simulate(p, net, &schedule, commit)
+    };
+    for quick_acks in [false, true] {
+        for (burst, period_ms) in patterns {
+            for rtt_ms in [0u64, 1, 20] {
+                for commit_us in [100u64, 1_000, 5_000] {
+                    let p = FlushPolicy {
+                        window: 1024,
+                        ..learning_policy(quick_acks)
+                    };
+                    let net = Net {
+                        rtt: Duration::from_millis(rtt_ms),
+                        ..Net::strict(u64::MAX)
+                    };
+                    let commit = Duration::from_micros(commit_us);
+                    let minute = commits(60, burst, period_ms, p, net, commit);
+                    let two = commits(120, burst, period_ms, p, net, commit);
+                    let case = format!(
+                        "{burst} every {period_ms} ms, rtt {rtt_ms} ms, commit {commit_us} us, \
+                         quick ACKs {quick_acks}: {minute:?}, {two:?}"
+                    );
+                    // The start: the probe, and a window learned by chance and forgotten.
+                    assert!(minute.commits <= 60 + 6, "{case}");
+                    // Then exactly one commit per interval.
+                    assert!(two.commits - minute.commits <= 60 + 1, "{case}");
+                }
+            }
+        }
+    }
+}

@@ -52,6 +52,11 @@ pub enum Pace {
     /// queues while the daemon restarts below the broker's queue limit (Mosquitto's
     /// `max_queued_messages` is 1000 by default).
     Rate(u32),
+    /// Bursts of `size` messages, one every `every`: devices that report together.
+    Bursts {
+        size: usize,
+        every: Duration,
+    },
 }
 
 pub async fn publish_with(broker: &Broker, messages: &[(String, Vec<u8>)], qos: u8, pace: Pace) {
@@ -61,6 +66,10 @@ pub async fn publish_with(broker: &Broker, messages: &[(String, Vec<u8>)], qos: 
     };
     let rate = match pace {
         Pace::Rate(r) => Some(r),
+        _ => None,
+    };
+    let bursts = match pace {
+        Pace::Bursts { size, every } => Some((size.max(1), every)),
         _ => None,
     };
     use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
@@ -90,6 +99,10 @@ pub async fn publish_with(broker: &Broker, messages: &[(String, Vec<u8>)], qos: 
             if let Some(rate) = rate {
                 let due = started + Duration::from_secs_f64(sent as f64 / f64::from(rate));
                 tokio::time::sleep_until(due).await;
+            }
+            if let Some((size, every)) = bursts {
+                let burst = u32::try_from(sent / size).unwrap_or(u32::MAX);
+                tokio::time::sleep_until(started + every * burst).await;
             }
             client.publish(topic, qos, false, payload).await.unwrap();
         }
