@@ -29,8 +29,9 @@
 //! only by a quiet period that outlasts any delayed ACK ([`QUIET_CONFIRM`]) in a batch that began
 //! as the echo of a release (within [`ECHO_MAX`] plus the connection's handshake time, so a
 //! 150 ms round trip is no obstacle; with quick ACKs within [`ECHO_FAST`] plus it), after a
-//! release that found the broker quiet (nothing for the short quiet below). The unacknowledged count at that stall is the broker's
-//! window: from then on a batch that reaches it commits without waiting. The quiet counts from
+//! release that found the broker quiet (nothing for the short quiet below). The unacknowledged
+//! count at that stall is the broker's window: from then on a batch that reaches it commits
+//! without waiting. The quiet counts from
 //! our release when that came after the batch's last message: until then the broker may be
 //! waiting for the acks we hold (a batch that arrives during a commit holds the rest of a window
 //! whose other part is being committed), so only a quiet after the release shows where the
