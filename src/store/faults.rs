@@ -29,7 +29,18 @@ pub enum Cut {
     Prefix(usize),
     /// The first `n`, and the first `bytes` of the next one (a torn page).
     Torn { n: usize, bytes: usize },
+    /// All of them but the last; then every 4 KiB page the last one touched is, each by a draw
+    /// from `seed`, as it was before that write (reverted), as the write left it, or torn as
+    /// flash without power-loss protection can leave it: in the journal the whole page garbled,
+    /// including the bytes of it the write did not change (an earlier record's tail, say); in
+    /// the database file a mix of old and new 512-byte sectors (redb, like SQLite, counts on a
+    /// write not damaging bytes outside its range).
+    Pages { seed: u64 },
 }
+
+/// The unit a card programs at once.
+pub const PAGE_BYTES: u64 = 4096;
+const SECTOR_BYTES: usize = 512;
 
 /// The simulated power supply of the disk holding both files: once armed, writes stay in a
 /// "page cache" (seen by reads) until a sync of their file puts them on it; the `ops`-th write
@@ -67,10 +78,12 @@ impl Power {
             return Ok(());
         }
         let cache = std::mem::take(&mut self.cache);
-        let (keep, torn) = match *cut {
-            Cut::Nothing => (0, None),
-            Cut::Prefix(n) => (n, None),
-            Cut::Torn { n, bytes } => (n, Some(bytes)),
+        let cut = *cut;
+        let (keep, torn, pages) = match cut {
+            Cut::Nothing => (0, None, None),
+            Cut::Prefix(n) => (n, None, None),
+            Cut::Torn { n, bytes } => (n, Some(bytes), None),
+            Cut::Pages { seed } => (cache.len().saturating_sub(1), None, Some(seed)),
         };
         for (target, at, data) in cache.iter().take(keep) {
             self.write_through(*target, *at, data)?;
@@ -78,8 +91,56 @@ impl Power {
         if let (Some(bytes), Some((target, at, data))) = (torn, cache.get(keep)) {
             self.write_through(*target, *at, &data[..bytes.min(data.len())])?;
         }
+        if let (Some(seed), Some((target, at, data))) = (pages, cache.get(keep)) {
+            self.tear_pages(*target, *at, data, seed)?;
+        }
         self.off = true;
         Err(power_off())
+    }
+
+    /// What [`Cut::Pages`] leaves of a write of `data` at `at` to `target`.
+    fn tear_pages(&self, target: Target, at: u64, data: &[u8], seed: u64) -> std::io::Result<()> {
+        let file = self.files[target as usize]
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("no handle on the file"))?;
+        let mut rng = seed | 1;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let first = at / PAGE_BYTES * PAGE_BYTES;
+        let end = at + data.len() as u64;
+        // Pages past the file's end are not there to garble (the write would have grown it).
+        let limit = file.metadata()?.len().max(end);
+        let mut page_at = first;
+        while page_at < end {
+            let mut old = vec![0u8; PAGE_BYTES as usize];
+            // Past the end of the file reads short: the rest stays zero.
+            let _ = file.read_at(&mut old, page_at);
+            let mut new = old.clone();
+            let (from, to) = (at.max(page_at), end.min(page_at + PAGE_BYTES));
+            new[(from - page_at) as usize..(to - page_at) as usize]
+                .copy_from_slice(&data[(from - at) as usize..(to - at) as usize]);
+            let left = match next() % 3 {
+                0 => old,
+                1 => new,
+                _ if target == Target::Journal => {
+                    (0..PAGE_BYTES).map(|_| (next() >> 24) as u8).collect()
+                }
+                _ => old
+                    .chunks(SECTOR_BYTES)
+                    .zip(new.chunks(SECTOR_BYTES))
+                    .flat_map(|(o, n)| if next() % 2 == 0 { o } else { n })
+                    .copied()
+                    .collect(),
+            };
+            let n = (limit - page_at).min(PAGE_BYTES) as usize;
+            file.write_all_at(&left[..n], page_at)?;
+            page_at += PAGE_BYTES;
+        }
+        Ok(())
     }
 
     fn write_through(&self, target: Target, at: u64, data: &[u8]) -> std::io::Result<()> {

@@ -11,17 +11,30 @@
 //! blocks that already exist (no file-size change, so no journal commit of the filesystem's).
 //!
 //! File: a 4 KiB header (magic, format version, the database's `journal_id`, a checksum), then
-//! records back to back: payload length (u32 LE), commit sequence number (u64 LE), an xxh3-64
-//! checksum (u64 LE) of those twelve bytes, the payload and the journal id, then the payload
-//! ([`Redo`]). The file keeps its size; starting over overwrites old records in place.
+//! records, each starting on a 4 KiB page boundary: payload length (u32 LE), commit sequence
+//! number (u64 LE), an xxh3-64 checksum (u64 LE) of those twelve bytes, the payload and the
+//! journal id, then the payload ([`Redo`]), zeros to the end of its last page. The file keeps
+//! its size; starting over overwrites old records in place.
+//!
+//! Why pages: an SD card programs whole pages, and one without power-loss protection can leave
+//! a page it was writing garbled or as it was before, bytes the write did not change included.
+//! With records packed back to back (format 1), each append rewrote the page holding the tail
+//! of the record before it, already acknowledged, and a power cut could take that record (and
+//! every one after it) away. Now no write touches a page that holds an acknowledged record: a
+//! cut can only cost the record being written, which was never acknowledged. The cost: at
+//! least a page of the journal per commit, which its sync writes to the card anyway; the
+//! journal fills (and is emptied by a durable redb commit) after `journal_size / 4 KiB`
+//! commits instead of more. A format-1 journal (an unclean stop of an older release) is still
+//! read, then made anew as format 2.
 //!
 //! Which records are live: the checksum must hold, and the records that apply are the run whose
 //! sequence numbers continue the database's (`next_seq`, `next_seq + 1`, ...). Records left from
 //! before a restart have smaller numbers (the journal starts over only once the database holds
 //! them durably) and are skipped; the first record that is torn, blank or out of sequence ends
 //! the scan. A record that a power cut tore was never acknowledged: acknowledgements wait for its
-//! `fdatasync`. The journal assumes what redb and SQLite assume of the disk: a write does not
-//! damage bytes outside the range written (a torn write leaves the earlier records intact).
+//! `fdatasync`. The journal assumes less of the disk than redb and SQLite do (that a write does
+//! not damage bytes outside the range written): only that a write damages no page it does not
+//! touch, and it touches no page that holds an acknowledged record.
 
 use std::fs::File;
 use std::io;
@@ -33,10 +46,14 @@ use crate::sketch::{get_varint, put_varint};
 pub const HEADER_BYTES: u64 = 4096;
 /// Bytes before each record's payload: length, sequence number, checksum.
 pub const RECORD_HEADER_BYTES: usize = 20;
+/// Records start on multiples of this (format 2): the page a card programs at once.
+pub const PAGE_BYTES: u64 = 4096;
 #[cfg(test)]
 use crate::limits::MIN_JOURNAL_BYTES;
 const MAGIC: &[u8; 16] = b"bucketd journal\0";
-const FORMAT: u32 = 1;
+/// Records on page boundaries. Format 1 packed them back to back.
+const FORMAT: u32 = 2;
+const FORMAT_PACKED: u32 = 1;
 const REDO_V1: u8 = 1;
 
 /// The journal file's path for the database at `db`: `<db>.journal`.
@@ -140,6 +157,8 @@ pub(super) struct Journal {
     end: u64,
     /// The record being written, kept to reuse its allocation.
     buf: Vec<u8>,
+    /// The file's format: [`FORMAT`], or [`FORMAT_PACKED`] (read, then made anew).
+    format: u32,
 }
 
 impl Journal {
@@ -165,7 +184,7 @@ impl Journal {
         if len < HEADER_BYTES || file.read_at(0, &mut header).is_err() {
             return Err(JournalError::BadHeader { path });
         }
-        let found =
+        let (found, format) =
             parse_header(&header).ok_or_else(|| JournalError::BadHeader { path: path.clone() })?;
         if found != id {
             return Err(JournalError::Foreign {
@@ -181,7 +200,23 @@ impl Journal {
             capacity: len,
             end: HEADER_BYTES,
             buf: Vec::new(),
+            format,
         })
+    }
+
+    /// Whether the file is of the current format (an older one is only read, then made anew).
+    pub(super) fn current_format(&self) -> bool {
+        self.format == FORMAT
+    }
+
+    /// The bytes a record with a payload of `len` bytes takes, to where the next one starts.
+    fn footprint(&self, len: usize) -> u64 {
+        let bytes = (RECORD_HEADER_BYTES + len) as u64;
+        if self.format == FORMAT_PACKED {
+            bytes
+        } else {
+            bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
+        }
     }
 
     /// Bytes of records written since the journal last started over.
@@ -210,7 +245,7 @@ impl Journal {
         while let Some((seq, len)) = self.record_at(at, &mut payload) {
             if seq < expected && applied == 0 {
                 // Held by the database already (written before its last durable commit).
-                at += (RECORD_HEADER_BYTES + len) as u64;
+                at += self.footprint(len);
                 continue;
             }
             if seq != expected {
@@ -231,7 +266,7 @@ impl Journal {
             apply(seq, &redo)?;
             applied += 1;
             expected += 1;
-            at += (RECORD_HEADER_BYTES + len) as u64;
+            at += self.footprint(len);
         }
         self.end = at;
         Ok(applied)
@@ -272,7 +307,7 @@ impl Journal {
 
     /// Whether a record with a payload of `len` bytes fits.
     pub(super) fn fits(&self, len: usize) -> bool {
-        self.end + (RECORD_HEADER_BYTES + len) as u64 <= self.capacity
+        self.end + self.footprint(len) <= self.capacity
     }
 
     /// Appends the record of commit `seq` holding `redo`, and syncs it: when this returns `Ok`
@@ -292,13 +327,19 @@ impl Journal {
         buf[4..12].copy_from_slice(&seq.to_le_bytes());
         let sum = checksum(&buf[0..12], &buf[RECORD_HEADER_BYTES..], self.id);
         buf[12..20].copy_from_slice(&sum.to_le_bytes());
+        // To the end of its last page: the page holds this record and nothing else.
+        let footprint = self.footprint(len);
+        buf.resize(
+            usize::try_from(footprint).expect("a record fits in memory"),
+            0,
+        );
         let written = self
             .file
             .write_at(self.end, &buf)
             .and_then(|()| self.file.sync());
         self.buf = buf;
         written?;
-        self.end += (RECORD_HEADER_BYTES + len) as u64;
+        self.end += footprint;
         Ok(true)
     }
 
@@ -328,13 +369,17 @@ fn header_bytes(id: u64) -> [u8; 40] {
     h
 }
 
-/// The journal id of a header, if it is one.
-fn parse_header(h: &[u8; 40]) -> Option<u64> {
-    let sum = u64::from_le_bytes(h[32..40].try_into().expect("8 bytes"));
+/// The journal id and format of a header, if it is one of a format this release reads.
+fn parse_header(h: &[u8; 40]) -> Option<(u64, u32)> {
+    let sum = u64::from_le_bytes(h[32..40].try_into().expect("a slice of 8 bytes"));
+    let format = u32::from_le_bytes(h[16..20].try_into().expect("a slice of 4 bytes"));
     (h[0..16] == MAGIC[..]
-        && h[16..20] == FORMAT.to_le_bytes()
+        && [FORMAT, FORMAT_PACKED].contains(&format)
         && xxhash_rust::xxh3::xxh3_64(&h[0..32]) == sum)
-        .then(|| u64::from_le_bytes(h[24..32].try_into().expect("8 bytes")))
+        .then(|| {
+            let id = u64::from_le_bytes(h[24..32].try_into().expect("a slice of 8 bytes"));
+            (id, format)
+        })
 }
 
 /// Writes a new journal at `path`: the header, zeros up to `capacity` (so that later writes

@@ -392,7 +392,9 @@ impl Store {
             tx.abort().map_err(|e| corrupt(e.into()))?;
         }
         j.start_over();
-        if wanted == 0 || j.room() + journal::HEADER_BYTES != wanted {
+        // Made anew (now that the file holds its records) when its size changed, or when an
+        // older release wrote it in a format this one only reads.
+        if wanted == 0 || j.room() + journal::HEADER_BYTES != wanted || !j.current_format() {
             drop(j);
             std::fs::remove_file(&path).map_err(|source| JournalError::Io {
                 path: path.clone(),

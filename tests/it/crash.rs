@@ -302,12 +302,16 @@ async fn power_cuts_under_load_lose_nothing_and_count_nothing_twice(
         } else {
             Durability::Immediate
         };
-        let cut = match rng.below(3) {
+        let cut = match rng.below(4) {
             0 => Cut::Nothing,
             1 => Cut::Prefix(rng.below(8) as usize),
-            _ => Cut::Torn {
+            2 => Cut::Torn {
                 n: rng.below(8) as usize,
                 bytes: 1 + rng.below(8192) as usize,
+            },
+            // Every page the last write touched garbled, reverted or written (issue 42).
+            _ => Cut::Pages {
+                seed: rng.below(u64::MAX),
             },
         };
         let faults = Arc::new(Faults::default());

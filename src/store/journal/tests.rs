@@ -119,7 +119,8 @@ fn a_torn_or_damaged_last_record_ends_the_replay_before_it() {
     for seq in 0..3u64 {
         assert!(j.append(seq, &redo_of(&[seq as u8; 100])).unwrap());
     }
-    let third = HEADER_BYTES + 2 * (RECORD_HEADER_BYTES as u64 + 100 + 6);
+    // Each record starts on a page.
+    let third = HEADER_BYTES + 2 * PAGE_BYTES;
     let record_len = RECORD_HEADER_BYTES as u64 + 100 + 6;
     drop(j);
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -219,4 +220,37 @@ fn a_journal_that_cannot_be_made_leaves_nothing_behind_and_says_why() {
         denied.to_string().contains("writable by this user"),
         "{denied}"
     );
+}
+
+/// Issue 42: records were packed back to back, so each append rewrote the page holding the
+/// tail of the record before it (acknowledged), and a card that garbles or reverts the page it
+/// was writing in a power cut took that record away, and every one after it. Each record now
+/// starts on its own page: garbling every page the newest record touched leaves the others.
+#[test]
+fn a_record_never_shares_a_page_with_the_one_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let mut j = open(&path, 3, MIN_JOURNAL_BYTES).unwrap();
+    // Sizes around a page: the next record starts on the next page boundary every time.
+    let mut starts = Vec::new();
+    for (seq, len) in [
+        (0u64, 10usize),
+        (1, 4000),
+        (2, 4076),
+        (3, 4077),
+        (4, 9000),
+        (5, 1),
+    ] {
+        starts.push(HEADER_BYTES + j.used());
+        assert!(j.append(seq, &redo_of(&vec![seq as u8; len])).unwrap());
+    }
+    assert!(starts.iter().all(|s| s % PAGE_BYTES == 0), "{starts:?}");
+    // The last record's pages garbled: every earlier record is still there.
+    let last = *starts.last().unwrap();
+    drop(j);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    JournalFile::write_at(&file, last, &[0xA5; PAGE_BYTES as usize]).unwrap();
+    let mut j = open(&path, 3, MIN_JOURNAL_BYTES).unwrap();
+    let got = replayed(&mut j, 0).unwrap();
+    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
 }
