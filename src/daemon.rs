@@ -465,6 +465,10 @@ async fn run_ingest(
         Ok(Ok(store)) => drop(store),
         Ok(Err(_)) | Err(_) => anyhow::bail!("the writer thread panicked"),
     }
+    // What this run cost the card, its last writes included (the fold at shutdown).
+    if let Some(bytes) = crate::metrics::disk_written_bytes() {
+        info!(disk_written_bytes = bytes, "The store is closed.");
+    }
     result.map_err(anyhow::Error::from)
 }
 

@@ -22,12 +22,16 @@
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A 128-bit hash (XXH3-128) of what identifies one message. Stable across releases: it is
-/// stored.
+/// A hash of what identifies one message: the low 64 bits of its XXH3-128 (the type keeps 128
+/// bits; the high ones are 0). Stable across releases: it is stored. 64 bits against a window
+/// of at most 1,048,576 fingerprints: a new message is taken for a copy with a chance below
+/// 2^-44 (one in 17 trillion). Releases before issue 42 stored all 128 bits; those read back as
+/// their low 64 ([`decode`]), so stored windows stay valid.
 pub type Fingerprint = u128;
 
-/// Bytes of one stored fingerprint.
+/// Bytes of one fingerprint as stored before issue 42 (16) and since (8).
 pub const FINGERPRINT_BYTES: usize = 16;
+const FINGERPRINT_BYTES_COMPACT: usize = 8;
 
 /// Where a receive-time message came from: its session (0-based) and packet id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +60,7 @@ pub fn fingerprint(topic: &[u8], payload: &[u8], id: Option<PacketId>) -> Finger
     h.update(&(topic.len() as u64).to_le_bytes());
     h.update(topic);
     h.update(payload);
-    h.digest128()
+    u128::from(h.digest128() as u64)
 }
 
 /// The fingerprints of the most recent `capacity` messages, oldest first out, as the stored
@@ -165,61 +169,142 @@ const NO_SESSION: u16 = u16::MAX;
 /// Bytes of one stored tag: session and packet id, little-endian.
 const TAG_BYTES: usize = 4;
 
-/// Marks the tagged encoding: its length, 20 bytes a fingerprint plus this byte, is odd, so it
-/// is never taken for the untagged one (16 bytes a fingerprint) of format version 2.
+/// Marks the tagged encoding of format version 3 before issue 42: its length, 20 bytes a
+/// fingerprint plus this byte, is odd, so it is never taken for the untagged one (16 bytes a
+/// fingerprint) of format version 2.
 const TAGGED: u8 = 1;
 
-/// Encodes tagged fingerprints for storage: the fingerprints (16 bytes each, little-endian),
-/// then their tags (session and packet id, 2 bytes each, little-endian; session 65535 for none),
-/// then [`TAGGED`]; nothing for none.
+/// Marks the compact encoding (since issue 42): it ends with this byte and its length is 8 more
+/// than a multiple of 16, so it is taken for neither older one (an untagged one is a multiple
+/// of 16; a tagged one ends with [`TAGGED`]).
+const COMPACT: u8 = 2;
+
+/// Encodes tagged fingerprints for storage (in the journal and the `dedup` table), compactly:
+/// the fingerprints (8 bytes each, little-endian), then their tags, each a byte (0: none, else
+/// the session plus 1) and for a session the packet id (u16 little-endian); then the count (u32
+/// little-endian), zeros to make the length 8 more than a multiple of 16, and [`COMPACT`];
+/// nothing for none. 11 bytes a QoS 1 message's, against 20 before: a commit of 200 messages
+/// fits its journal page with its readings.
 pub fn encode(fps: &[(Fingerprint, Tag)]) -> Vec<u8> {
     if fps.is_empty() {
         return Vec::new();
     }
-    let mut out = Vec::with_capacity(fps.len() * (FINGERPRINT_BYTES + TAG_BYTES) + 1);
-    out.extend(fps.iter().flat_map(|(fp, _)| fp.to_le_bytes()));
+    let mut out = Vec::with_capacity(fps.len() * (FINGERPRINT_BYTES_COMPACT + 3) + 24);
+    out.extend(fps.iter().flat_map(|(fp, _)| (*fp as u64).to_le_bytes()));
     for (_, tag) in fps {
-        let (session, pkid) = tag.map_or((NO_SESSION, 0), |t| (t.session, t.pkid));
-        out.extend(session.to_le_bytes());
-        out.extend(pkid.to_le_bytes());
+        match tag {
+            None => out.push(0),
+            Some(t) => {
+                // Sessions are at most `mqtt.sessions` (16): the byte holds them.
+                out.push(u8::try_from(t.session).map_or(u8::MAX, |s| s.saturating_add(1)));
+                out.extend(t.pkid.to_le_bytes());
+            }
+        }
     }
-    out.push(TAGGED);
+    let n = u32::try_from(fps.len()).expect("far fewer than 2^32 messages in a commit");
+    out.extend(n.to_le_bytes());
+    while out.len() % 16 != 7 {
+        out.push(0);
+    }
+    out.push(COMPACT);
     out
 }
 
-/// How many fingerprints [`encode`]d bytes hold (either encoding); `None` if they are neither.
+/// How many fingerprints [`encode`]d bytes hold (any encoding); `None` if they are none.
 pub fn count(bytes: &[u8]) -> Option<usize> {
-    if bytes.len().is_multiple_of(FINGERPRINT_BYTES) {
-        return Some(bytes.len() / FINGERPRINT_BYTES);
-    }
-    let (&last, rest) = bytes.split_last()?;
-    (last == TAGGED && rest.len().is_multiple_of(FINGERPRINT_BYTES + TAG_BYTES))
-        .then_some(rest.len() / (FINGERPRINT_BYTES + TAG_BYTES))
+    Some(decode(bytes)?.count())
 }
 
-/// Decodes [`encode`]d fingerprints, oldest first; the untagged encoding of format version 2
-/// gives `None` tags. `None` if the bytes are neither encoding.
+/// The compact encoding's fingerprints and tags, if `bytes` is one.
+fn compact(bytes: &[u8]) -> Option<(&[u8], Vec<Tag>)> {
+    let (&last, body) = bytes.split_last()?;
+    if last != COMPACT || bytes.len() % 16 != 8 {
+        return None;
+    }
+    // The count is just before the padding of at most 15 zeros: try each place it can be.
+    for pad in 0..16usize {
+        let Some(at) = body.len().checked_sub(4 + pad) else {
+            break;
+        };
+        if body[at + 4..].iter().any(|b| *b != 0) {
+            break;
+        }
+        let n = u32::from_le_bytes(body[at..at + 4].try_into().ok()?) as usize;
+        let fps_len = n.checked_mul(FINGERPRINT_BYTES_COMPACT)?;
+        if fps_len > at {
+            continue;
+        }
+        let (fps, mut tags_bytes) = body[..at].split_at(fps_len);
+        let mut tags = Vec::with_capacity(n);
+        let parsed = (0..n).all(|_| match tags_bytes.split_first() {
+            Some((0, rest)) => {
+                tags.push(None);
+                tags_bytes = rest;
+                true
+            }
+            Some((&s, rest)) if rest.len() >= 2 => {
+                let pkid = u16::from_le_bytes([rest[0], rest[1]]);
+                tags.push(Some(PacketId {
+                    session: u16::from(s - 1),
+                    pkid,
+                }));
+                tags_bytes = &rest[2..];
+                true
+            }
+            _ => false,
+        });
+        if parsed && tags_bytes.is_empty() {
+            return Some((fps, tags));
+        }
+    }
+    None
+}
+
+/// Decodes [`encode`]d fingerprints, oldest first, in any of the three encodings: compact,
+/// tagged (format 3 before issue 42) and untagged (format 2, `None` tags); the older ones'
+/// 128-bit fingerprints as their low 64 bits. `None` if the bytes are none of them.
 pub fn decode(bytes: &[u8]) -> Option<impl Iterator<Item = (Fingerprint, Tag)> + '_> {
-    let n = count(bytes)?;
-    let tagged = !bytes.len().is_multiple_of(FINGERPRINT_BYTES);
-    let (fps, tags) = bytes.split_at(n * FINGERPRINT_BYTES);
-    let u16_at = |at: usize| u16::from_le_bytes([tags[at], tags[at + 1]]);
-    Some((0..n).map(move |i| {
-        let at = i * FINGERPRINT_BYTES;
-        let fp = u128::from_le_bytes(
-            fps[at..at + FINGERPRINT_BYTES]
-                .try_into()
-                .expect("16 bytes"),
-        );
-        let tag = Some(i * TAG_BYTES)
-            .filter(|_| tagged)
-            .map(|at| PacketId {
-                session: u16_at(at),
-                pkid: u16_at(at + 2),
+    let decoded: Vec<(Fingerprint, Tag)> = if bytes.is_empty() {
+        Vec::new()
+    } else if let Some((fps, tags)) = compact(bytes) {
+        fps.chunks_exact(FINGERPRINT_BYTES_COMPACT)
+            .zip(tags)
+            .map(|(fp, tag)| {
+                let fp = u64::from_le_bytes(fp.try_into().expect("a chunk of 8 bytes"));
+                (u128::from(fp), tag)
             })
-            .filter(|t| t.session != NO_SESSION);
-        (fp, tag)
-    }))
+            .collect()
+    } else {
+        let tagged = !bytes.len().is_multiple_of(FINGERPRINT_BYTES);
+        let n = if tagged {
+            let (&last, rest) = bytes.split_last()?;
+            let whole = last == TAGGED && rest.len().is_multiple_of(FINGERPRINT_BYTES + TAG_BYTES);
+            whole.then_some(rest.len() / (FINGERPRINT_BYTES + TAG_BYTES))?
+        } else {
+            bytes.len() / FINGERPRINT_BYTES
+        };
+        let (fps, tags) = bytes.split_at(n * FINGERPRINT_BYTES);
+        let u16_at = |at: usize| u16::from_le_bytes([tags[at], tags[at + 1]]);
+        (0..n)
+            .map(|i| {
+                let at = i * FINGERPRINT_BYTES;
+                let fp = u128::from_le_bytes(
+                    fps[at..at + FINGERPRINT_BYTES]
+                        .try_into()
+                        .expect("a slice of 16 bytes"),
+                );
+                let tag = Some(i * TAG_BYTES)
+                    .filter(|_| tagged)
+                    .map(|at| PacketId {
+                        session: u16_at(at),
+                        pkid: u16_at(at + 2),
+                    })
+                    .filter(|t| t.session != NO_SESSION);
+                (u128::from(fp as u64), tag)
+            })
+            .collect()
+    };
+    Some(decoded.into_iter())
 }
 
 #[cfg(test)]
@@ -260,8 +345,8 @@ mod tests {
         // was checked against Python's `xxhash.xxh3_128_hexdigest(b"\x00" + (15).to_bytes(8, "little")
         // + b"sensors/t1/temp21.5")`.
         assert_eq!(
-            format!("{:032x}", fingerprint(b"sensors/t1/temp", b"21.5", None)),
-            "4df731ca9ffc38ae190788baa51a9fc2"
+            format!("{:016x}", fingerprint(b"sensors/t1/temp", b"21.5", None)),
+            "190788baa51a9fc2"
         );
     }
 
@@ -307,36 +392,72 @@ mod tests {
     #[test]
     fn encoding_round_trips() {
         let id = |session, pkid| Some(PacketId { session, pkid });
-        let fps = [
-            (0, id(0, 1)),
-            (1, id(3, 65535)),
-            (u128::MAX, None),
-            (0x0123_4567_89ab_cdef_0011_2233_4455_6677, id(15, 0)),
-        ];
-        let bytes = encode(&fps);
-        assert_eq!(bytes.len(), 4 * 20 + 1);
-        assert_eq!(count(&bytes), Some(4));
-        assert_eq!(decode(&bytes).unwrap().collect::<Vec<_>>(), fps);
+        for n in [1usize, 2, 3, 7, 16, 200] {
+            let fps: Vec<(Fingerprint, Tag)> = (0..n)
+                .map(|i| {
+                    let fp = u128::from((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    let tag = match i % 3 {
+                        0 => None,
+                        1 => id(0, u16::try_from(i).unwrap()),
+                        _ => id(15, u16::MAX),
+                    };
+                    (fp, tag)
+                })
+                .collect();
+            let bytes = encode(&fps);
+            assert_eq!(bytes.len() % 16, 8, "never taken for an older encoding");
+            assert_eq!(*bytes.last().unwrap(), COMPACT);
+            assert_eq!(count(&bytes), Some(n));
+            assert_eq!(decode(&bytes).unwrap().collect::<Vec<_>>(), fps);
+            for cut in [1, bytes.len() / 2, bytes.len() - 1] {
+                assert_ne!(
+                    decode(&bytes[..cut]).map(Iterator::collect::<Vec<_>>),
+                    Some(fps.clone()),
+                    "{cut} bytes"
+                );
+            }
+        }
         assert!(encode(&[]).is_empty());
         assert_eq!(decode(&[]).unwrap().count(), 0);
-        for cut in [1, 15, 17, 20, 79] {
-            assert!(decode(&bytes[..cut]).is_none(), "{cut} bytes");
-        }
-        let mut wrong_marker = bytes.clone();
-        *wrong_marker.last_mut().unwrap() = 2;
-        assert!(decode(&wrong_marker).is_none());
+        // 11 bytes a QoS 1 message's (8 + a session byte + the packet id), plus the trailer.
+        let qos1: Vec<(Fingerprint, Tag)> = (0..200).map(|i| (i, id(0, 7))).collect();
+        assert!(encode(&qos1).len() <= 200 * 11 + 20);
     }
 
-    /// Files of format version 2 store fingerprints without tags: they still decode, as
-    /// belonging to no resend sequence.
+    /// Files of format version 2 store 128-bit fingerprints without tags, and of version 3
+    /// before issue 42 with 4-byte tags: both still decode, as their low 64 bits (what the
+    /// fingerprint of the same message is now), the untagged ones in no resend sequence.
     #[test]
-    fn untagged_fingerprints_of_format_2_decode_without_a_sequence() {
-        let fps: [u128; 2] = [7, u128::MAX - 1];
-        let bytes: Vec<u8> = fps.iter().flat_map(|fp| fp.to_le_bytes()).collect();
-        assert_eq!(count(&bytes), Some(2));
+    fn older_encodings_decode_to_the_fingerprints_of_now() {
+        let full: [u128; 2] = [u128::MAX - 1, 0x0123_4567_89ab_cdef_0011_2233_4455_6677];
+        let low = |fp: u128| u128::from(fp as u64);
+        let untagged: Vec<u8> = full.iter().flat_map(|fp| fp.to_le_bytes()).collect();
+        assert_eq!(count(&untagged), Some(2));
         assert_eq!(
-            decode(&bytes).unwrap().collect::<Vec<_>>(),
-            [(7, None), (u128::MAX - 1, None)]
+            decode(&untagged).unwrap().collect::<Vec<_>>(),
+            [(low(full[0]), None), (low(full[1]), None)]
         );
+        let mut tagged = untagged.clone();
+        tagged.extend(NO_SESSION.to_le_bytes());
+        tagged.extend(0u16.to_le_bytes());
+        tagged.extend(3u16.to_le_bytes());
+        tagged.extend(9u16.to_le_bytes());
+        tagged.push(TAGGED);
+        assert_eq!(
+            decode(&tagged).unwrap().collect::<Vec<_>>(),
+            [
+                (low(full[0]), None),
+                (
+                    low(full[1]),
+                    Some(PacketId {
+                        session: 3,
+                        pkid: 9
+                    })
+                )
+            ]
+        );
+        // The fingerprint of a message is the low half of its former one.
+        let now = fingerprint(b"sensors/t1/temp", b"21.5", None);
+        assert_eq!(now, low(0x4df7_31ca_9ffc_38ae_1907_88ba_a51a_9fc2));
     }
 }

@@ -14,7 +14,7 @@
 //!   round-trips bit for bit (subnormals, -0.0, extremes).
 
 /// Timestamp units tried, largest first (nanoseconds per unit).
-const UNITS: [i64; 4] = [1_000_000_000, 1_000_000, 1_000, 1];
+pub(crate) const UNITS: [i64; 4] = [1_000_000_000, 1_000_000, 1_000, 1];
 
 /// An encoded page: the readings' count, time range, unit and bit stream, and where the
 /// encoder stopped, so that later readings can be appended without decoding the page.
@@ -50,13 +50,13 @@ pub struct Tail {
 const DECIMALS_MAX: i32 = 6;
 
 /// The smallest `k` such that every value is exactly `n / 10^k` for an integer `|n| < 2^52`.
-fn decimal_scale(readings: &[(i64, f64)]) -> Option<i32> {
+pub(crate) fn decimal_scale(readings: &[(i64, f64)]) -> Option<i32> {
     (0..=DECIMALS_MAX).find(|&k| readings.iter().all(|&(_, v)| is_decimal(v, k)))
 }
 
 /// Whether `v` is exactly `n / 10^k` for an integer `|n| < 2^52` (through the integer, as
 /// decode does: -0.0 must not come back as 0.0).
-fn is_decimal(v: f64, k: i32) -> bool {
+pub(crate) fn is_decimal(v: f64, k: i32) -> bool {
     let scale = 10f64.powi(k);
     let n = (v * scale).round();
     n.abs() < (1u64 << 52) as f64 && ((n as i64) as f64 / scale).to_bits() == v.to_bits()

@@ -229,8 +229,8 @@ async fn evaluate(
     };
     read(move || {
         let names = reader.series().map_err(PromError::internal)?;
-        promql::evaluate(&expr, &names, grid, width, budget, |name, from, to| {
-            reader.buckets(Some(name), from, to)
+        promql::evaluate(&expr, &names, grid, width, budget, |wanted, from, to| {
+            reader.buckets_of(wanted, from, to)
         })
         .map_err(|e| match e {
             promql::EvalError::TooLarge(m) => PromError::bad(m),

@@ -819,15 +819,16 @@ pub struct Budget {
     pub max_points: u64,
 }
 
-/// Evaluates `expr` at `grid` over the stored series `names`, reading a series' buckets with
-/// `fetch(name, from, to)` (bucket starts in `[from, to)`, seconds, in time order).
+/// Evaluates `expr` at `grid` over the stored series `names`, reading the matched series'
+/// buckets with one `fetch(names, from, to)` (per name, bucket starts in `[from, to)`, seconds,
+/// in time order): the store passes over what it has not folded once for them all.
 pub fn evaluate<E>(
     expr: &VectorExpr,
     names: &[String],
     grid: Grid,
     width_secs: i64,
     budget: Budget,
-    mut fetch: impl FnMut(&str, i64, i64) -> Result<Vec<BucketDoc>, E>,
+    fetch: impl FnOnce(&[&str], i64, i64) -> Result<BTreeMap<String, Vec<BucketDoc>>, E>,
 ) -> Result<Vec<Series>, EvalError<E>> {
     let window = window_secs(grid.step_ms, width_secs).map_err(EvalError::TooLarge)?;
     let fields = expr.selector.fields();
@@ -856,8 +857,10 @@ pub fn evaluate<E>(
         )));
     }
     let mut out = Vec::new();
+    let wanted: Vec<&str> = matched.iter().map(|l| l.series).collect();
+    let mut read = fetch(&wanted, from, to).map_err(EvalError::Read)?;
     for labels in matched {
-        let docs = fetch(labels.series, from, to).map_err(EvalError::Read)?;
+        let docs = read.remove(labels.series).unwrap_or_default();
         let windows: BTreeMap<i64, Summary> = rollup::rollup(&docs, window)
             .into_iter()
             .map(|w| (w.start, w.summary))

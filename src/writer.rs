@@ -102,9 +102,13 @@ pub fn spawn(
                 }
                 let (journal_used, journal_room) = store.journal_use();
                 if journal_used > 0 && journal_used >= journal_room / 4 * 3 {
-                    // A failure changes nothing: the next commit finds the journal full and
-                    // commits durably in the file, or fails and reopens.
-                    if let Err(e) = store.sync_file() {
+                    if store.log_bytes() > 0 {
+                        // What the journal holds is pending: fold it, part by part, and the
+                        // journal starts over once none is left.
+                        folding = true;
+                    } else if let Err(e) = store.sync_file() {
+                        // A failure changes nothing: the next commit finds the journal full
+                        // and commits durably in the file, or fails and reopens.
                         warn!(error = %e, "Could not make the database file durable; retrying later.");
                     }
                 }

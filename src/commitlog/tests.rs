@@ -18,17 +18,35 @@ fn reading() -> impl Strategy<Value = (i64, f64)> {
     )
 }
 
+/// A reading as devices send them: a whole number of milliseconds into its bucket, a value of
+/// two decimals (version 2 codes them short).
+fn device_reading(start: i64) -> impl Strategy<Value = (i64, f64)> {
+    (0i64..3_600_000, -100_000i64..100_000).prop_map(move |(ms, n)| {
+        (
+            base_ns(start).wrapping_add(ms * 1_000_000),
+            n as f64 / 100.0,
+        )
+    })
+}
+
 /// (series id, start, readings, kept raw, readings folded into a summary from elsewhere).
 type Case = (u64, i64, Vec<(i64, f64)>, bool, bool);
 
 fn case() -> impl Strategy<Value = Case> {
-    (
-        any::<u64>(),
-        any::<i64>(),
-        prop::collection::vec(reading(), 1..20),
-        any::<bool>(),
-        any::<bool>(),
-    )
+    (any::<u64>(), any::<i64>(), any::<bool>()).prop_flat_map(|(id, start, device)| {
+        let readings = if device {
+            prop::collection::vec(device_reading(start).boxed(), 1..20).boxed()
+        } else {
+            prop::collection::vec(reading().boxed(), 1..20).boxed()
+        };
+        (
+            Just(id),
+            Just(start),
+            readings,
+            any::<bool>(),
+            any::<bool>(),
+        )
+    })
 }
 
 proptest! {
@@ -140,4 +158,50 @@ fn one_reading_costs_at_most_twenty_one_bytes_in_the_readings_form() {
     // Per entry: id <= 2 + start 1 (5 for the first) + kind 1 + length 1 + count 1 + timestamp
     // <= 7 (42 bits of nanoseconds into the hour) + value 8; the header is 11.
     assert!(bytes.len() <= 21 * 1000 + 15, "{} bytes", bytes.len());
+}
+
+/// Issue 42: a gateway whose 200 sensors report once a second commits 200 buckets of one
+/// reading each per commit. Version 1 took ~20 bytes per reading kept raw (nanosecond time,
+/// f64 value, body framing) and ~85 for one not kept raw (a whole summary); version 2 codes
+/// the time in the record's unit and the value as its decimal digits, with no framing for a
+/// single reading: one journal page holds such a commit.
+#[test]
+fn a_single_device_reading_costs_a_few_bytes() {
+    let params = SketchParams::DEFAULT;
+    let hour = 1_763_719_200i64;
+    for raw in [true, false] {
+        let readings: Vec<Vec<(i64, f64)>> = (0..200i64)
+            .map(|i| {
+                let ms = 1_000 * 600 + i * 37;
+                vec![(
+                    hour * 1_000_000_000 + ms * 1_000_000,
+                    (2000 + i) as f64 / 100.0,
+                )]
+            })
+            .collect();
+        let summaries: Vec<Summary> = readings.iter().map(|r| fold(r, params)).collect();
+        let entries: Vec<EntryIn<'_>> = (0..200)
+            .map(|i| EntryIn {
+                series_id: i as u64,
+                start: hour,
+                summary: &summaries[i],
+                raw: raw.then_some(readings[i].as_slice()),
+            })
+            .collect();
+        let mut bytes = Vec::new();
+        encode(&entries, params, &mut bytes);
+        // Per entry: id 1-2, start 1 (5 for the first), kind 1, time 3 (ms into the hour),
+        // value 2: 9 bytes; the header is 15.
+        assert!(
+            bytes.len() <= 9 * 200 + 20,
+            "raw {raw}: {} bytes",
+            bytes.len()
+        );
+        let back: Vec<Summary> = Record::parse(&bytes)
+            .unwrap()
+            .entries()
+            .map(|e| e.unwrap().summary().unwrap())
+            .collect();
+        assert_eq!(back, summaries, "raw {raw}: bit for bit");
+    }
 }

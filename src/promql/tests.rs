@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeMap;
 
 const HOUR: i64 = 3600;
 /// 2025-11-21T00:00Z, a midnight.
@@ -190,6 +191,22 @@ fn times_and_durations_parse_as_prometheus_writes_them() {
 
 const BUDGET: Budget = Budget { max_points: 10_000 };
 
+/// What the store answers for `wanted` in `[from, to)`: their documents among `docs`.
+fn fetch(
+    docs: &[BucketDoc],
+    wanted: &[&str],
+    from: i64,
+    to: i64,
+) -> BTreeMap<String, Vec<BucketDoc>> {
+    let mut out: BTreeMap<String, Vec<BucketDoc>> = BTreeMap::new();
+    for d in docs {
+        if wanted.contains(&d.series.as_str()) && (from..to).contains(&d.start) {
+            out.entry(d.series.clone()).or_default().push(d.clone());
+        }
+    }
+    out
+}
+
 fn eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Vec<Series> {
     let mut names: Vec<String> = docs.iter().map(|d| d.series.clone()).collect();
     names.dedup();
@@ -199,14 +216,7 @@ fn eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Vec<Series> {
         grid,
         HOUR,
         BUDGET,
-        |name, from, to| {
-            Ok::<_, ()>(
-                docs.iter()
-                    .filter(|d| d.series == name && (from..to).contains(&d.start))
-                    .cloned()
-                    .collect(),
-            )
-        },
+        |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
     )
     .unwrap()
 }
@@ -313,7 +323,7 @@ fn a_step_coarser_than_a_bucket_merges_its_buckets_exactly() {
         grid,
         HOUR,
         BUDGET,
-        |_, _, _| Ok::<_, ()>(Vec::new()),
+        |_, _, _| Ok::<_, ()>(BTreeMap::new()),
     );
     assert!(matches!(e, Err(EvalError::TooLarge(m)) if m.contains("divides a day")));
 }
@@ -373,7 +383,7 @@ fn a_query_past_the_budget_is_refused_before_reading() {
         Budget { max_points: 10_000 },
         |_, _, _| {
             reads += 1;
-            Ok::<_, ()>(Vec::new())
+            Ok::<_, ()>(BTreeMap::new())
         },
     );
     // 50 series x 31 days of hourly buckets = 37,200 buckets to read.
@@ -437,13 +447,8 @@ proptest::proptest! {
             let docs = hourly_docs();
             let grid = Grid::range(DAY0 * 1000, (DAY0 + 30 * HOUR) * 1000, step).unwrap();
             let names = vec!["a/t".to_owned(), "b/t".to_owned()];
-            let _ = evaluate(&v, &names, grid, HOUR, BUDGET, |name, from, to| {
-                Ok::<_, ()>(
-                    docs.iter()
-                        .filter(|d| d.series == name && (from..to).contains(&d.start))
-                        .cloned()
-                        .collect(),
-                )
+            let _ = evaluate(&v, &names, grid, HOUR, BUDGET, |wanted, from, to| {
+                Ok::<_, ()>(fetch(&docs, wanted, from, to))
             });
         }
     }

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 
 use redb::{ReadableTable, TableDefinition};
 
-use super::{BUCKETS, CommitError, DEDUP, PAGES, SERIES_BY_ID, Store, append_pages};
+use super::{
+    APPLIED, BUCKETS, CommitError, DEDUP, PAGES, SERIES_BY_ID, SERIES_BY_NAME, Store, append_pages,
+};
 use crate::commitlog::{Entry, Record};
 use crate::doc::BucketDoc;
 use crate::summary::Summary;
@@ -102,19 +104,13 @@ impl Unfolded {
     /// `base`, the stored document's summary when there is one), or with `raw_only` only their
     /// raw readings (a raw read needs no summary, and folding one per entry is the costly part).
     pub(super) fn read(
-        tx: &redb::ReadTransaction,
+        view: &super::reader::View,
         wanted: impl Fn(u64, i64) -> bool,
         raw_only: bool,
         base: impl Fn(u64, i64) -> Result<Option<Summary>, redb::Error>,
     ) -> Result<Unfolded, redb::Error> {
-        let table = match tx.open_table(LOG) {
-            Ok(t) => t,
-            // A file opened read-only before its first open by this release (format 1).
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Unfolded::default()),
-            Err(e) => return Err(e.into()),
-        };
         let mut out = Unfolded::default();
-        visit_entries(&table, |e| {
+        let mut visit = |e: &Entry<'_>| {
             let key = (e.series_id, e.start);
             if !wanted(key.0, key.1) {
                 return Ok(());
@@ -140,9 +136,35 @@ impl Unfolded {
                     .insert(key, merged_onto(base(key.0, key.1)?, &delta));
             }
             Ok(())
-        })?;
+        };
+        // The `log` table's records (a journal's replay left them), then the pending commits:
+        // in commit order, as a checkpoint folds them.
+        match view.tx.open_table(LOG) {
+            Ok(table) => {
+                visit_entries(&table, &mut visit)?;
+            }
+            // A file opened read-only before its first open by this release (format 1).
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        for commit in view.pending() {
+            visit_record(commit.seq, &commit.record, &mut visit)?;
+        }
         Ok(out)
     }
+}
+
+/// Calls `visit` with every entry of the record of commit `seq`.
+fn visit_record(
+    seq: u64,
+    bytes: &[u8],
+    mut visit: impl FnMut(&Entry<'_>) -> Result<(), redb::Error>,
+) -> Result<(), redb::Error> {
+    let record = Record::parse(bytes).map_err(corrupt_record(seq))?;
+    for entry in record.entries() {
+        visit(&entry.map_err(corrupt_record(seq))?)?;
+    }
+    Ok(())
 }
 
 /// A bucket being folded: its summary so far, the stored document (if any), and its page count.
@@ -170,25 +192,29 @@ impl Store {
 
     /// Folds the oldest records of the commit log, up to `budget` bytes of them or as many as
     /// it folds until `until` (at least one record), into the bucket documents and raw pages,
-    /// deletes the folded records and trims
-    /// the dedup table, in one durable transaction: a crash leaves either those records or
-    /// their fold, never both or neither. Folding in commit order, part after part, gives the
-    /// documents one fold of the whole log would, bit for bit, and readers merge the records
-    /// still in the log onto them the same way. The file then holds every commit, and the
-    /// journal starts over. Work is bounded by `budget` and `until` (the writer folds
-    /// `limits::CHECKPOINT_PART_TIME` at a time, committing batches in between).
+    /// in one durable transaction, with what they bring besides (new series, fingerprints,
+    /// gateway positions) and the trim of the dedup table: a crash leaves either those records
+    /// or their fold, never both or neither. The oldest records are the `log` table's (a
+    /// journal's replay left them there), then the pending commits'. Folding in commit order,
+    /// part after part, gives the documents one fold of the whole log would, bit for bit, and
+    /// readers merge what is left onto them the same way. Once nothing is left pending, the
+    /// file holds every commit and the journal starts over. Work is bounded by `budget` and
+    /// `until` (the writer folds `limits::CHECKPOINT_PART_TIME` at a time, committing batches
+    /// in between).
     pub fn checkpoint_part(
         &mut self,
         budget: u64,
         until: Option<std::time::Instant>,
     ) -> Result<CheckpointStats, CommitError> {
         let mut stats = CheckpointStats::default();
-        let trimmed = self.dedup_trim();
-        if self.log_bytes == 0 && trimmed.is_empty() {
+        let pending = super::pending::now(&self.pending);
+        if self.log_bytes == 0 && pending.is_empty() && self.dedup_trim(None).is_empty() {
             return Ok(stats);
         }
         let tx = self.durable_tx()?;
-        let folded;
+        let mut folded_bytes = 0u64;
+        let mut last_pending: Option<u64> = None;
+        let trimmed;
         {
             let mut log = tx.open_table(LOG)?;
             let mut buckets = tx.open_table(BUCKETS)?;
@@ -196,7 +222,7 @@ impl Store {
             let mut folding: BTreeMap<(u64, i64), Folding> = BTreeMap::new();
             let mut raw = Vec::new();
             let cap = self.settings.page_capacity;
-            let visited = visit_oldest(&log, budget, until, |e| {
+            let mut visit = |e: &Entry<'_>| {
                 let key = (e.series_id, e.start);
                 let corrupt = |_| {
                     redb::Error::Corrupted(format!(
@@ -230,15 +256,73 @@ impl Store {
                         })?;
                 }
                 Ok(())
-            })?;
+            };
+            let visited = visit_oldest(&log, budget, until, &mut visit)?;
             stats.records = visited.records;
-            folded = visited;
-            let by_id = tx.open_table(SERIES_BY_ID)?;
+            folded_bytes = folded_bytes.saturating_add(visited.bytes);
+            let log_left = match visited.last {
+                Some(last) => {
+                    log.retain_in(..=last, |_, _| false)?;
+                    log.first()?.is_some()
+                }
+                None => false,
+            };
+            // Then the pending commits, oldest first, while the budget lasts.
+            let mut folded: Vec<&super::pending::PendingCommit> = Vec::new();
+            if !log_left {
+                for commit in pending.iter() {
+                    let over = folded_bytes >= budget
+                        || until.is_some_and(|t| std::time::Instant::now() >= t);
+                    if stats.records > 0 && over {
+                        break;
+                    }
+                    visit_record(commit.seq, &commit.record, &mut visit)?;
+                    stats.records += 1;
+                    folded_bytes = folded_bytes.saturating_add(commit.record.len() as u64);
+                    last_pending = Some(commit.seq);
+                    folded.push(commit);
+                }
+            }
+            stats.more = log_left || pending.len() > folded.len();
+            // What the folded pending commits bring besides their deltas: their new series
+            // (named before the documents below need them), fingerprints and positions.
+            let mut by_name = tx.open_table(SERIES_BY_NAME)?;
+            let mut by_id = tx.open_table(SERIES_BY_ID)?;
+            for commit in &folded {
+                for (id, name) in &commit.series {
+                    by_name.insert(&**name, *id)?;
+                    by_id.insert(*id, &**name)?;
+                }
+            }
+            // Pending commits not folded here are not in the table: none of them is trimmed
+            // (their fingerprints go in when they are folded).
+            let below = match last_pending {
+                Some(seq) => Some(seq + 1),
+                None => pending.first().map(|c| c.seq),
+            };
+            trimmed = self.dedup_trim(below);
+            let mut dedup = tx.open_table(DEDUP)?;
+            for commit in &folded {
+                if trimmed.binary_search(&commit.seq).is_err() {
+                    dedup.insert(commit.seq, commit.fingerprints.as_slice())?;
+                }
+            }
+            for &old in &trimmed {
+                dedup.remove(old)?;
+            }
+            let mut applied = tx.open_table(APPLIED)?;
+            for commit in &folded {
+                for (key, at) in &commit.applied {
+                    applied.insert(key.as_str(), at.as_slice())?;
+                }
+            }
             let width = self.settings.bucket_width_secs;
             let mut buf = Vec::with_capacity(512);
             for ((id, start), f) in folding {
                 stats.buckets_created += usize::from(f.stored.is_none());
-                let mut doc = bucket_doc(f.stored, &f.summary, (id, start), width, &by_id)?;
+                let mut doc = bucket_doc(f.stored, &f.summary, (id, start), width, |id| {
+                    stored_name(&by_id, id)
+                })?;
                 doc.pages = f.pages;
                 buf.clear();
                 bson::serialize_to_buffer(&doc, &mut buf)
@@ -246,36 +330,18 @@ impl Store {
                 buckets.insert((id, start), buf.as_slice())?;
                 stats.buckets_written += 1;
             }
-            if let Some(last) = visited.last {
-                log.retain_in(..=last, |_, _| false)?;
-                stats.more = log.first()?.is_some();
-            }
-            let mut dedup = tx.open_table(DEDUP)?;
-            for &old in &trimmed {
-                dedup.remove(old)?;
-            }
         }
         tx.commit()?;
+        if let Some(seq) = last_pending {
+            super::pending::drop_through(&self.pending, seq);
+        }
         self.durable_committed();
-        // The folded records, and the fingerprints of their commits.
-        let fingerprints: usize = self
-            .dedup_log
-            .iter()
-            .filter(|(s, _)| folded.last.is_some_and(|last| *s <= last))
-            .map(|e| e.1)
-            .sum();
-        stats.bytes = if stats.more {
-            folded
-                .bytes
-                .saturating_add((fingerprints * crate::dedup::FINGERPRINT_BYTES) as u64)
-        } else {
-            self.log_bytes
-        };
-        self.log_bytes = if stats.more {
-            self.log_bytes.saturating_sub(stats.bytes)
-        } else {
-            0
-        };
+        stats.bytes = folded_bytes;
+        self.log_bytes = self.log_bytes.saturating_sub(folded_bytes);
+        debug_assert!(stats.more || self.log_bytes == 0, "every record folded");
+        if !stats.more {
+            self.log_bytes = 0;
+        }
         self.dedup_log
             .retain(|(s, _)| trimmed.binary_search(s).is_err());
         self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
@@ -298,20 +364,28 @@ pub(super) fn decode_bucket(key: (u64, i64), bytes: &[u8]) -> Result<BucketDoc, 
         .map_err(|e| redb::Error::Corrupted(format!("bucket document {key:?} is unreadable: {e}")))
 }
 
-/// The document of bucket `key` holding `summary`: `stored` with it, or a new one named from
-/// the `series_by_id` table.
+/// The document of bucket `key` holding `summary`: `stored` with it, or a new one named by
+/// `name_of` (the series' name for its id).
 pub(super) fn bucket_doc(
     stored: Option<BucketDoc>,
     summary: &Summary,
     (id, start): (u64, i64),
     width_secs: i64,
-    by_id: &impl ReadableTable<u64, &'static str>,
+    name_of: impl FnOnce(u64) -> Result<String, redb::Error>,
 ) -> Result<BucketDoc, redb::Error> {
     if let Some(doc) = stored {
         return Ok(doc.with_summary(summary));
     }
-    let name = by_id
+    Ok(BucketDoc::new(&name_of(id)?, start, width_secs, summary))
+}
+
+/// The name of series `id` in the `series_by_id` table.
+fn stored_name(
+    by_id: &impl ReadableTable<u64, &'static str>,
+    id: u64,
+) -> Result<String, redb::Error> {
+    by_id
         .get(id)?
-        .ok_or_else(|| redb::Error::Corrupted(format!("series id {id} has no name")))?;
-    Ok(BucketDoc::new(name.value(), start, width_secs, summary))
+        .map(|n| n.value().to_owned())
+        .ok_or_else(|| redb::Error::Corrupted(format!("series id {id} has no name")))
 }

@@ -50,6 +50,7 @@ mod faults;
 mod journal;
 mod log;
 mod outbox;
+mod pending;
 mod reader;
 mod retention;
 
@@ -242,6 +243,8 @@ pub struct Store {
     faults: Option<Arc<Faults>>,
     /// The outbox's state, shared with the forwarder.
     outbox: Arc<OutboxShared>,
+    /// Journaled commits not in redb yet (`store::pending`), shared with the readers.
+    pending: pending::SharedPending,
 }
 
 type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
@@ -295,6 +298,7 @@ impl Store {
             #[cfg(any(test, feature = "fault-injection"))]
             faults: None,
             outbox: Arc::new(OutboxShared::default()),
+            pending: pending::SharedPending::default(),
         }
     }
 
@@ -326,6 +330,8 @@ impl Store {
                 other => other,
             })?;
         self.db = Some(Arc::new(db));
+        // The journal's replay below brings back what was pending, into the `log` table.
+        pending::clear(&self.pending);
         let corrupt = |source| StoreOpenError::Corrupt {
             path: path.clone(),
             source,
@@ -418,9 +424,12 @@ impl Store {
         Ok(tx)
     }
 
-    /// After a durable transaction committed: the file holds every commit, so the journal
-    /// starts over.
+    /// After a durable transaction committed: once the file holds every commit (none is
+    /// pending), the journal starts over.
     fn durable_committed(&mut self) {
+        if !pending::now(&self.pending).is_empty() {
+            return;
+        }
         if let Some(j) = &mut self.journal {
             j.start_over();
         }
@@ -430,6 +439,11 @@ impl Store {
     /// holds any), so that the file alone holds everything: at shutdown, before the file is
     /// read by `bucketd export` or copied.
     pub fn sync_file(&mut self) -> Result<(), CommitError> {
+        if !pending::now(&self.pending).is_empty() {
+            // Folded: the file then holds them, and the journal starts over.
+            self.checkpoint()?;
+            return Ok(());
+        }
         if self.journal.as_ref().is_none_or(|j| j.used() == 0) {
             return Ok(());
         }
@@ -487,6 +501,13 @@ impl Store {
             let (key, value) = entry?;
             let fps = crate::dedup::decode(value.value()).ok_or_else(|| {
                 redb::Error::Corrupted(format!("dedup entry {} is unreadable", key.value()))
+            })?;
+            out.extend(fps);
+        }
+        // Then the pending commits' (the writer alone changes the list: no fold between).
+        for commit in pending::now(&self.pending).iter() {
+            let fps = crate::dedup::decode(&commit.fingerprints).ok_or_else(|| {
+                redb::Error::Corrupted(format!("dedup entry {} is unreadable", commit.seq))
             })?;
             out.extend(fps);
         }
@@ -605,7 +626,7 @@ impl Store {
 
     /// A reader over this open database, for queries while the daemon runs.
     pub fn reader(&self) -> StoreReader {
-        StoreReader::shared(self.shared.clone())
+        StoreReader::shared(self.shared.clone(), self.pending.clone())
     }
 
     /// Names of every stored series.
@@ -630,18 +651,43 @@ impl Store {
 
     /// Appends the batch to the commit log: its per-bucket deltas and raw readings as one
     /// record, and its message fingerprints, under the next commit sequence number. Durable
-    /// through the journal (one record, synced) with a non-durable redb transaction beside it,
-    /// or without a journal (or when the record does not fit in it) as one durable redb
-    /// transaction. When this returns `Ok`, the batch survives a power cut and every reader sees
-    /// it; [`Store::checkpoint`] later folds it into the bucket documents. After an error,
-    /// [`Store::reopen`] and compare [`Store::next_seq`] to learn whether it landed.
+    /// through the journal (one record, synced), after which the commit waits in memory
+    /// (`store::pending`) for a checkpoint to fold it: redb is not written at all, unless an
+    /// outbox entry goes with it (a non-durable transaction of the outbox alone). Without a
+    /// journal, or when the record does not fit in what is left of it (after folding what is
+    /// pending, so that it may start over), as one durable redb transaction. When this returns
+    /// `Ok`, the batch survives a power cut and every reader sees it; [`Store::checkpoint`]
+    /// later folds it into the bucket documents. After an error, [`Store::reopen`] and compare
+    /// [`Store::next_seq`] to learn whether it landed.
     pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, CommitError> {
-        let mut stats = CommitStats::default();
-        if batch.is_empty() {
+        if let Some(stats) = self.commit_once(batch, true)? {
             return Ok(stats);
         }
+        // The journal is full of pending commits: fold them, and it starts over.
+        self.checkpoint()?;
+        Ok(self
+            .commit_once(batch, false)?
+            .expect("a commit that may not wait is made"))
+    }
+
+    /// [`Store::commit`], once: `None` (nothing written) when the record does not fit in the
+    /// journal while commits are pending and `may_wait`.
+    fn commit_once(
+        &mut self,
+        batch: &Batch,
+        may_wait: bool,
+    ) -> Result<Option<CommitStats>, CommitError> {
+        let mut stats = CommitStats::default();
+        if batch.is_empty() {
+            return Ok(Some(stats));
+        }
         let seq = self.next_seq;
-        let mut tx = self.open_db()?.begin_write()?;
+        let outbox_on = self.settings.outbox_max_entries > 0;
+        let mut tx = if outbox_on {
+            Some(self.open_db()?.begin_write()?)
+        } else {
+            None
+        };
         // Series first seen in this batch; joined to `self.series` only once the commit holds.
         let mut new_series: HashMap<Arc<str>, u64> = HashMap::new();
         let mut new_in_order: Vec<(u64, Arc<str>)> = Vec::new();
@@ -676,64 +722,101 @@ impl Store {
             crate::commitlog::encode(&entries, params, &mut record);
             stats.buckets_written = entries.len();
         }
-        let applied: Vec<(&str, Vec<u8>)> = batch
+        let applied: Vec<(String, Vec<u8>)> = batch
             .applied
             .iter()
-            .map(|(gateway, at)| (gateway.as_str(), at.encode()))
+            .map(|(gateway, at)| (gateway.clone(), at.encode()))
             .collect();
-        let (outbox_write, gate) = if self.settings.outbox_max_entries > 0 {
-            let (w, gate) = outbox::plan(
-                &tx,
-                &self.outbox,
-                self.settings.outbox_max_entries,
-                seq,
-                batch,
-                self.settings.bucket_width_secs,
-            )?;
-            (Some(w), gate)
-        } else {
-            (None, None)
+        let (outbox_write, gate) = match &tx {
+            Some(tx) => {
+                let (w, gate) = outbox::plan(
+                    tx,
+                    &self.outbox,
+                    self.settings.outbox_max_entries,
+                    seq,
+                    batch,
+                    self.settings.bucket_width_secs,
+                )?;
+                (Some(w), gate)
+            }
+            None => (None, None),
         };
         let redo = Redo {
             series: new_in_order.iter().map(|(id, n)| (*id, &**n)).collect(),
             log: &record,
             fingerprints: &fingerprints,
-            applied: applied.iter().map(|(g, at)| (*g, at.as_slice())).collect(),
+            applied: applied
+                .iter()
+                .map(|(g, at)| (g.as_str(), at.as_slice()))
+                .collect(),
             outbox: outbox_write.as_ref().map(|w| journal::OutboxRedo {
                 trim_below: w.trim_below,
                 key: w.key,
                 doc: &w.doc,
             }),
         };
-        // The writes first (nobody sees them before the commit), so that little is left to do
-        // between the journal's sync and the acknowledgements.
-        apply_redo(&tx, seq, &redo)?;
-        if let Some(w) = &outbox_write {
-            outbox::note(&tx, &self.outbox, w.key)?;
-        }
         // Acknowledgements wait for this commit, so it must be durable: in the journal, or
         // else in redb itself.
         let journaled = match &mut self.journal {
             Some(j) => j.append(seq, &redo).map_err(CommitError::Journal)?,
             None => false,
         };
+        let pending = !pending::now(&self.pending).is_empty();
+        if !journaled && pending && may_wait {
+            // The journal is full of pending commits: the caller folds them first. Nothing
+            // was written.
+            self.record_buf = record;
+            return Ok(None);
+        }
         if journaled {
-            tx.set_durability(redb::Durability::None)?;
+            // Only the outbox goes to redb now, non-durably (the journal holds it too).
+            if let (Some(tx), Some(o)) = (tx.take(), &redo.outbox) {
+                let mut tx = tx;
+                apply_outbox(&tx, o)?;
+                if let Some(w) = &outbox_write {
+                    outbox::note(&tx, &self.outbox, w.key)?;
+                }
+                tx.set_durability(redb::Durability::None)?;
+                tx.commit()?;
+            }
         } else {
+            debug_assert!(
+                !pending,
+                "pending commits are folded before a durable commit"
+            );
+            let mut tx = match tx.take() {
+                Some(tx) => tx,
+                None => self.open_db()?.begin_write()?,
+            };
+            apply_redo(&tx, seq, &redo)?;
+            if let Some(w) = &outbox_write {
+                outbox::note(&tx, &self.outbox, w.key)?;
+            }
             tx.set_durability(redb::Durability::Immediate)?;
             tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
             tx.set_quick_repair(self.settings.quick_repair);
+            tx.commit()?;
         }
         drop(redo);
-        tx.commit()?;
         drop(gate);
-        if !journaled {
-            self.durable_committed();
-        }
         stats.series_created = new_series.len();
         stats.log_bytes = record.len() + fingerprints.len();
+        self.log_bytes = self.log_bytes.saturating_add(record.len() as u64);
+        if journaled {
+            pending::push(
+                &self.pending,
+                pending::PendingCommit {
+                    seq,
+                    record: record.clone(),
+                    fingerprints,
+                    series: new_in_order,
+                    applied,
+                },
+            );
+        } else {
+            self.durable_committed();
+        }
         self.record_buf = record;
-        self.log_bytes = self.log_bytes.saturating_add(stats.log_bytes as u64);
         self.next_series_id += new_series.len() as u64;
         if !self.forgotten.is_empty() {
             // Back in the file: the ingest side must keep counting it.
@@ -743,20 +826,23 @@ impl Store {
         self.dedup_log.push_back((seq, batch.fingerprints.len()));
         self.dedup_total += batch.fingerprints.len();
         self.next_seq = seq + 1;
-        Ok(stats)
+        Ok(Some(stats))
     }
 
     /// The dedup entries a checkpoint deletes, in key order: the oldest ones whose
-    /// fingerprints all fall out of the window, and empty ones; never the last entry (its key
-    /// gives [`Store::next_seq`]).
-    fn dedup_trim(&self) -> Vec<u64> {
+    /// fingerprints all fall out of the window, and empty ones, among the entries the file
+    /// will hold (those below `below`: pending commits not folded by the checkpoint are not in
+    /// it; `None`: all); never the last of those (its key gives [`Store::next_seq`] at the next
+    /// open, and tells readers which pending commits the file holds).
+    fn dedup_trim(&self, below: Option<u64>) -> Vec<u64> {
         let window = self.settings.dedup_window;
         let mut total = self.dedup_total;
-        let last = self.dedup_log.back().map(|e| e.0);
+        let held = |seq: u64| below.is_none_or(|b| seq < b);
+        let last = self.dedup_log.iter().rev().map(|e| e.0).find(|s| held(*s));
         let mut out = Vec::new();
         let mut oldest = true;
         for &(seq, n) in &self.dedup_log {
-            if Some(seq) == last {
+            if Some(seq) == last || !held(seq) {
                 break;
             }
             if oldest && total - n >= window {
@@ -881,12 +967,21 @@ fn apply_redo(tx: &redb::WriteTransaction, seq: u64, redo: &Redo<'_>) -> Result<
         }
     }
     if let Some(o) = &redo.outbox {
-        let mut table = tx.open_table(outbox::OUTBOX)?;
-        if o.trim_below > 0 {
-            table.retain_in(..o.trim_below, |_, _| false)?;
-        }
-        table.insert(o.key, o.doc)?;
+        apply_outbox(tx, o)?;
     }
+    Ok(())
+}
+
+/// Writes one commit's outbox entry into `tx` (see [`apply_redo`]).
+fn apply_outbox(
+    tx: &redb::WriteTransaction,
+    o: &journal::OutboxRedo<'_>,
+) -> Result<(), CommitError> {
+    let mut table = tx.open_table(outbox::OUTBOX)?;
+    if o.trim_below > 0 {
+        table.retain_in(..o.trim_below, |_, _| false)?;
+    }
+    table.insert(o.key, o.doc)?;
     Ok(())
 }
 
