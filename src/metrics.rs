@@ -43,6 +43,7 @@ pub const DUPLICATES: &str = "bucketd_duplicates_total";
 pub const HTTP_UNAUTHORIZED: &str = "bucketd_http_unauthorized_total";
 pub const HTTP_CONNECTIONS_REFUSED: &str = "bucketd_http_connections_refused_total";
 pub const COMMIT_ERRORS: &str = "bucketd_commit_errors_total";
+pub const CHECKPOINT_ERRORS: &str = "bucketd_checkpoint_errors_total";
 pub const STORE_WRITABLE: &str = "bucketd_store_writable";
 pub const DISK_WRITTEN: &str = "bucketd_disk_written_bytes_total";
 pub const UPSTREAM_ENTRIES: &str = "bucketd_upstream_forwarded_entries_total";
@@ -247,6 +248,11 @@ fn describe(process: &metrics_process::Collector) {
         "Commits that failed (disk full, I/O error); the batch is retried, nothing is acknowledged meanwhile."
     );
     describe_counter!(
+        CHECKPOINT_ERRORS,
+        Unit::Count,
+        "Checkpoints that failed (disk full, I/O error); tried again after a backoff, the commits waiting stay in the journal and in memory."
+    );
+    describe_counter!(
         DISK_WRITTEN,
         Unit::Bytes,
         "Bytes this process caused to be written to storage (/proc/self/io write_bytes): what wears the SD card."
@@ -325,6 +331,7 @@ fn copy_stats(stats: &Stats) {
     counter!(MQTT_CONNECTION_ERRORS).absolute(Stats::get(&stats.connection_errors));
     counter!(DUPLICATES).absolute(Stats::get(&stats.duplicates));
     counter!(COMMIT_ERRORS).absolute(Stats::get(&stats.commit_errors));
+    counter!(CHECKPOINT_ERRORS).absolute(Stats::get(&stats.checkpoint_errors));
     counter!(HTTP_UNAUTHORIZED).absolute(Stats::get(&stats.http_unauthorized));
     counter!(HTTP_CONNECTIONS_REFUSED).absolute(Stats::get(&stats.http_connections_refused));
     let failing = stats

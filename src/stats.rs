@@ -56,6 +56,8 @@ pub struct Stats {
     pub duplicates: AtomicU64,
     /// Commits that failed (and were retried after reopening the file).
     pub commit_errors: AtomicU64,
+    /// Checkpoints that failed (and were tried again after a backoff).
+    pub checkpoint_errors: AtomicU64,
     /// HTTP requests refused for a missing or wrong bearer token.
     pub http_unauthorized: AtomicU64,
     /// HTTP connections closed on arrival because `http.max_connections` were open.

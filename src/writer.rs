@@ -87,21 +87,33 @@ pub fn spawn(
             let mut next_checkpoint = Instant::now() + checkpoint.interval;
             // A checkpoint is part-way: fold the next part as soon as no batch waits.
             let mut folding = false;
+            // After a checkpoint failed: no trigger starts another before then.
+            let mut backoff = Backoff::default();
             stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
             loop {
-                if folding
+                let due = folding
                     || Instant::now() >= next_checkpoint
-                    || store.log_bytes() >= checkpoint.bytes
-                {
+                    || store.log_bytes() >= checkpoint.bytes;
+                if due && backoff.allows(Instant::now()) {
                     // A failed part changes nothing (one transaction): the log stays, reads
-                    // still include it, and the next try comes an interval later.
-                    folding = run_checkpoint(&mut store, &stats, &metrics);
-                    if !folding {
-                        next_checkpoint = Instant::now() + checkpoint.interval;
+                    // still include it, and the next try waits (every trigger alike).
+                    match run_checkpoint(&mut store, &stats, &metrics) {
+                        Fold::More => folding = true,
+                        Fold::Done => {
+                            folding = false;
+                            backoff = Backoff::default();
+                            next_checkpoint = Instant::now() + checkpoint.interval;
+                        }
+                        Fold::Failed => {
+                            folding = false;
+                            backoff.failed(Instant::now(), checkpoint.interval);
+                            next_checkpoint = Instant::now() + checkpoint.interval;
+                        }
+                        Fold::Damaged => break,
                     }
                 }
                 let (journal_used, journal_room) = store.journal_use();
-                if journal_used > 0 && journal_used >= journal_room / 4 * 3 {
+                if journal_used > 0 && journal_used >= journal_room / 4 * 3 && backoff.allows(Instant::now()) {
                     if store.log_bytes() > 0 {
                         // What the journal holds is pending: fold it, part by part, and the
                         // journal starts over once none is left.
@@ -116,7 +128,7 @@ pub fn spawn(
                     Duration::ZERO
                 } else {
                     next_pass
-                        .min(next_checkpoint)
+                        .min(next_checkpoint.max(backoff.until()))
                         .saturating_duration_since(Instant::now())
                 };
                 let batch = match batch_rx.recv_timeout(wait) {
@@ -128,9 +140,22 @@ pub fn spawn(
                         // Retention after a checkpoint: a bucket it deletes cannot come back
                         // from a log entry folded later. The log is folded in parts first,
                         // with batches between them, and the pass waits until it is.
-                        folding = run_checkpoint(&mut store, &stats, &metrics);
-                        if folding {
+                        if !backoff.allows(Instant::now()) {
+                            next_pass = backoff.until();
                             continue;
+                        }
+                        match run_checkpoint(&mut store, &stats, &metrics) {
+                            Fold::More => {
+                                folding = true;
+                                continue;
+                            }
+                            Fold::Done => backoff = Backoff::default(),
+                            Fold::Failed => {
+                                backoff.failed(Instant::now(), checkpoint.interval);
+                                next_pass = backoff.until();
+                                continue;
+                            }
+                            Fold::Damaged => break,
                         }
                         next_checkpoint = Instant::now() + checkpoint.interval;
                         next_pass = match expire(&mut store, &stats, retention) {
@@ -210,18 +235,13 @@ fn commit_retrying(
 ) -> Result<CommitStats, CommitError> {
     let mut delay = RETRY_DELAY_MIN;
     let mut attempt = 1u32;
+    // The batch's sequence number: a commit that did not land leaves it the next one.
+    let seq = store.next_seq();
+    let mut err = match retryable(store.commit(batch))? {
+        Ok(s) => return Ok(s),
+        Err(e) => e,
+    };
     loop {
-        let seq = store.next_seq();
-        let err = match store.commit(batch) {
-            Ok(s) => {
-                if stats.store_failing.swap(false, Ordering::Relaxed) {
-                    info!(attempt, "Commit succeeded again; the store is writable.");
-                }
-                return Ok(s);
-            }
-            Err(e @ (CommitError::Redb(_) | CommitError::Closed | CommitError::Journal(_))) => e,
-            Err(e) => return Err(e),
-        };
         stats.commit_errors.fetch_add(1, Ordering::Relaxed);
         let first = !stats.store_failing.swap(true, Ordering::Relaxed);
         if first {
@@ -248,11 +268,41 @@ fn commit_retrying(
             }
         }
         attempt += 1;
-        if store.next_seq() > seq {
-            info!("The failed commit had reached the disk after all; not applying it twice.");
-            stats.store_failing.store(false, Ordering::Relaxed);
-            return Ok(CommitStats::default());
+        let outcome = if store.next_seq() > seq {
+            // The file shows it, but perhaps from the page cache alone: it is acknowledged
+            // only once its writes are durable (applied again, or by the journal's replay).
+            retryable(store.confirm_landed().map(|()| CommitStats::default()))?.inspect(|_| {
+                info!(
+                    "The failed commit is in the file after all, and now durable; not applying \
+                     it twice."
+                );
+            })
+        } else {
+            retryable(store.commit(batch))?
+        };
+        match outcome {
+            Ok(s) => {
+                info!(attempt, "Commit succeeded again; the store is writable.");
+                stats.store_failing.store(false, Ordering::Relaxed);
+                return Ok(s);
+            }
+            Err(e) => err = e,
         }
+    }
+}
+
+/// A commit's outcome, with the errors a retry after reopening may fix (a full disk, an I/O
+/// error) inside and the others (damage) out.
+fn retryable(
+    result: Result<CommitStats, CommitError>,
+) -> Result<Result<CommitStats, CommitError>, CommitError> {
+    match result {
+        Ok(s) => Ok(Ok(s)),
+        Err(e) if is_damage(&e) => Err(e),
+        Err(e @ (CommitError::Redb(_) | CommitError::Closed | CommitError::Journal(_))) => {
+            Ok(Err(e))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -272,12 +322,65 @@ fn sleep_unless_cancelled(d: Duration, cancel: &CancellationToken) -> bool {
     }
 }
 
+/// What a checkpoint part came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fold {
+    /// Nothing is left to fold.
+    Done,
+    /// More is left (the part's time ran out).
+    More,
+    /// It failed and changed nothing (an I/O error: a full disk, a failing card): tried again
+    /// after a [`Backoff`].
+    Failed,
+    /// A stored document or record cannot be read: no later try can fold past it. The writer
+    /// stops (the daemon exits 1, with the damaged key in the log), rather than keep everything
+    /// it cannot fold in memory and retry for ever.
+    Damaged,
+}
+
+/// Waits between failed checkpoints: from 1 s, doubling, up to the checkpoint interval. Every
+/// trigger (interval, bytes, a full journal, retention) waits alike: a checkpoint that keeps
+/// failing was tried before every batch before.
+#[derive(Debug, Default, Clone, Copy)]
+struct Backoff {
+    until: Option<Instant>,
+    delay: Duration,
+}
+
+impl Backoff {
+    fn allows(&self, now: Instant) -> bool {
+        self.until.is_none_or(|t| now >= t)
+    }
+
+    fn until(&self) -> Instant {
+        self.until.unwrap_or_else(Instant::now)
+    }
+
+    fn failed(&mut self, now: Instant, most: Duration) {
+        self.delay =
+            (self.delay * 2).clamp(Duration::from_secs(1), most.max(Duration::from_secs(1)));
+        self.until = Some(now + self.delay);
+    }
+}
+
+/// Whether a store error is damage to what is stored (an unreadable document, page or record),
+/// which no retry fixes, rather than a failing disk.
+fn is_damage(e: &CommitError) -> bool {
+    matches!(
+        e,
+        CommitError::Decode { .. }
+            | CommitError::Page { .. }
+            | CommitError::Outbox { .. }
+            | CommitError::Redb(redb::Error::Corrupted(_))
+    )
+}
+
 /// Folds a part of the commit log (`limits::CHECKPOINT_PART_TIME` of work) into the bucket documents,
-/// if it holds anything, and returns whether more is left. A failure is logged and changes
-/// nothing; a failing store shows up in the next commit, which reopens it.
-fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> bool {
+/// if it holds anything (see [`Fold`]). A failure changes nothing; a failing store shows up in
+/// the next commit too, which reopens it.
+fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> Fold {
     if store.log_bytes() == 0 {
-        return false;
+        return Fold::Done;
     }
     tracing::debug!(log_bytes = store.log_bytes(), "Checkpoint starting.");
     let started = Instant::now();
@@ -300,15 +403,29 @@ fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> bool {
                 more = c.more,
                 "Checkpoint: folded the commit log into the bucket documents."
             );
-            c.more
+            if c.more { Fold::More } else { Fold::Done }
+        }
+        Err(e) if is_damage(&e) => {
+            error!(
+                error = %e,
+                path = %store.path().display(),
+                "The database file is damaged: a checkpoint cannot fold the commits past this \
+                 key, so bucketd stops rather than hold them in memory for ever. Every \
+                 acknowledged reading is in the file or its journal. Stop the service, keep a \
+                 copy of both files, and restore the database file from a backup (or move both \
+                 aside to start a new one); `bucketd export --db FILE` reads what is undamaged."
+            );
+            Fold::Damaged
         }
         Err(e) => {
+            stats.checkpoint_errors.fetch_add(1, Ordering::Relaxed);
             warn!(
                 error = %e,
                 log_bytes = store.log_bytes(),
-                "Checkpoint failed; the commit log stays (reads include it). Retrying later."
+                "Checkpoint failed; the commit log stays (reads include it). Retrying later; if \
+                 the disk is full, free space on it."
             );
-            false
+            Fold::Failed
         }
     }
 }
@@ -353,7 +470,190 @@ fn expire(store: &mut Store, stats: &Stats, r: Retention) -> Result<bool, Commit
 mod tests {
     use super::*;
     use crate::config::{Checkpoint, Durability};
-    use crate::store::StoreSettings;
+    use crate::store::{Faults, StoreSettings};
+
+    fn settings(path: &std::path::Path) -> StoreSettings {
+        StoreSettings {
+            path: path.to_owned(),
+            bucket_width_secs: 3600,
+            durability: Durability::Immediate,
+            quick_repair: true,
+            cache_bytes: 1 << 20,
+            page_capacity: 1000,
+            dedup_window: 64,
+            outbox_max_entries: 0,
+            journal_bytes: 8 << 20,
+        }
+    }
+
+    fn one_reading(series: &str, secs: i64) -> Batch {
+        let mut b = crate::batcher::Batcher::by_hand();
+        b.push_reading(
+            Arc::from(series),
+            Timestamp::from_secs(secs),
+            1.0,
+            true,
+            Instant::now(),
+        );
+        b.take().0
+    }
+
+    /// A writer that checkpoints whenever anything is logged (1 byte), retention never.
+    fn eager(store: Store, stats: Arc<Stats>) -> (Writer, std::thread::JoinHandle<Store>) {
+        spawn(
+            store,
+            stats,
+            Arc::new(Metrics::new()),
+            Upkeep {
+                checkpoint: Checkpoint {
+                    interval: Duration::from_hours(1),
+                    bytes: 1,
+                },
+                retention: Retention {
+                    raw: Duration::from_hours(24 * 365 * 100),
+                    buckets: Duration::from_hours(24 * 365 * 100),
+                    interval: Duration::from_hours(1),
+                    batch: 1000,
+                },
+            },
+            CancellationToken::new(),
+        )
+    }
+
+    /// Issue 42: after a failed fsync, the commit was taken for landed when the reopened file
+    /// showed it, although that came from the page cache (Linux keeps a failed fsync's pages,
+    /// marked clean: they may never reach the disk). Now such a commit is applied again in a
+    /// transaction that commits durably before it counts: after the power fails, the file
+    /// still holds it. Without a journal (every commit a durable redb transaction), both
+    /// durability settings.
+    #[test]
+    fn a_commit_whose_fsync_failed_counts_only_once_it_is_durable() {
+        // The first sync of the commit failing leaves it out of the file; the second (after
+        // redb wrote its header) leaves it in the page cache only: both are covered. (Without
+        // the re-application, the file did not even open after the power cut.)
+        for (durability, skip, quick_repair) in [
+            (Durability::Immediate, 0, true),
+            (Durability::Immediate, 1, true),
+            (Durability::TwoPhase, 0, true),
+            (Durability::TwoPhase, 1, true),
+            // Without quick repair, a one-phase commit syncs once.
+            (Durability::Immediate, 0, false),
+            (Durability::TwoPhase, 0, false),
+            (Durability::TwoPhase, 1, false),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = StoreSettings {
+                journal_bytes: 0,
+                durability,
+                quick_repair,
+                ..settings(&dir.path().join("f.redb"))
+            };
+            let faults = Arc::new(Faults::default());
+            let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+            store.commit(&one_reading("a/t", 100)).unwrap();
+            // Writes wait in the (simulated) page cache; the next fsync fails.
+            faults.arm_power_cut(u64::MAX, crate::store::Cut::Nothing);
+            faults.fail_sync_after(skip);
+            let stats = Stats::new(0);
+            commit_retrying(
+                &mut store,
+                &one_reading("a/t", 200),
+                &stats,
+                &CancellationToken::new(),
+            )
+            .expect("committed after the retry");
+            assert_eq!(
+                Stats::get(&stats.commit_errors),
+                1,
+                "{durability:?}, sync {skip}, quick repair {quick_repair}"
+            );
+            // The power fails: what only the page cache held is gone.
+            faults.arm_power_cut(1, crate::store::Cut::Nothing);
+            let _ = store.commit(&one_reading("a/t", 300));
+            drop(store);
+            let store = Store::open(&s).unwrap();
+            let docs = store.reader().buckets(Some("a/t"), 0, 3600).unwrap();
+            assert_eq!(
+                docs.iter().map(|d| d.count).sum::<i64>(),
+                2,
+                "{durability:?}, sync {skip}: the acknowledged commits, once each"
+            );
+        }
+    }
+
+    /// Issue 42: a checkpoint that kept failing was tried again before every batch (the bytes
+    /// trigger stays met), for ever. A failed checkpoint (here: the database file refuses every
+    /// write while the journal takes the commits) is tried again only after a backoff, whatever
+    /// the trigger, and the commits go on.
+    #[test]
+    fn a_failing_checkpoint_backs_off_while_commits_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Arc::new(Faults::default());
+        let store =
+            Store::open_with_faults(&settings(&dir.path().join("b.redb")), Some(faults.clone()))
+                .unwrap();
+        faults
+            .fail_db_writes
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let stats = Arc::new(Stats::new(0));
+        let (mut writer, thread) = eager(store, stats.clone());
+        let started = Instant::now();
+        for i in 0..50 {
+            writer.batches.send(one_reading("a/t", 1000 + i)).unwrap();
+            let result = writer.results.blocking_recv().expect("a result per batch");
+            assert!(result.is_ok(), "commits go on through the journal");
+        }
+        let attempts = Stats::get(&stats.checkpoint_errors);
+        assert!(attempts >= 1, "the checkpoint failed");
+        let elapsed = started.elapsed();
+        drop(writer);
+        faults
+            .fail_db_writes
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let store = thread.join().unwrap();
+        // From 1 s, doubling: at most a try a second (plus the first), not one per batch.
+        let most = 2 + elapsed.as_secs();
+        assert!(
+            attempts <= most,
+            "{attempts} failed tries in {elapsed:?} for 50 batches"
+        );
+        // Nothing lost: the next open applies the journal.
+        drop(store);
+        let store = Store::open(&settings(&dir.path().join("b.redb"))).unwrap();
+        let docs = store.reader().buckets(Some("a/t"), 0, 3600).unwrap();
+        assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), 50);
+    }
+
+    /// Issue 42: a damaged document made every checkpoint fail, retried for ever, while the
+    /// log grew without bound. The writer stops at the first such failure, with the damaged key
+    /// in its log line, and hands the store back (the daemon then exits 1).
+    #[test]
+    fn a_damaged_document_stops_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&settings(&dir.path().join("d.redb"))).unwrap();
+        store.commit(&one_reading("a/t", 100)).unwrap();
+        store.checkpoint().unwrap();
+        store.damage_bucket("a/t", 0);
+        let stats = Arc::new(Stats::new(0));
+        let (mut writer, thread) = eager(store, stats);
+        writer.batches.send(one_reading("a/t", 200)).unwrap();
+        assert!(writer.results.blocking_recv().unwrap().is_ok());
+        // The next round's checkpoint meets the damage: the writer ends by itself.
+        let deadline = Instant::now() + Duration::from_mins(1);
+        while !thread.is_finished() {
+            assert!(Instant::now() < deadline, "the writer goes on");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            writer.results.blocking_recv().is_none(),
+            "no more results: the writer has stopped"
+        );
+        let store = thread.join().unwrap();
+        assert!(
+            store.log_bytes() > 0,
+            "what it could not fold stays in the journal"
+        );
+    }
 
     /// The writer folds a log far larger than one part (50 ms of work) to the end, whether the
     /// checkpoint interval or the retention pass comes first, and the log gauge follows it to 0:

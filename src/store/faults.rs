@@ -13,6 +13,9 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct Faults {
     pub fail_writes: std::sync::atomic::AtomicBool,
+    /// Like `fail_writes`, for the database file only: the journal goes on (commits succeed,
+    /// checkpoints fail).
+    pub fail_db_writes: std::sync::atomic::AtomicBool,
     pub sync_delay_micros: std::sync::atomic::AtomicU64,
     /// Failed writes, resizes and syncs so far.
     pub failed: std::sync::atomic::AtomicU64,
@@ -51,6 +54,11 @@ const SECTOR_BYTES: usize = 512;
 struct Power {
     armed: Option<(u64, Cut)>,
     cache: Vec<(Target, u64, Vec<u8>)>,
+    /// Writes whose sync failed: still read back (the page cache keeps them, marked clean, as
+    /// Linux does after a failed fsync) but never written by a later sync; gone at a power cut.
+    ghosts: Vec<(Target, u64, Vec<u8>)>,
+    /// A sync fails with EIO, and its writes become ghosts: the one after this many more.
+    fail_sync_after: Option<u32>,
     off: bool,
     /// Handles on the two files, for writing what a cut leaves.
     files: [Option<Arc<File>>; 2],
@@ -78,6 +86,7 @@ impl Power {
             return Ok(());
         }
         let cache = std::mem::take(&mut self.cache);
+        self.ghosts.clear();
         let cut = *cut;
         let (keep, torn, pages) = match cut {
             Cut::Nothing => (0, None, None),
@@ -164,7 +173,7 @@ impl Power {
     /// Unsynced writes of `target` over `out`, read from `offset`, in the order they were made.
     fn overlay(&self, target: Target, offset: u64, out: &mut [u8]) {
         let end = offset + out.len() as u64;
-        for (t, at, data) in &self.cache {
+        for (t, at, data) in self.ghosts.iter().chain(&self.cache) {
             if *t != target {
                 continue;
             }
@@ -191,6 +200,25 @@ impl Power {
     fn sync(&mut self, target: Target) -> std::io::Result<()> {
         if self.armed.is_some() {
             self.tick()?;
+            let fails = match &mut self.fail_sync_after {
+                Some(0) => {
+                    self.fail_sync_after = None;
+                    true
+                }
+                Some(n) => {
+                    *n -= 1;
+                    false
+                }
+                None => false,
+            };
+            if fails {
+                let cache = std::mem::take(&mut self.cache);
+                let (mine, others): (Vec<_>, Vec<_>) =
+                    cache.into_iter().partition(|e| e.0 == target);
+                self.cache = others;
+                self.ghosts.extend(mine);
+                return Err(std::io::Error::from_raw_os_error(5)); // EIO
+            }
             self.flush(target)?;
         }
         Ok(())
@@ -203,7 +231,15 @@ impl Faults {
         let mut power = self.power.lock().expect("not poisoned");
         power.armed = Some((ops.max(1), cut));
         power.cache.clear();
+        power.ghosts.clear();
         power.off = false;
+    }
+
+    /// The sync after `skip` more (with a power cut armed, so that writes wait in the page
+    /// cache) fails with EIO; its writes stay readable but never reach the disk (see
+    /// `Power::ghosts`).
+    pub fn fail_sync_after(&self, skip: u32) {
+        self.power.lock().expect("not poisoned").fail_sync_after = Some(skip);
     }
 
     /// Whether the armed power cut has happened.
@@ -232,10 +268,20 @@ impl Faults {
         Ok(())
     }
 
+    /// [`Faults::check`], and for the database file `fail_db_writes`.
+    fn check_for(&self, target: Target) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if target == Target::Db && self.fail_db_writes.load(Relaxed) {
+            self.failed.fetch_add(1, Relaxed);
+            return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+        }
+        self.check()
+    }
+
     /// A sync of `target`: the full-disk fault, the slow-sync delay, then the power supply.
     fn sync(&self, target: Target) -> std::io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
-        self.check()?;
+        self.check_for(target)?;
         let delay = self.sync_delay_micros.load(Relaxed);
         if delay > 0 {
             std::thread::sleep(std::time::Duration::from_micros(delay));
@@ -246,7 +292,7 @@ impl Faults {
     /// A write of `target`: the full-disk fault, then the power supply. `true` when the write
     /// stays in the simulated page cache (the caller must not write it).
     fn write(&self, target: Target, offset: u64, data: &[u8]) -> std::io::Result<bool> {
-        self.check()?;
+        self.check_for(target)?;
         self.power
             .lock()
             .expect("not poisoned")
@@ -270,7 +316,7 @@ impl redb::StorageBackend for FaultyBackend {
         Ok(())
     }
     fn set_len(&self, len: u64) -> std::io::Result<()> {
-        self.faults.check()?;
+        self.faults.check_for(Target::Db)?;
         if self.faults.power.lock().expect("not poisoned").off {
             return Err(power_off());
         }

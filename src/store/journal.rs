@@ -117,8 +117,10 @@ pub enum JournalError {
         expected: u64,
     },
     #[error(
-        "journal {path} is damaged (its header is unreadable); move it aside and start again \
-         (commits it held after the database's last checkpoint are lost)"
+        "journal {path} is damaged: its header is not a bucketd journal's (it is written only \
+         when the journal is made, so the disk changed it). It may still hold acknowledged \
+         commits the database lacks: keep a copy of it, then move it aside and start again; \
+         commits it held after the database's last checkpoint are then not applied"
     )]
     BadHeader { path: PathBuf },
     #[error(
@@ -140,9 +142,18 @@ fn io_advice(e: &io::Error) -> &'static str {
     match e.kind() {
         io::ErrorKind::StorageFull => {
             "the disk is full: free space on it, or make store.journal_size smaller (the journal \
-             is made at its full size at the first start)"
+             is made at its full size at the first start); the journal keeps every acknowledged \
+             commit, do not move it aside"
         }
-        _ => "check that the directory exists and is writable by this user",
+        io::ErrorKind::PermissionDenied
+        | io::ErrorKind::NotFound
+        | io::ErrorKind::ReadOnlyFilesystem => {
+            "check that the directory exists and is writable by this user"
+        }
+        _ => {
+            "the disk reported an error (a failing card?); the journal keeps every acknowledged \
+             commit: fix the disk and start again, keeping the journal"
+        }
     }
 }
 
@@ -181,9 +192,11 @@ impl Journal {
         let file = open_file(&path).map_err(io_err)?;
         let len = file.len().map_err(io_err)?;
         let mut header = [0u8; 40];
-        if len < HEADER_BYTES || file.read_at(0, &mut header).is_err() {
+        if len < HEADER_BYTES {
             return Err(JournalError::BadHeader { path });
         }
+        // An error reading it is the disk's, not damage to the journal.
+        file.read_at(0, &mut header).map_err(io_err)?;
         let (found, format) =
             parse_header(&header).ok_or_else(|| JournalError::BadHeader { path: path.clone() })?;
         if found != id {

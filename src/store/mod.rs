@@ -104,10 +104,7 @@ pub enum StoreOpenError {
     Locked { path: PathBuf },
     #[error("database file {path} does not exist")]
     Missing { path: PathBuf },
-    #[error(
-        "cannot open database file {path}: {source}; check that the directory exists and is \
-         writable by this user"
-    )]
+    #[error("cannot open database file {path}: {source}; {}", io_advice(.source))]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -149,6 +146,26 @@ pub enum StoreOpenError {
         journal: PathBuf,
         commits: usize,
     },
+}
+
+/// What an operator can do about an I/O error opening the file. Nothing about it is damaged:
+/// the file and its journal keep every acknowledged commit, and the next start goes on.
+fn io_advice(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::StorageFull => {
+            "the disk is full: free space on it and start bucketd again (the file and its \
+             journal keep every acknowledged commit; do not move them aside)"
+        }
+        std::io::ErrorKind::PermissionDenied
+        | std::io::ErrorKind::NotFound
+        | std::io::ErrorKind::ReadOnlyFilesystem => {
+            "check that the directory exists and is writable by this user"
+        }
+        _ => {
+            "the disk reported an error (a failing card?); nothing was discarded: fix the disk \
+             and start bucketd again, keeping the file and its journal"
+        }
+    }
 }
 
 /// A commit that failed; nothing of the batch is acknowledged. After an I/O error redb refuses
@@ -245,6 +262,10 @@ pub struct Store {
     outbox: Arc<OutboxShared>,
     /// Journaled commits not in redb yet (`store::pending`), shared with the readers.
     pending: pending::SharedPending,
+    /// The last commit made durable in redb itself (no journal), encoded as a journal record
+    /// would be, until its transaction has committed: if that failed, the file may show it
+    /// after a reopen from the page cache alone ([`Store::confirm_landed`]).
+    unconfirmed: Option<(u64, Vec<u8>)>,
 }
 
 type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
@@ -299,6 +320,7 @@ impl Store {
             faults: None,
             outbox: Arc::new(OutboxShared::default()),
             pending: pending::SharedPending::default(),
+            unconfirmed: None,
         }
     }
 
@@ -332,10 +354,7 @@ impl Store {
         self.db = Some(Arc::new(db));
         // The journal's replay below brings back what was pending, into the `log` table.
         pending::clear(&self.pending);
-        let corrupt = |source| StoreOpenError::Corrupt {
-            path: path.clone(),
-            source,
-        };
+        let corrupt = |source| failed_open(&path, source);
         let journal_id = self.init_meta().map_err(corrupt)??;
         self.open_journal(journal_id)?;
         let db = self.db.clone().expect("opened above");
@@ -377,10 +396,7 @@ impl Store {
             Ok(Box::new(journal::open_file(p)?))
         };
         let mut j = journal::Journal::open(path.clone(), id, wanted, open_file)?;
-        let corrupt = |source: redb::Error| StoreOpenError::Corrupt {
-            path: self.path.clone(),
-            source,
-        };
+        let corrupt = |source: redb::Error| failed_open(&self.path, source);
         let (next_seq, _) = read_dedup_log(self.db()).map_err(corrupt)?;
         let tx = self.durable_tx().map_err(|e| corrupt(commit_to_redb(e)))?;
         let applied = j.replay(next_seq, |seq, redo| {
@@ -638,6 +654,48 @@ impl Store {
         self.series.len()
     }
 
+    /// After a failed commit and [`Store::reopen`], when the file shows that commit (its
+    /// sequence number is below [`Store::next_seq`]): makes sure it is on the disk before it is
+    /// acknowledged. A failed fsync leaves the written pages in the page cache, marked clean:
+    /// the reopened file reads them back although they may never reach the disk. So the
+    /// commit's writes are applied again (puts of the same keys and values) in a transaction
+    /// that commits durably. A commit that went through the journal needs nothing: the open's
+    /// replay applied it in a durable transaction already. `Ok` once it is durable.
+    pub fn confirm_landed(&mut self) -> Result<(), CommitError> {
+        let Some((seq, bytes)) = self.unconfirmed.take() else {
+            return Ok(());
+        };
+        if seq >= self.next_seq {
+            return Ok(()); // It did not land; the caller commits it again.
+        }
+        let redo = Redo::parse(&bytes).ok_or_else(|| {
+            CommitError::Redb(redb::Error::Corrupted(
+                "the failed commit's own record is unreadable".into(),
+            ))
+        })?;
+        let tx = self.durable_tx()?;
+        apply_redo(&tx, seq, &redo)?;
+        if let Err(e) = tx.commit() {
+            self.unconfirmed = Some((seq, bytes));
+            return Err(e.into());
+        }
+        self.durable_committed();
+        Ok(())
+    }
+
+    /// Test seam: overwrites the stored document of bucket (`series`, `start`) with bytes no
+    /// reader can decode, durably: a damaged card, in one key.
+    #[cfg(test)]
+    pub(crate) fn damage_bucket(&mut self, series: &str, start: i64) {
+        let id = self.series[series];
+        let tx = self.durable_tx().unwrap();
+        tx.open_table(BUCKETS)
+            .unwrap()
+            .insert((id, start), b"\x05\x00\x00\x00\x42garbage".as_slice())
+            .unwrap();
+        tx.commit().unwrap();
+    }
+
     /// The series retention deleted since the last call (and no commit brought back), for the
     /// ingest side's [`crate::series::SeriesSet`] to forget.
     pub fn take_forgotten(&mut self) -> Vec<Arc<str>> {
@@ -795,7 +853,11 @@ impl Store {
             tx.set_durability(redb::Durability::Immediate)?;
             tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
             tx.set_quick_repair(self.settings.quick_repair);
+            let mut encoded = Vec::new();
+            redo.encode(&mut encoded);
+            self.unconfirmed = Some((seq, encoded));
             tx.commit()?;
+            self.unconfirmed = None;
         }
         drop(redo);
         drop(gate);
@@ -900,6 +962,21 @@ fn append_pages(
     Ok(i32::try_from(next).expect("fewer than 2^31 pages per bucket"))
 }
 
+/// What went wrong reading or writing an open file while opening it: an I/O error (a full disk
+/// while the tables are made or the journal replayed, a failing card) is one, never "damaged"
+/// (whose advice, to move the file aside, would throw away acknowledged data); anything else
+/// is damage.
+fn failed_open(path: &Path, e: redb::Error) -> StoreOpenError {
+    let path = path.to_owned();
+    match e {
+        redb::Error::Io(source) => StoreOpenError::Io { path, source },
+        other => StoreOpenError::Corrupt {
+            path,
+            source: other,
+        },
+    }
+}
+
 fn open_error(path: &Path, e: redb::DatabaseError) -> StoreOpenError {
     let path = path.to_owned();
     match e {
@@ -989,6 +1066,7 @@ fn apply_outbox(
 fn commit_to_redb(e: CommitError) -> redb::Error {
     match e {
         CommitError::Redb(e) => e,
+        CommitError::Journal(io) => redb::Error::Io(io),
         other => redb::Error::Corrupted(other.to_string()),
     }
 }

@@ -1798,3 +1798,44 @@ fn write_unclean_fixture() {
     assert!(store.checkpoint().is_err());
     drop(store);
 }
+
+/// Issue 42: a full disk while the tables were made, or while the journal was replayed, was
+/// reported as a damaged file ("move it aside and restart to begin a new one"): an operator who
+/// followed that threw away acknowledged data. It is an I/O error that says to free space, and
+/// once there is space the same file and journal open with everything.
+#[test]
+fn a_full_disk_at_open_is_an_io_error_that_keeps_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    // Making the tables of a new file.
+    let path = dir.path().join("new.redb");
+    let faults = Arc::new(Faults::default());
+    faults
+        .fail_writes
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let e = Store::open_with_faults(&settings(&path), Some(faults))
+        .err()
+        .expect("refused");
+    assert!(matches!(e, StoreOpenError::Io { .. }), "{e}");
+    let message = e.to_string();
+    assert!(message.contains("free space"), "{message}");
+    assert!(!message.contains("move it aside"), "{message}");
+    // Replaying a journal.
+    let path = dir.path().join("replay.redb");
+    let s = settings(&path);
+    commit_then_cut(&s, &[batch_with_fps(&[("a/t", 10, 1.0)], &[1])]);
+    let faults = Arc::new(Faults::default());
+    faults
+        .fail_writes
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let e = Store::open_with_faults(&s, Some(faults))
+        .err()
+        .expect("refused");
+    assert!(matches!(e, StoreOpenError::Io { .. }), "{e}");
+    assert!(e.to_string().contains("free space"), "{e}");
+    let store = Store::open(&s).unwrap();
+    assert_eq!(store.next_seq(), 1);
+    assert_eq!(
+        totals_of(&store.reader()),
+        [(("a/t".to_owned(), 0), (1, 1.0))].into()
+    );
+}
