@@ -683,6 +683,19 @@ impl Store {
         Ok(())
     }
 
+    /// Test seam: the bytes of every record not folded, counted again from the `log` table
+    /// and the pending commits ([`Store::log_bytes`] keeps the same sum as they come and go).
+    #[cfg(test)]
+    pub(crate) fn recount_log_bytes(&self) -> u64 {
+        let tx = self.db().begin_read().unwrap();
+        let table = log::bytes(&tx).unwrap();
+        let pending: u64 = pending::now(&self.pending)
+            .iter()
+            .map(|c| c.record.len() as u64)
+            .sum();
+        table + pending
+    }
+
     /// Test seam: overwrites the stored document of bucket (`series`, `start`) with bytes no
     /// reader can decode, durably: a damaged card, in one key.
     #[cfg(test)]

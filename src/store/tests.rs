@@ -558,6 +558,9 @@ proptest! {
                     store = Store::open(&settings(&path)).unwrap();
                 }
             }
+            // Exact log accounting (issue 42: it drifted across parts, and at 0 with records
+            // left the writer stopped folding).
+            prop_assert_eq!(store.log_bytes(), store.recount_log_bytes());
             let (buckets, raw) = seen(&store.reader());
             prop_assert_eq!(&buckets, &model);
             let mut want_raw = model_raw.clone();
@@ -1837,5 +1840,50 @@ fn a_full_disk_at_open_is_an_io_error_that_keeps_the_data() {
     assert_eq!(
         totals_of(&store.reader()),
         [(("a/t".to_owned(), 0), (1, 1.0))].into()
+    );
+}
+
+/// Issue 42: the log's byte count drifted across checkpoint parts and could reach 0 with
+/// records left; retention's fold-first was then skipped, and a bucket retention deleted came
+/// back from a later fold. Over commits, reopens (the journal's replay leaves records in the
+/// `log` table), parts and retention passes, the count stays exact and a deleted bucket
+/// stays deleted.
+#[test]
+fn a_bucket_retention_deleted_never_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let s = settings(&path);
+    let hour = 3600i64;
+    let old = |i: i64| ("old/t", i, 1.0); // hour 0: expired below
+    let new = |i: i64| ("new/t", 10 * hour + i, 1.0);
+    // Records of the old hour in the `log` table (a replay) and pending, before and after.
+    commit_then_cut(&s, &[batch(&[old(1), new(1)]), batch(&[old(2)])]);
+    let mut store = Store::open(&s).unwrap();
+    assert!(store.log_bytes() > 0, "the replay left records in the log table");
+    store.commit(&batch(&[old(3), new(2)])).unwrap();
+    store.commit(&batch(&[old(4)])).unwrap();
+    assert_eq!(store.log_bytes(), store.recount_log_bytes());
+    let part = store.checkpoint_part(1, None).unwrap();
+    assert!(part.more);
+    assert_eq!(store.log_bytes(), store.recount_log_bytes());
+    // Retention folds what is left first, then deletes the old hour.
+    let expired = store.expire(5 * hour, 5 * hour, usize::MAX).unwrap();
+    assert_eq!(expired.buckets, 1);
+    assert_eq!(store.log_bytes(), 0);
+    assert_eq!(store.recount_log_bytes(), 0);
+    for _ in 0..3 {
+        store.commit(&batch(&[new(3)])).unwrap();
+        store.checkpoint().unwrap();
+        assert!(
+            store.reader().buckets(Some("old/t"), 0, 100 * hour).unwrap().is_empty(),
+            "the deleted bucket came back"
+        );
+    }
+    drop(store);
+    let store = Store::open(&s).unwrap();
+    assert!(store.reader().buckets(Some("old/t"), 0, 100 * hour).unwrap().is_empty());
+    assert_eq!(
+        totals_of(&store.reader()),
+        [(("new/t".to_owned(), 10 * hour), (5, 5.0))].into()
     );
 }
