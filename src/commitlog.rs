@@ -447,6 +447,17 @@ impl Entry<'_> {
         self.kind != KIND_SUMMARY && self.kind != KIND_ONE
     }
 
+    /// How many raw readings the entry carries, when that is known without decoding them:
+    /// the readings forms (their count is the delta's).
+    pub fn raw_count(&self) -> Option<u64> {
+        match self.kind {
+            KIND_ONE_RAW => Some(1),
+            KIND_SUMMARY | KIND_ONE => Some(0),
+            KIND_READINGS => get_varint(&mut &*self.body),
+            _ => None,
+        }
+    }
+
     /// The single reading of a kind 3 or 4 entry.
     fn one(&self) -> Result<(i64, f64), Corrupt> {
         let mut r = self.body;

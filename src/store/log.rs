@@ -97,6 +97,8 @@ pub(super) fn bytes(tx: &redb::ReadTransaction) -> Result<u64, redb::Error> {
 pub(super) struct Unfolded {
     pub deltas: BTreeMap<(u64, i64), Summary>,
     pub raw: BTreeMap<(u64, i64), Vec<(i64, f64)>>,
+    /// Raw readings per bucket (with the deltas): what the fold appends to its pages.
+    pub raw_counts: BTreeMap<(u64, i64), u64>,
 }
 
 impl Unfolded {
@@ -129,6 +131,17 @@ impl Unfolded {
                 return Ok(());
             }
             let delta = e.summary().map_err(corrupt)?;
+            if e.has_raw() {
+                let n = match e.raw_count() {
+                    Some(n) => n,
+                    None => {
+                        let mut raw = Vec::new();
+                        e.raw_into(&mut raw).map_err(corrupt)?;
+                        raw.len() as u64
+                    }
+                };
+                *out.raw_counts.entry(key).or_insert(0) += n;
+            }
             if let Some(have) = out.deltas.get_mut(&key) {
                 have.merge(&delta);
             } else {

@@ -642,7 +642,11 @@ impl Store {
 
     /// A reader over this open database, for queries while the daemon runs.
     pub fn reader(&self) -> StoreReader {
-        StoreReader::shared(self.shared.clone(), self.pending.clone())
+        StoreReader::shared(
+            self.shared.clone(),
+            self.pending.clone(),
+            self.settings.page_capacity,
+        )
     }
 
     /// Names of every stored series.

@@ -22,6 +22,9 @@ use crate::doc::{BucketDoc, PageDoc};
 pub struct StoreReader {
     db: ReaderDb,
     pending: Option<SharedPending>,
+    /// `store.page_capacity` of the writer, to tell how many pages a bucket's readings not yet
+    /// folded will make (a file read on its own: the default).
+    page_capacity: u32,
 }
 
 /// One consistent view: a read transaction, and the pending commits it does not hold yet.
@@ -88,10 +91,11 @@ impl ReaderDb {
 
 impl StoreReader {
     /// A reader over the daemon's own open database.
-    pub(super) fn shared(db: SharedDb, pending: SharedPending) -> StoreReader {
+    pub(super) fn shared(db: SharedDb, pending: SharedPending, page_capacity: u32) -> StoreReader {
         StoreReader {
             db: ReaderDb::Shared(db),
             pending: Some(pending),
+            page_capacity,
         }
     }
 
@@ -138,6 +142,7 @@ impl StoreReader {
         let reader = StoreReader {
             db: ReaderDb::ReadOnly(Arc::new(db)),
             pending: None,
+            page_capacity: PAGE_CAPACITY_DEFAULT,
         };
         let journal = super::journal::path_for(path);
         if journal.exists() {
@@ -398,15 +403,45 @@ impl StoreReader {
         )?;
         if !unfolded.deltas.is_empty() {
             let width = self.bucket_width_secs()?;
+            let pages = view.tx.open_table(PAGES)?;
             for (key, summary) in unfolded.deltas {
-                let doc = bucket_doc(docs.remove(&key), &summary, key, width, |id| {
+                let mut doc = bucket_doc(docs.remove(&key), &summary, key, width, |id| {
                     view.name_of(id)
                 })?;
+                // The pages the bucket will have once its readings are folded, so that it
+                // reads the same before and after a checkpoint.
+                let raw = unfolded.raw_counts.get(&key).copied().unwrap_or(0);
+                if raw > 0 {
+                    let last = match u32::try_from(doc.pages).ok().and_then(|p| p.checked_sub(1)) {
+                        Some(page_no) => pages
+                            .get((key.0, key.1, page_no))?
+                            .and_then(|v| PageDoc::from_bytes(v.value()))
+                            .map_or(0, |p| u64::try_from(p.count).unwrap_or(0)),
+                        None => 0,
+                    };
+                    doc.pages = pages_after(doc.pages, last, raw, self.page_capacity);
+                }
                 docs.insert(key, doc);
             }
         }
         Ok(docs.into_values().collect())
     }
+}
+
+/// `store.page_capacity`'s default, for a file read on its own.
+const PAGE_CAPACITY_DEFAULT: u32 = 1000;
+
+/// A bucket's page count once `raw` more readings are appended as a checkpoint appends them
+/// (`store::append_pages`): the last page (holding `last`) filled up to `cap`, then new ones.
+fn pages_after(pages: i32, last: u64, raw: u64, cap: u32) -> i32 {
+    let cap = u64::from(cap.max(1));
+    let room = if pages > 0 {
+        cap.saturating_sub(last)
+    } else {
+        0
+    };
+    let new = raw.saturating_sub(room).div_ceil(cap);
+    pages.saturating_add(i32::try_from(new).unwrap_or(i32::MAX))
 }
 
 /// The id of `series`, or of every series when `None` (in id order), pending ones included.

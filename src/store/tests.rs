@@ -1859,7 +1859,10 @@ fn a_bucket_retention_deleted_never_comes_back() {
     // Records of the old hour in the `log` table (a replay) and pending, before and after.
     commit_then_cut(&s, &[batch(&[old(1), new(1)]), batch(&[old(2)])]);
     let mut store = Store::open(&s).unwrap();
-    assert!(store.log_bytes() > 0, "the replay left records in the log table");
+    assert!(
+        store.log_bytes() > 0,
+        "the replay left records in the log table"
+    );
     store.commit(&batch(&[old(3), new(2)])).unwrap();
     store.commit(&batch(&[old(4)])).unwrap();
     assert_eq!(store.log_bytes(), store.recount_log_bytes());
@@ -1875,15 +1878,68 @@ fn a_bucket_retention_deleted_never_comes_back() {
         store.commit(&batch(&[new(3)])).unwrap();
         store.checkpoint().unwrap();
         assert!(
-            store.reader().buckets(Some("old/t"), 0, 100 * hour).unwrap().is_empty(),
+            store
+                .reader()
+                .buckets(Some("old/t"), 0, 100 * hour)
+                .unwrap()
+                .is_empty(),
             "the deleted bucket came back"
         );
     }
     drop(store);
     let store = Store::open(&s).unwrap();
-    assert!(store.reader().buckets(Some("old/t"), 0, 100 * hour).unwrap().is_empty());
+    assert!(
+        store
+            .reader()
+            .buckets(Some("old/t"), 0, 100 * hour)
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
         totals_of(&store.reader()),
         [(("new/t".to_owned(), 10 * hour), (5, 5.0))].into()
     );
+}
+
+/// Issue 42: a bucket's `pages` (export, the API) counted the pages written so far, so it read
+/// differently before and after a checkpoint. A reader now counts the pages the readings not
+/// yet folded will make: the same answer either way, whatever the fill of the last page.
+#[test]
+fn pages_read_the_same_before_and_after_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.redb");
+    let s = StoreSettings {
+        page_capacity: 3,
+        ..settings(&path)
+    };
+    let mut store = Store::open(&s).unwrap();
+    let mut t = 0i64;
+    let mut readings = |n: i64| {
+        let r: Vec<(i64, f64)> = (0..n)
+            .map(|_| {
+                t += 1;
+                (t * 1_000_000_000, 1.0)
+            })
+            .collect();
+        raw_batch("a/t", &r)
+    };
+    for (n, fold) in [
+        (2, false),
+        (5, true),
+        (1, false),
+        (3, false),
+        (4, true),
+        (7, false),
+    ] {
+        store.commit(&readings(n)).unwrap();
+        if fold {
+            store.checkpoint().unwrap();
+        }
+        let before = store.reader().buckets(Some("a/t"), 0, 3600).unwrap()[0].pages;
+        let count = store.reader().buckets(Some("a/t"), 0, 3600).unwrap()[0].count;
+        store.sync_file().unwrap();
+        let after = store.reader().buckets(Some("a/t"), 0, 3600).unwrap()[0].pages;
+        assert_eq!(before, after, "after {count} readings");
+        assert_eq!(i64::from(after), (count + 2) / 3, "pages of 3");
+    }
 }
