@@ -132,13 +132,12 @@ impl Unfolded {
             }
             let delta = e.summary().map_err(corrupt)?;
             if e.has_raw() {
-                let n = match e.raw_count() {
-                    Some(n) => n,
-                    None => {
-                        let mut raw = Vec::new();
-                        e.raw_into(&mut raw).map_err(corrupt)?;
-                        raw.len() as u64
-                    }
+                let n = if let Some(n) = e.raw_count() {
+                    n
+                } else {
+                    let mut raw = Vec::new();
+                    e.raw_into(&mut raw).map_err(corrupt)?;
+                    raw.len() as u64
                 };
                 *out.raw_counts.entry(key).or_insert(0) += n;
             }
