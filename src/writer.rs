@@ -2,12 +2,11 @@
 //! appends it to the commit log (durable through the journal, `store::journal`), and reports
 //! back; the ingest task acknowledges the batch's messages only on `Ok`. Between batches it runs
 //! checkpoints (every `store.checkpoint_interval`, or once the log holds
-//! `store.checkpoint_bytes`: the log folded into the bucket documents, and the file made durable;
-//! a log that takes longer than `limits::CHECKPOINT_PART_TIME` to fold part by part, with the batches that come
-//! meanwhile committed between the parts, so that no checkpoint holds up commits for long)
-//! and, right after a checkpoint, retention: bounded passes that delete expired raw pages and
-//! buckets, so neither holds up a commit for long. A journal three quarters full is emptied by
-//! making the file durable early. When the batches end (shutdown) the file is made durable, so
+//! `store.checkpoint_bytes`, or a journal three quarters full: the log folded into the bucket
+//! documents, and the file made durable; `limits::CHECKPOINT_PART_BUCKETS` documents a part,
+//! with the batches that come meanwhile committed between the parts, so that no checkpoint
+//! holds up commits for long) and, right after a checkpoint, retention: bounded passes that
+//! delete expired raw pages and buckets, so neither holds up a commit for long. When the batches end (shutdown) the file is made durable, so
 //! that it holds everything on its own. redb is blocking, so this is an OS thread, not a task.
 //!
 //! A commit that fails on I/O (a full disk, a failing card) is retried, after reopening the
@@ -375,7 +374,7 @@ fn is_damage(e: &CommitError) -> bool {
     )
 }
 
-/// Folds a part of the commit log (`limits::CHECKPOINT_PART_TIME` of work) into the bucket documents,
+/// Folds a part of the commit log (`limits::CHECKPOINT_PART_BUCKETS` documents) into the bucket documents,
 /// if it holds anything (see [`Fold`]). A failure changes nothing; a failing store shows up in
 /// the next commit too, which reopens it.
 fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> Fold {
@@ -384,8 +383,7 @@ fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> Fold {
     }
     tracing::debug!(log_bytes = store.log_bytes(), "Checkpoint starting.");
     let started = Instant::now();
-    let until = started + crate::limits::CHECKPOINT_PART_TIME;
-    match store.checkpoint_part(u64::MAX, Some(until)) {
+    match store.checkpoint_part(crate::limits::CHECKPOINT_PART_BUCKETS) {
         Ok(c) => {
             let took = started.elapsed();
             metrics.record_checkpoint(took);
@@ -655,7 +653,7 @@ mod tests {
         );
     }
 
-    /// The writer folds a log far larger than one part (50 ms of work) to the end, whether the
+    /// The writer folds a log of more buckets than one part writes to the end, whether the
     /// checkpoint interval or the retention pass comes first, and the log gauge follows it to 0:
     /// what `bucketd_commit_log_bytes` shows (a retention pass that folded the rest left the
     /// gauge at the first part's figure before).
@@ -675,14 +673,14 @@ mod tests {
                 journal_bytes: 8 << 20,
             })
             .unwrap();
-            // A log of 400 commits, left by "an earlier run": folded by the writer's first
-            // checkpoint (or retention pass).
+            // A log of 400 commits over 600 series (more than two parts' budget), left by "an
+            // earlier run": folded by the writer's first checkpoint (or retention pass).
             for i in 0..400i64 {
                 let mut b = crate::batcher::Batcher::by_hand();
                 let now = Instant::now();
                 for k in 0..100 {
                     b.push_reading(
-                        std::sync::Arc::from(format!("s{}/t", k % 50)),
+                        std::sync::Arc::from(format!("s{}/t", (i * 100 + k) % 600)),
                         Timestamp::from_nanos((i * 100 + k) * 1_000_000),
                         k as f64,
                         true,

@@ -1,14 +1,15 @@
-//! The commit log table and the checkpoint: each commit appends one [`crate::commitlog`] record
-//! under its sequence number (keys only grow, so redb writes only the tree's right-hand edge);
-//! [`Store::checkpoint`] folds every record into the bucket documents and raw pages and deletes
-//! them, in one transaction; readers merge the records not folded yet ([`Unfolded`]).
+//! The commit log and the checkpoint: the records not folded yet (the `log` table's, left by a
+//! journal's replay or a commit without the journal, then the pending commits'), folded into
+//! the bucket documents and raw pages by key range, part by part ([`Store::checkpoint_part`],
+//! [`FoldCursor`]); readers merge what is not folded ([`Unfolded`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use redb::{ReadableTable, TableDefinition};
 
 use super::{
-    APPLIED, BUCKETS, CommitError, DEDUP, PAGES, SERIES_BY_ID, SERIES_BY_NAME, Store, append_pages,
+    APPLIED, BUCKETS, CommitError, DEDUP, META, PAGES, SERIES_BY_ID, SERIES_BY_NAME, Store,
+    append_pages,
 };
 use crate::commitlog::{Entry, Record};
 use crate::doc::BucketDoc;
@@ -16,69 +17,115 @@ use crate::summary::Summary;
 
 pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 
-/// What one checkpoint did.
+/// What one checkpoint part did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CheckpointStats {
-    /// Log records folded (and deleted).
+    /// Log records the fold covers; deleted by its last part.
     pub records: usize,
     /// Bucket documents written, and of those, new.
     pub buckets_written: usize,
     pub buckets_created: usize,
-    /// Log and dedup bytes the checkpoint freed.
+    /// Log bytes the fold freed (its last part).
     pub bytes: u64,
-    /// Records are left to fold (the part's budget was reached).
+    /// The fold is not finished: buckets above this part's range are left (the part's budget
+    /// was reached).
     pub more: bool,
+}
+
+/// A checkpoint under way: it folds the commits up to `through`, bucket by bucket in key order,
+/// a range of at most a part's budget of buckets at a time; the buckets below `from` hold those
+/// commits already. Written with each part into `meta` (`fold_cursor`), so that readers, and a
+/// restart after a crash, skip what is folded; removed by the last part, which deletes the
+/// folded records. So each bucket is rewritten once per checkpoint however many parts it takes,
+/// and a part's work is bounded by the documents it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FoldCursor {
+    pub through: u64,
+    pub from: (u64, i64),
+}
+
+impl FoldCursor {
+    const KEY: &'static str = "fold_cursor";
+
+    /// A new checkpoint of every commit up to `through`.
+    fn new(through: u64) -> FoldCursor {
+        FoldCursor {
+            through,
+            from: (0, i64::MIN),
+        }
+    }
+
+    /// Whether the entry of bucket `key` in commit `seq` is in the documents already.
+    pub(super) fn folded(&self, seq: u64, key: (u64, i64)) -> bool {
+        seq <= self.through && key < self.from
+    }
+
+    /// Whether commit `seq`'s entry for `key` is this checkpoint's to fold still.
+    fn due(&self, seq: u64, key: (u64, i64)) -> bool {
+        seq <= self.through && key >= self.from
+    }
+
+    /// The one in `meta`, if a checkpoint is under way.
+    pub(super) fn read(
+        meta: &impl ReadableTable<&'static str, &'static str>,
+    ) -> Result<Option<FoldCursor>, redb::Error> {
+        let Some(v) = meta.get(Self::KEY)? else {
+            return Ok(None);
+        };
+        let text = v.value();
+        let mut parts = text.split(' ');
+        let mut next = || parts.next().and_then(|p| p.parse::<i64>().ok());
+        match (next(), next(), next()) {
+            (Some(through), Some(id), Some(start)) if through >= 0 && id >= 0 => {
+                Ok(Some(FoldCursor {
+                    through: through as u64,
+                    from: (id as u64, start),
+                }))
+            }
+            _ => Err(redb::Error::Corrupted(format!(
+                "meta {}: unreadable value {text:?}",
+                Self::KEY
+            ))),
+        }
+    }
+
+    fn write(
+        &self,
+        meta: &mut redb::Table<'_, &'static str, &'static str>,
+    ) -> Result<(), redb::Error> {
+        let text = format!("{} {} {}", self.through, self.from.0, self.from.1);
+        meta.insert(Self::KEY, text.as_str())?;
+        Ok(())
+    }
+}
+
+/// The key right after `key`.
+fn successor(key: (u64, i64)) -> (u64, i64) {
+    match key.1.checked_add(1) {
+        Some(start) => (key.0, start),
+        None => (key.0.saturating_add(1), i64::MIN),
+    }
 }
 
 fn corrupt_record(seq: u64) -> impl Fn(crate::commitlog::Corrupt) -> redb::Error {
     move |_| redb::Error::Corrupted(format!("commit log record {seq} is unreadable"))
 }
 
-/// Calls `visit` with every entry of every record in `table`, oldest record first.
-fn visit_entries<T: ReadableTable<u64, &'static [u8]>>(
+/// Calls `visit` with every entry of the records in `table` up to commit `through`, oldest
+/// record first, with its commit's number; returns the bytes of those records.
+fn visit_table<T: ReadableTable<u64, &'static [u8]>>(
     table: &T,
-    visit: impl FnMut(&Entry<'_>) -> Result<(), redb::Error>,
-) -> Result<usize, redb::Error> {
-    Ok(visit_oldest(table, u64::MAX, None, visit)?.records)
-}
-
-/// The oldest records a visit took.
-#[derive(Debug, Clone, Copy, Default)]
-struct Visited {
-    records: usize,
-    /// Sequence number of the last record visited.
-    last: Option<u64>,
-    /// Bytes of the records visited.
-    bytes: u64,
-}
-
-/// Calls `visit` with every entry of the oldest records in `table`, oldest first, until they
-/// hold `budget` bytes or `until` has passed (at least one record).
-fn visit_oldest<T: ReadableTable<u64, &'static [u8]>>(
-    table: &T,
-    budget: u64,
-    until: Option<std::time::Instant>,
-    mut visit: impl FnMut(&Entry<'_>) -> Result<(), redb::Error>,
-) -> Result<Visited, redb::Error> {
-    let mut done = Visited::default();
-    for row in table.iter()? {
-        if done.records > 0
-            && (done.bytes >= budget || until.is_some_and(|t| std::time::Instant::now() >= t))
-        {
-            break;
-        }
+    through: u64,
+    mut visit: impl FnMut(u64, &Entry<'_>) -> Result<(), redb::Error>,
+) -> Result<u64, redb::Error> {
+    let mut bytes = 0u64;
+    for row in table.range(..=through)? {
         let (key, value) = row?;
-        let seq = key.value();
-        let bytes = value.value();
-        let record = Record::parse(bytes).map_err(corrupt_record(seq))?;
-        for entry in record.entries() {
-            visit(&entry.map_err(corrupt_record(seq))?)?;
-        }
-        done.records += 1;
-        done.last = Some(seq);
-        done.bytes = done.bytes.saturating_add(bytes.len() as u64);
+        let record = value.value();
+        visit_record(key.value(), record, &mut visit)?;
+        bytes = bytes.saturating_add(record.len() as u64);
     }
-    Ok(done)
+    Ok(bytes)
 }
 
 /// Bytes of the log's records, at open.
@@ -112,9 +159,11 @@ impl Unfolded {
         base: impl Fn(u64, i64) -> Result<Option<Summary>, redb::Error>,
     ) -> Result<Unfolded, redb::Error> {
         let mut out = Unfolded::default();
-        let mut visit = |e: &Entry<'_>| {
+        let cursor = view.cursor;
+        let mut visit = |seq: u64, e: &Entry<'_>| {
             let key = (e.series_id, e.start);
-            if !wanted(key.0, key.1) {
+            // A checkpoint under way folded it into the document already.
+            if !wanted(key.0, key.1) || cursor.is_some_and(|c| c.folded(seq, key)) {
                 return Ok(());
             }
             let corrupt = |_| {
@@ -153,7 +202,7 @@ impl Unfolded {
         // in commit order, as a checkpoint folds them.
         match view.tx.open_table(LOG) {
             Ok(table) => {
-                visit_entries(&table, &mut visit)?;
+                visit_table(&table, u64::MAX, &mut visit)?;
             }
             // A file opened read-only before its first open by this release (format 1).
             Err(redb::TableError::TableDoesNotExist(_)) => {}
@@ -170,11 +219,11 @@ impl Unfolded {
 fn visit_record(
     seq: u64,
     bytes: &[u8],
-    mut visit: impl FnMut(&Entry<'_>) -> Result<(), redb::Error>,
+    mut visit: impl FnMut(u64, &Entry<'_>) -> Result<(), redb::Error>,
 ) -> Result<(), redb::Error> {
     let record = Record::parse(bytes).map_err(corrupt_record(seq))?;
     for entry in record.entries() {
-        visit(&entry.map_err(corrupt_record(seq))?)?;
+        visit(seq, &entry.map_err(corrupt_record(seq))?)?;
     }
     Ok(())
 }
@@ -197,45 +246,103 @@ impl Store {
     }
 
     /// Folds the whole commit log into the bucket documents and raw pages (see
-    /// [`Store::checkpoint_part`]): as one part, so each touched bucket is rewritten once.
+    /// [`Store::checkpoint_part`]): a checkpoint under way is finished in one part, then the
+    /// rest of the log is folded in another, so each touched bucket is rewritten at most twice.
     pub fn checkpoint(&mut self) -> Result<CheckpointStats, CommitError> {
-        self.checkpoint_part(u64::MAX, None)
+        let mut total = CheckpointStats::default();
+        // The one under way, then one of everything after it: two folds at most.
+        for _ in 0..2 {
+            let part = self.checkpoint_part(usize::MAX)?;
+            total.records += part.records;
+            total.buckets_written += part.buckets_written;
+            total.buckets_created += part.buckets_created;
+            total.bytes += part.bytes;
+            debug_assert!(!part.more, "an unbounded part finishes its fold");
+            if self.log_bytes == 0 {
+                break;
+            }
+        }
+        Ok(total)
     }
 
-    /// Folds the oldest records of the commit log, up to `budget` bytes of them or as many as
-    /// it folds until `until` (at least one record), into the bucket documents and raw pages,
-    /// in one durable transaction, with what they bring besides (new series, fingerprints,
-    /// gateway positions) and the trim of the dedup table: a crash leaves either those records
-    /// or their fold, never both or neither. The oldest records are the `log` table's (a
-    /// journal's replay left them there), then the pending commits'. Folding in commit order,
-    /// part after part, gives the documents one fold of the whole log would, bit for bit, and
-    /// readers merge what is left onto them the same way. Once nothing is left pending, the
-    /// file holds every commit and the journal starts over. Work is bounded by `budget` and
-    /// `until` (the writer folds `limits::CHECKPOINT_PART_TIME` at a time, committing batches
-    /// in between).
-    pub fn checkpoint_part(
-        &mut self,
-        budget: u64,
-        until: Option<std::time::Instant>,
-    ) -> Result<CheckpointStats, CommitError> {
+    /// One part of a checkpoint, in one durable transaction: folds the commits up to the
+    /// checkpoint's `through` (the last commit when it began) into the next `budget` bucket
+    /// documents in key order ([`FoldCursor`]): for each, reads the stored document once, merges
+    /// the deltas onto it in commit order, appends the raw readings to its pages, and writes it
+    /// once. The pending commits' new series are written with every part (the documents need
+    /// their names); the last part, which reaches the end of the keys, also writes their
+    /// fingerprints and gateway positions, deletes the folded `log` records, trims the dedup
+    /// table, and drops the pending commits it folded: a crash leaves either the records or
+    /// their fold for every bucket, never both or neither, and the cursor says which. Commits
+    /// made between parts come after `through` and wait for the next checkpoint. Folding range
+    /// after range gives the documents one fold of the whole log would, bit for bit.
+    pub fn checkpoint_part(&mut self, budget: usize) -> Result<CheckpointStats, CommitError> {
         let mut stats = CheckpointStats::default();
         let pending = super::pending::now(&self.pending);
-        if self.log_bytes == 0 && pending.is_empty() && self.dedup_trim(None).is_empty() {
-            return Ok(stats);
-        }
+        let cursor = match self.fold {
+            Some(c) => c,
+            None if self.log_bytes == 0
+                && pending.is_empty()
+                && self.dedup_trim(None).is_empty() =>
+            {
+                return Ok(stats);
+            }
+            None => match self.next_seq.checked_sub(1) {
+                Some(last) => FoldCursor::new(last),
+                None => return Ok(stats),
+            },
+        };
+        let budget = budget.max(1);
+        let in_fold: Vec<&super::pending::PendingCommit> = pending
+            .iter()
+            .take_while(|c| c.seq <= cursor.through)
+            .map(|c| &**c)
+            .collect();
         let tx = self.durable_tx()?;
         let mut folded_bytes = 0u64;
-        let mut last_pending: Option<u64> = None;
+        let next;
         let trimmed;
         {
             let mut log = tx.open_table(LOG)?;
             let mut buckets = tx.open_table(BUCKETS)?;
             let mut pages = tx.open_table(PAGES)?;
+            let mut meta = tx.open_table(META)?;
+            // This part's buckets: the `budget` smallest keys the checkpoint has left.
+            let mut keys: BTreeSet<(u64, i64)> = BTreeSet::new();
+            let mut beyond = false;
+            {
+                let mut note = |seq: u64, e: &Entry<'_>| {
+                    let key = (e.series_id, e.start);
+                    if cursor.due(seq, key) && keys.insert(key) && keys.len() > budget {
+                        keys.pop_last();
+                        beyond = true;
+                    }
+                    Ok(())
+                };
+                folded_bytes =
+                    folded_bytes.saturating_add(visit_table(&log, cursor.through, &mut note)?);
+                for commit in &in_fold {
+                    visit_record(commit.seq, &commit.record, &mut note)?;
+                    stats.records += 1;
+                    folded_bytes = folded_bytes.saturating_add(commit.record.len() as u64);
+                }
+            }
+            stats.records += log.range(..=cursor.through)?.count();
+            next = match (beyond, keys.last()) {
+                (true, Some(&last)) => Some(FoldCursor {
+                    through: cursor.through,
+                    from: successor(last),
+                }),
+                _ => None,
+            };
             let mut folding: BTreeMap<(u64, i64), Folding> = BTreeMap::new();
             let mut raw = Vec::new();
             let cap = self.settings.page_capacity;
-            let mut visit = |e: &Entry<'_>| {
+            let mut visit = |seq: u64, e: &Entry<'_>| {
                 let key = (e.series_id, e.start);
+                if seq > cursor.through || !keys.contains(&key) {
+                    return Ok(());
+                }
                 let corrupt = |_| {
                     redb::Error::Corrupted(format!(
                         "a commit log entry of series id {} is unreadable",
@@ -269,63 +376,48 @@ impl Store {
                 }
                 Ok(())
             };
-            let visited = visit_oldest(&log, budget, until, &mut visit)?;
-            stats.records = visited.records;
-            folded_bytes = folded_bytes.saturating_add(visited.bytes);
-            let log_left = match visited.last {
-                Some(last) => {
-                    log.retain_in(..=last, |_, _| false)?;
-                    log.first()?.is_some()
-                }
-                None => false,
-            };
-            // Then the pending commits, oldest first, while the budget lasts.
-            let mut folded: Vec<&super::pending::PendingCommit> = Vec::new();
-            if !log_left {
-                for commit in pending.iter() {
-                    let over = folded_bytes >= budget
-                        || until.is_some_and(|t| std::time::Instant::now() >= t);
-                    if stats.records > 0 && over {
-                        break;
-                    }
-                    visit_record(commit.seq, &commit.record, &mut visit)?;
-                    stats.records += 1;
-                    folded_bytes = folded_bytes.saturating_add(commit.record.len() as u64);
-                    last_pending = Some(commit.seq);
-                    folded.push(commit);
-                }
+            visit_table(&log, cursor.through, &mut visit)?;
+            for commit in &in_fold {
+                visit_record(commit.seq, &commit.record, &mut visit)?;
             }
-            stats.more = log_left || pending.len() > folded.len();
-            // What the folded pending commits bring besides their deltas: their new series
-            // (named before the documents below need them), fingerprints and positions.
+            // The pending commits' new series, named before the documents below need them
+            // (with every part: a put of the same name and id again writes nothing new).
             let mut by_name = tx.open_table(SERIES_BY_NAME)?;
             let mut by_id = tx.open_table(SERIES_BY_ID)?;
-            for commit in &folded {
+            for commit in &in_fold {
                 for (id, name) in &commit.series {
                     by_name.insert(&**name, *id)?;
                     by_id.insert(*id, &**name)?;
                 }
             }
-            // Pending commits not folded here are not in the table: none of them is trimmed
-            // (their fingerprints go in when they are folded).
-            let below = match last_pending {
-                Some(seq) => Some(seq + 1),
-                None => pending.first().map(|c| c.seq),
-            };
-            trimmed = self.dedup_trim(below);
-            let mut dedup = tx.open_table(DEDUP)?;
-            for commit in &folded {
-                if trimmed.binary_search(&commit.seq).is_err() {
-                    dedup.insert(commit.seq, commit.fingerprints.as_slice())?;
+            if let Some(next) = next {
+                next.write(&mut meta)?;
+                trimmed = Vec::new();
+            } else {
+                // The last part: the folded records go, with what they brought besides.
+                meta.remove(FoldCursor::KEY)?;
+                log.retain_in(..=cursor.through, |_, _| false)?;
+                // Pending commits after the checkpoint are not in the table: none of them is
+                // trimmed (their fingerprints go in when they are folded).
+                let below = pending
+                    .iter()
+                    .find(|c| c.seq > cursor.through)
+                    .map(|c| c.seq);
+                trimmed = self.dedup_trim(below);
+                let mut dedup = tx.open_table(DEDUP)?;
+                for commit in &in_fold {
+                    if trimmed.binary_search(&commit.seq).is_err() {
+                        dedup.insert(commit.seq, commit.fingerprints.as_slice())?;
+                    }
                 }
-            }
-            for &old in &trimmed {
-                dedup.remove(old)?;
-            }
-            let mut applied = tx.open_table(APPLIED)?;
-            for commit in &folded {
-                for (key, at) in &commit.applied {
-                    applied.insert(key.as_str(), at.as_slice())?;
+                for &old in &trimmed {
+                    dedup.remove(old)?;
+                }
+                let mut applied = tx.open_table(APPLIED)?;
+                for commit in &in_fold {
+                    for (key, at) in &commit.applied {
+                        applied.insert(key.as_str(), at.as_slice())?;
+                    }
                 }
             }
             let width = self.settings.bucket_width_secs;
@@ -344,19 +436,17 @@ impl Store {
             }
         }
         tx.commit()?;
-        if let Some(seq) = last_pending {
-            super::pending::drop_through(&self.pending, seq);
+        self.fold = next;
+        stats.more = next.is_some();
+        if next.is_none() {
+            super::pending::drop_through(&self.pending, cursor.through);
+            self.durable_committed();
+            stats.bytes = folded_bytes;
+            self.log_bytes = self.log_bytes.saturating_sub(folded_bytes);
+            self.dedup_log
+                .retain(|(s, _)| trimmed.binary_search(s).is_err());
+            self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
         }
-        self.durable_committed();
-        stats.bytes = folded_bytes;
-        self.log_bytes = self.log_bytes.saturating_sub(folded_bytes);
-        debug_assert!(stats.more || self.log_bytes == 0, "every record folded");
-        if !stats.more {
-            self.log_bytes = 0;
-        }
-        self.dedup_log
-            .retain(|(s, _)| trimmed.binary_search(s).is_err());
-        self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
         Ok(stats)
     }
 }

@@ -71,10 +71,12 @@ const DEDUP: TableDefinition<u64, &[u8]> = TableDefinition::new("dedup");
 const APPLIED: TableDefinition<&str, &[u8]> = TableDefinition::new("applied");
 
 /// Version of the table layout, in `meta.format_version`. 2: the commit log (`log`); 3: `dedup`
-/// entries carry the resend sequence of each fingerprint ([`crate::dedup::encode`]). Older files
-/// are migrated when opened: a version-1 file gets its `log` table; the untagged `dedup` entries
-/// of versions 1 and 2 stay as they are and read as belonging to no sequence.
-pub const FORMAT_VERSION: u32 = 3;
+/// entries carry the resend sequence of each fingerprint ([`crate::dedup::encode`]); 4 (issue
+/// 42): compact `dedup` entries, version-2 `log` records, and `meta.fold_cursor` while a
+/// checkpoint is under way, none of which a format-3 release reads right. Older files are
+/// migrated when opened: a version-1 file gets its `log` table; the `dedup` entries and `log`
+/// records of versions 1 to 3 stay as they are and are read as written.
+pub const FORMAT_VERSION: u32 = 4;
 /// Settings the store needs, from `[store]`.
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
@@ -266,6 +268,8 @@ pub struct Store {
     /// would be, until its transaction has committed: if that failed, the file may show it
     /// after a reopen from the page cache alone ([`Store::confirm_landed`]).
     unconfirmed: Option<(u64, Vec<u8>)>,
+    /// The checkpoint under way, if one is (`meta` holds it too).
+    fold: Option<log::FoldCursor>,
 }
 
 type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
@@ -321,6 +325,7 @@ impl Store {
             outbox: Arc::new(OutboxShared::default()),
             pending: pending::SharedPending::default(),
             unconfirmed: None,
+            fold: None,
         }
     }
 
@@ -365,8 +370,11 @@ impl Store {
         self.next_seq = next_seq;
         self.dedup_total = log.iter().map(|e| e.1).sum();
         self.dedup_log = log;
-        self.log_bytes =
-            log::bytes(&db.begin_read().map_err(|e| corrupt(e.into()))?).map_err(corrupt)?;
+        let tx = db.begin_read().map_err(|e| corrupt(e.into()))?;
+        self.log_bytes = log::bytes(&tx).map_err(corrupt)?;
+        let meta = tx.open_table(META).map_err(|e| corrupt(e.into()))?;
+        self.fold = log::FoldCursor::read(&meta).map_err(corrupt)?;
+        drop((meta, tx));
         outbox::load(db, &self.outbox).map_err(corrupt)?;
         self.shared
             .write()
@@ -579,7 +587,10 @@ impl Store {
                     )?;
                     Ok(())
                 }
-                Some(v) if v != FORMAT_VERSION.to_string() && v != "1" && v != "2" => {
+                Some(v)
+                    if v != FORMAT_VERSION.to_string()
+                        && !["1", "2", "3"].contains(&v.as_str()) =>
+                {
                     Err(StoreOpenError::UnsupportedFormat {
                         path: self.path.clone(),
                         found: v,
@@ -593,7 +604,8 @@ impl Store {
                     if stored == self.settings.bucket_width_secs {
                         if v != FORMAT_VERSION.to_string() {
                             // Format 1 is format 2 with an empty log (created above); format 2
-                            // is format 3 with untagged fingerprints, which format 3 reads.
+                            // is format 3 with untagged fingerprints; format 3 is format 4
+                            // with older encodings, which format 4 reads.
                             meta.insert("format_version", FORMAT_VERSION.to_string().as_str())?;
                             tracing::info!(
                                 path = %self.path.display(),

@@ -46,6 +46,11 @@ impl Snapshot {
         }
     }
 
+    /// The newest commit's number, if any.
+    pub(super) fn last_seq(&self) -> Option<u64> {
+        self.commits.last().map(|c| c.seq)
+    }
+
     /// The commits after `folded_through` (none when `None`: nothing folded), oldest first.
     pub(super) fn after(
         &self,

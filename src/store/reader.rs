@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::log::{Unfolded, bucket_doc, decode_bucket};
+use super::log::{FoldCursor, Unfolded, bucket_doc, decode_bucket};
 use super::outbox::{self, OutboxDoc};
 use super::pending::{SharedPending, Snapshot};
 use super::{
@@ -34,6 +34,8 @@ pub(super) struct View {
     /// The last commit the transaction holds (its last `dedup` key): pending commits up to it
     /// were folded after the snapshot was taken.
     folded_through: Option<u64>,
+    /// The checkpoint under way in the transaction: what it folded is in the documents.
+    pub cursor: Option<FoldCursor>,
 }
 
 impl View {
@@ -101,24 +103,48 @@ impl StoreReader {
 
     /// A consistent view: the pending commits are taken before the transaction begins, so that
     /// each commit is in one or the other (a checkpoint between the two is told by the
-    /// transaction's last `dedup` key).
+    /// transaction's last `dedup` key). A checkpoint under way in the transaction must not
+    /// cover a commit newer than the snapshot (part of it would be in the documents and the
+    /// rest nowhere): then both are taken again, which happens only when a commit and a part
+    /// both fell between them.
     pub(super) fn view(&self) -> Result<View, redb::Error> {
-        let pending = self
-            .pending
-            .as_ref()
-            .map(Snapshot::take)
-            .unwrap_or_default();
-        let tx = self.db.begin_read()?;
-        let folded_through = match tx.open_table(DEDUP) {
-            Ok(t) => t.last()?.map(|(k, _)| k.value()),
-            Err(redb::TableError::TableDoesNotExist(_)) => None,
-            Err(e) => return Err(e.into()),
-        };
-        Ok(View {
-            tx,
-            pending,
-            folded_through,
-        })
+        let mut attempts = 0;
+        loop {
+            let pending = self
+                .pending
+                .as_ref()
+                .map(Snapshot::take)
+                .unwrap_or_default();
+            let tx = self.db.begin_read()?;
+            let folded_through = match tx.open_table(DEDUP) {
+                Ok(t) => t.last()?.map(|(k, _)| k.value()),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
+            let cursor = match tx.open_table(META) {
+                Ok(t) => FoldCursor::read(&t)?,
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
+            let covered = cursor.is_none_or(|c| {
+                folded_through.is_some_and(|f| c.through <= f)
+                    || pending.last_seq().is_some_and(|s| s >= c.through)
+            });
+            if covered {
+                return Ok(View {
+                    tx,
+                    pending,
+                    folded_through,
+                    cursor,
+                });
+            }
+            attempts += 1;
+            if attempts == 100 {
+                return Err(redb::Error::Io(std::io::Error::other(
+                    "the store changed under 100 reads in a row; retry shortly",
+                )));
+            }
+        }
     }
 
     /// Opens the file read-only. Fails with [`StoreOpenError::Locked`] while a daemon holds it,
