@@ -114,8 +114,8 @@ pub fn spawn(
                 let (journal_used, journal_room) = store.journal_use();
                 if journal_used > 0 && journal_used >= journal_room / 4 * 3 && backoff.allows(Instant::now()) {
                     if store.log_bytes() > 0 {
-                        // What the journal holds is pending: fold it, part by part, and the
-                        // journal starts over once none is left.
+                        // What the journal holds is pending: fold it, part by part, which
+                        // frees the records folded.
                         folding = true;
                     } else if let Err(e) = store.sync_file() {
                         // A failure changes nothing: the next commit finds the journal full

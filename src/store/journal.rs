@@ -1,9 +1,10 @@
 //! The journal: the acknowledgement point of a commit. A preallocated file beside the database
 //! (`<path>.journal`) to which each commit appends one record, a *redo* of everything the commit
-//! writes to redb, with one write and one `fdatasync`; the same commit then goes into redb as a
-//! non-durable transaction (readers see it at once, nothing is synced). redb is made durable only
-//! by checkpoints (and retention passes), after which the journal starts over from its first
-//! record. At open, the records the database file lacks are applied again ([`Journal::replay`]).
+//! writes to redb, with one write and one `fdatasync`; the commit is then held in memory
+//! (`store::pending`) until a checkpoint folds it into redb durably, after which its record is
+//! no longer live ([`Journal::release_below`]). Records go round the file: each goes after the
+//! last, or at the first record's place when it does not fit before the end, never over a live
+//! one. At open, the records the database file lacks are applied again ([`Journal::replay`]).
 //!
 //! Why: a durable redb commit writes the copy-on-write pages of every table it touched, the
 //! allocator state (quick repair) and the header, with two `fdatasync`s, ~0.45 ms and ~2.8 KB
@@ -14,7 +15,7 @@
 //! records, each starting on a 4 KiB page boundary: payload length (u32 LE), commit sequence
 //! number (u64 LE), an xxh3-64 checksum (u64 LE) of those twelve bytes, the payload and the
 //! journal id, then the payload ([`Redo`]), zeros to the end of its last page. The file keeps
-//! its size; starting over overwrites old records in place.
+//! its size; new records overwrite old ones in place.
 //!
 //! Why pages: an SD card programs whole pages, and one without power-loss protection can leave
 //! a page it was writing garbled or as it was before, bytes the write did not change included.
@@ -23,15 +24,16 @@
 //! every one after it) away. Now no write touches a page that holds an acknowledged record: a
 //! cut can only cost the record being written, which was never acknowledged. The cost: at
 //! least a page of the journal per commit, which its sync writes to the card anyway; the
-//! journal fills (and is emptied by a durable redb commit) after `journal_size / 4 KiB`
-//! commits instead of more. A format-1 journal (an unclean stop of an older release) is still
-//! read, then made anew as format 2.
+//! journal holds `journal_size / 4 KiB` commits not yet folded instead of more. A format-1
+//! journal (an unclean stop of an older release) is still read, then made anew as format 2.
 //!
 //! Which records are live: the checksum must hold, and the records that apply are the run whose
-//! sequence numbers continue the database's (`next_seq`, `next_seq + 1`, ...). Records left from
-//! before a restart have smaller numbers (the journal starts over only once the database holds
-//! them durably) and are skipped; the first record that is torn, blank or out of sequence ends
-//! the scan. A record that a power cut tore was never acknowledged: acknowledgements wait for its
+//! sequence numbers continue the database's (`next_seq`, `next_seq + 1`, ...): the replay finds
+//! the record of `next_seq` wherever it is (a quick look at each page's header, the checksum
+//! read only for a candidate), then follows the run, each next record right after the one
+//! before or at the first record's place. Records from before have smaller numbers (a record
+//! is overwritten only once the database holds it durably) and are skipped; the first record
+//! that is torn, blank or out of sequence ends the run. A record that a power cut tore was never acknowledged: acknowledgements wait for its
 //! `fdatasync`. The journal assumes less of the disk than redb and SQLite do (that a write does
 //! not damage bytes outside the range written): only that a write damages no page it does not
 //! touch, and it touches no page that holds an acknowledged record.
@@ -164,8 +166,14 @@ pub(super) struct Journal {
     id: u64,
     /// The file's size: the records fit below it.
     capacity: u64,
-    /// Where the next record goes.
+    /// Where the next record goes (or, if it does not fit before the end, the first record's
+    /// place: the records go round).
     end: u64,
+    /// The records whose commits the database does not hold durably yet, oldest first: (commit,
+    /// offset, bytes taken). No append overwrites them.
+    live: std::collections::VecDeque<(u64, u64, u64)>,
+    /// Bytes the live records take.
+    live_bytes: u64,
     /// The record being written, kept to reuse its allocation.
     buf: Vec<u8>,
     /// The file's format: [`FORMAT`], or [`FORMAT_PACKED`] (read, then made anew).
@@ -212,6 +220,8 @@ impl Journal {
             id,
             capacity: len,
             end: HEADER_BYTES,
+            live: std::collections::VecDeque::new(),
+            live_bytes: 0,
             buf: Vec::new(),
             format,
         })
@@ -232,9 +242,9 @@ impl Journal {
         }
     }
 
-    /// Bytes of records written since the journal last started over.
+    /// Bytes the live records take (those whose commits the database does not hold durably).
     pub(super) fn used(&self) -> u64 {
-        self.end - HEADER_BYTES
+        self.live_bytes
     }
 
     /// Bytes the records may take in all.
@@ -244,9 +254,78 @@ impl Journal {
 
     /// Calls `apply` with every live record for a database whose next commit is `next_seq`, in
     /// order (see the module docs), and returns how many there were. The journal's write position
-    /// is left after the last live record; [`Journal::start_over`] once the database holds them
-    /// durably.
+    /// is left after the last live record, and they stay live until
+    /// [`Journal::release_below`] (once the database holds them durably).
     pub(super) fn replay<E: From<JournalError>>(
+        &mut self,
+        next_seq: u64,
+        mut apply: impl FnMut(u64, &Redo<'_>) -> Result<(), E>,
+    ) -> Result<usize, E> {
+        if self.format == FORMAT_PACKED {
+            return self.replay_packed(next_seq, apply);
+        }
+        let mut payload = Vec::new();
+        // The record of commit `next_seq`, wherever the ring put it; a later commit without it
+        // means commits are missing.
+        let mut first = None;
+        let mut later: Option<u64> = None;
+        let mut at = HEADER_BYTES;
+        while at + RECORD_HEADER_BYTES as u64 <= self.capacity {
+            if let Some(seq) = self.seq_at(at).filter(|&s| s >= next_seq)
+                && self.record_at(at, &mut payload).is_some()
+            {
+                if seq == next_seq {
+                    first = Some(at);
+                    break;
+                }
+                later = Some(later.map_or(seq, |l| l.min(seq)));
+            }
+            at += PAGE_BYTES;
+        }
+        let Some(mut at) = first else {
+            if let Some(found) = later {
+                return Err(JournalError::Gap {
+                    path: self.path.clone(),
+                    found,
+                    expected: next_seq,
+                }
+                .into());
+            }
+            self.end = HEADER_BYTES;
+            return Ok(0);
+        };
+        let mut expected = next_seq;
+        loop {
+            // The next record follows this one, or starts the ring again.
+            let (seq, len) = match self.record_at(at, &mut payload) {
+                Some((seq, len)) if seq == expected => (seq, len),
+                _ if at != HEADER_BYTES => match self.record_at(HEADER_BYTES, &mut payload) {
+                    Some((seq, len)) if seq == expected => {
+                        at = HEADER_BYTES;
+                        (seq, len)
+                    }
+                    _ => break,
+                },
+                _ => break,
+            };
+            let redo = Redo::parse(&payload).ok_or_else(|| JournalError::Record {
+                path: self.path.clone(),
+                seq,
+            })?;
+            apply(seq, &redo)?;
+            let footprint = self.footprint(len);
+            self.live.push_back((seq, at, footprint));
+            self.live_bytes += footprint;
+            expected += 1;
+            at += footprint;
+        }
+        self.end = at;
+        Ok(self.live.len())
+    }
+
+    /// [`Journal::replay`] of a format-1 journal: records packed from the first, started over
+    /// after each durable commit.
+    fn replay_packed<E: From<JournalError>>(
         &mut self,
         next_seq: u64,
         mut apply: impl FnMut(u64, &Redo<'_>) -> Result<(), E>,
@@ -285,6 +364,15 @@ impl Journal {
         Ok(applied)
     }
 
+    /// The sequence number a record header at `at` claims, unchecked (a quick look before the
+    /// checksum is read).
+    fn seq_at(&self, at: u64) -> Option<u64> {
+        let mut head = [0u8; RECORD_HEADER_BYTES];
+        self.file.read_at(at, &mut head).ok()?;
+        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
+        (len > 0).then(|| u64::from_le_bytes(head[4..12].try_into().expect("8 bytes")))
+    }
+
     /// How many live records a database whose next commit is `next_seq` and whose journal id
     /// is `id` lacks in the journal at `path` (0 when there is none), without changing it: a
     /// reader of a file no daemon holds.
@@ -318,9 +406,27 @@ impl Journal {
         (checksum(&head[0..12], payload, self.id) == sum).then_some((seq, len))
     }
 
-    /// Whether a record with a payload of `len` bytes fits.
-    pub(super) fn fits(&self, len: usize) -> bool {
-        self.end + self.footprint(len) <= self.capacity
+    /// Where a record taking `footprint` bytes goes: after the last one, or if it does not fit
+    /// before the end of the file, at the first record's place; never over a live record.
+    /// `None` when it fits nowhere.
+    fn place(&self, footprint: u64) -> Option<u64> {
+        let (start, end, cap) = (HEADER_BYTES, self.end, self.capacity);
+        let fits_before =
+            |at: u64, limit: u64| at.checked_add(footprint).is_some_and(|e| e <= limit);
+        match self.live.front() {
+            None if fits_before(end, cap) => Some(end),
+            None => fits_before(start, cap).then_some(start),
+            // The live records run from `tail` to `end`: free after them and before them.
+            Some(&(_, tail, _)) if end > tail => {
+                if fits_before(end, cap) {
+                    Some(end)
+                } else {
+                    fits_before(start, tail).then_some(start)
+                }
+            }
+            // They go round the end of the file: free between them.
+            Some(&(_, tail, _)) => fits_before(end, tail).then_some(end),
+        }
     }
 
     /// Appends the record of commit `seq` holding `redo`, and syncs it: when this returns `Ok`
@@ -331,36 +437,41 @@ impl Journal {
         buf.resize(RECORD_HEADER_BYTES, 0);
         redo.encode(&mut buf);
         let len = buf.len() - RECORD_HEADER_BYTES;
-        if !self.fits(len) {
+        let footprint = self.footprint(len);
+        let Some(at) = self.place(footprint) else {
             self.buf = buf;
             return Ok(false);
-        }
+        };
         let len32 = u32::try_from(len).expect("a record fits in the journal, far below 4 GiB");
         buf[0..4].copy_from_slice(&len32.to_le_bytes());
         buf[4..12].copy_from_slice(&seq.to_le_bytes());
         let sum = checksum(&buf[0..12], &buf[RECORD_HEADER_BYTES..], self.id);
         buf[12..20].copy_from_slice(&sum.to_le_bytes());
         // To the end of its last page: the page holds this record and nothing else.
-        let footprint = self.footprint(len);
         buf.resize(
             usize::try_from(footprint).expect("a record fits in memory"),
             0,
         );
-        let written = self
-            .file
-            .write_at(self.end, &buf)
-            .and_then(|()| self.file.sync());
+        let written = self.file.write_at(at, &buf).and_then(|()| self.file.sync());
         self.buf = buf;
         written?;
-        self.end += footprint;
+        self.end = at + footprint;
+        self.live.push_back((seq, at, footprint));
+        self.live_bytes += footprint;
         Ok(true)
     }
 
-    /// Starts over from the first record: call only once the database holds every record
-    /// written so far durably. Nothing is written; the old records are overwritten as new ones
-    /// come, and a scan tells them apart by their sequence numbers.
-    pub(super) fn start_over(&mut self) {
-        self.end = HEADER_BYTES;
+    /// The records of commits before `seq` are no longer live: the database holds them
+    /// durably. Nothing is written; their pages are overwritten as new records come round, and
+    /// a scan tells old records apart by their sequence numbers.
+    pub(super) fn release_below(&mut self, seq: u64) {
+        while let Some(&(s, _, footprint)) = self.live.front() {
+            if s >= seq {
+                break;
+            }
+            self.live.pop_front();
+            self.live_bytes -= footprint;
+        }
     }
 }
 

@@ -5,20 +5,19 @@
 //! and the fault seam for tests (`faults`).
 //!
 //! A commit is durable once its record is in the journal (`<path>.journal`, one write and one
-//! `fdatasync`); the same writes go into redb as a non-durable transaction, which readers see at
-//! once. redb's own durable commits are the checkpoints (and retention passes); after each the
-//! journal starts over. Opening the file applies the journal's records that it lacks. Without a
-//! journal (`store.journal_size = 0`) every commit is a durable redb transaction.
+//! `fdatasync`); it then waits in memory (`store::pending`), where readers see it, until a
+//! checkpoint folds it into redb in a durable transaction (`store::log`). Opening the file
+//! applies the journal's records that it lacks. Without a journal (`store.journal_size = 0`)
+//! every commit is a durable redb transaction.
 //!
 //! Tables:
 //! - `log`: `u64` commit sequence number -> a [`crate::commitlog`] record: what that commit
-//!   added, until a checkpoint folds it into `buckets` and `pages` (`store::log`). A commit
-//!   writes only this table (and `dedup`, and new series): its keys only grow.
+//!   added, until a checkpoint folds it into `buckets` and `pages` (`store::log`). Written by a
+//!   journal's replay and by commits without the journal: its keys only grow.
 //! - `series_by_name`: `&str` (`sensor/metric`) -> `u64` id; `series_by_id`: the reverse. Ids
 //!   start at 0; a new series takes one above the highest. Retention deletes a series whose last
-//!   bucket it deleted (nothing else refers to its id then: the log is folded first, and the
-//!   journal starts over after the pass), so a lapsed series frees its place in
-//!   `limits.max_series` ([`Store::take_forgotten`]).
+//!   bucket it deleted (nothing else refers to its id then: the log is folded first), so a
+//!   lapsed series frees its place in `limits.max_series` ([`Store::take_forgotten`]).
 //! - `buckets`: `(series_id: u64, start: i64)` -> BSON [`BucketDoc`] as of the last checkpoint.
 //!   redb orders integer tuples numerically, so one series' buckets are contiguous and in time
 //!   order.
@@ -27,7 +26,7 @@
 //! - `meta`: `&str` -> `&str`: `format_version`, `bucket_width_secs`, `created_at`.
 //! - `dedup`: `u64` commit sequence number -> the [`crate::dedup`] fingerprints of the messages
 //!   that commit counted, each with the session and packet id that put it in a resend sequence
-//!   ([`crate::dedup::encode`]: 16 + 4 bytes each). Written in the same transaction as the log record,
+//!   ([`crate::dedup::encode`]: ~11 bytes each). Written in the same transaction as the log record,
 //!   and trimmed to the last `limits.dedup_window` fingerprints by each checkpoint. The last entry is always kept: its
 //!   key is the sequence number of the last commit, which tells a retry whether a commit whose
 //!   outcome was unknown (an I/O error) landed.
@@ -383,8 +382,8 @@ impl Store {
         Ok(())
     }
 
-    /// Opens the journal (creating it when `journal_bytes` asks for one), applies the records
-    /// the file lacks in one durable transaction, and starts it over. A journal left from a run
+    /// Opens the journal (creating it when `journal_bytes` asks for one), and applies the records
+    /// the file lacks in one durable transaction. A journal left from a run
     /// with one is applied even when this run has none, then removed; one of another size is
     /// made anew once applied.
     fn open_journal(&mut self, id: u64) -> Result<(), StoreOpenError> {
@@ -421,7 +420,8 @@ impl Store {
         } else {
             tx.abort().map_err(|e| corrupt(e.into()))?;
         }
-        j.start_over();
+        // The file holds every record now.
+        j.release_below(u64::MAX);
         // Made anew (now that the file holds its records) when its size changed, or when an
         // older release wrote it in a format this one only reads.
         if wanted == 0 || j.room() + journal::HEADER_BYTES != wanted || !j.current_format() {
@@ -448,14 +448,12 @@ impl Store {
         Ok(tx)
     }
 
-    /// After a durable transaction committed: once the file holds every commit (none is
-    /// pending), the journal starts over.
+    /// After a durable transaction committed: the file holds every commit before the first
+    /// pending one, and their journal records are no longer live.
     fn durable_committed(&mut self) {
-        if !pending::now(&self.pending).is_empty() {
-            return;
-        }
+        let first_pending = pending::now(&self.pending).first().map(|c| c.seq);
         if let Some(j) = &mut self.journal {
-            j.start_over();
+            j.release_below(first_pending.unwrap_or(u64::MAX));
         }
     }
 
@@ -464,7 +462,7 @@ impl Store {
     /// read by `bucketd export` or copied.
     pub fn sync_file(&mut self) -> Result<(), CommitError> {
         if !pending::now(&self.pending).is_empty() {
-            // Folded: the file then holds them, and the journal starts over.
+            // Folded: the file then holds them, and their journal records are not live.
             self.checkpoint()?;
             return Ok(());
         }
@@ -476,8 +474,8 @@ impl Store {
         Ok(())
     }
 
-    /// Bytes of the journal's records since it last started over, and the room it has (both 0
-    /// without a journal).
+    /// Bytes of the journal's live records (commits not folded yet), and the room it has (both
+    /// 0 without a journal).
     pub fn journal_use(&self) -> (u64, u64) {
         self.journal
             .as_ref()
@@ -741,8 +739,8 @@ impl Store {
     /// through the journal (one record, synced), after which the commit waits in memory
     /// (`store::pending`) for a checkpoint to fold it: redb is not written at all, unless an
     /// outbox entry goes with it (a non-durable transaction of the outbox alone). Without a
-    /// journal, or when the record does not fit in what is left of it (after folding what is
-    /// pending, so that it may start over), as one durable redb transaction. When this returns
+    /// journal, or when the record does not fit in it even after folding what is pending (which
+    /// frees every record), as one durable redb transaction. When this returns
     /// `Ok`, the batch survives a power cut and every reader sees it; [`Store::checkpoint`]
     /// later folds it into the bucket documents. After an error, [`Store::reopen`] and compare
     /// [`Store::next_seq`] to learn whether it landed.
@@ -750,7 +748,7 @@ impl Store {
         if let Some(stats) = self.commit_once(batch, true)? {
             return Ok(stats);
         }
-        // The journal is full of pending commits: fold them, and it starts over.
+        // The journal is full of pending commits: fold them, which frees their records.
         self.checkpoint()?;
         Ok(self
             .commit_once(batch, false)?
