@@ -193,6 +193,8 @@ pub struct RawUpstream {
     pub batch_entries: usize,
     #[serde(with = "humantime_serde")]
     pub retry_delay_max: Duration,
+    #[serde(with = "humantime_serde")]
+    pub postgres_retention: Duration,
     /// `[upstream.mqtt_tls]`: TLS to the upstream broker, as `[mqtt.tls]`.
     pub mqtt_tls: RawTls,
 }
@@ -223,6 +225,8 @@ pub struct UpstreamConfig {
     pub outbox_max_entries: usize,
     pub batch_entries: usize,
     pub retry_delay_max: Duration,
+    /// `upstream.postgres_retention`: fleet retention by month partitions; `None`: off.
+    pub postgres_retention: Option<Duration>,
 }
 
 fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, ConfigError> {
@@ -309,6 +313,7 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
         outbox_max_entries: raw.outbox_max_entries,
         batch_entries: raw.batch_entries,
         retry_delay_max: raw.retry_delay_max,
+        postgres_retention: (!raw.postgres_retention.is_zero()).then_some(raw.postgres_retention),
     }))
 }
 

@@ -49,6 +49,7 @@ pub const DISK_WRITTEN: &str = "bucketd_disk_written_bytes_total";
 pub const UPSTREAM_ENTRIES: &str = "bucketd_upstream_forwarded_entries_total";
 pub const UPSTREAM_READINGS: &str = "bucketd_upstream_forwarded_readings_total";
 pub const UPSTREAM_ERRORS: &str = "bucketd_upstream_errors_total";
+pub const UPSTREAM_EXPIRED: &str = "bucketd_upstream_expired_readings_total";
 pub const UPSTREAM_CONNECTED: &str = "bucketd_upstream_connected";
 pub const UPSTREAM_LAG_ENTRIES: &str = "bucketd_upstream_lag_entries";
 pub const UPSTREAM_LAG_SECONDS: &str = "bucketd_upstream_lag_seconds";
@@ -272,6 +273,11 @@ fn describe(process: &metrics_process::Collector) {
         "Readings represented by the deltas applied upstream."
     );
     describe_counter!(
+        UPSTREAM_EXPIRED,
+        Unit::Count,
+        "Readings not forwarded: their buckets are older than upstream.postgres_retention."
+    );
+    describe_counter!(
         UPSTREAM_ERRORS,
         Unit::Count,
         "Failed forwarding attempts (connection or SQL errors); the outbox keeps the deltas."
@@ -358,6 +364,7 @@ fn copy_stats(stats: &Stats) {
         counter!(UPSTREAM_ENTRIES).absolute(Stats::get(&stats.upstream_entries));
         counter!(UPSTREAM_READINGS).absolute(Stats::get(&stats.upstream_readings));
         counter!(UPSTREAM_ERRORS).absolute(Stats::get(&stats.upstream_errors));
+        counter!(UPSTREAM_EXPIRED).absolute(Stats::get(&stats.upstream_expired));
         let up = stats
             .upstream_connected
             .load(std::sync::atomic::Ordering::Relaxed);

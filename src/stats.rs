@@ -69,6 +69,8 @@ pub struct Stats {
     pub upstream_entries: AtomicU64,
     pub upstream_readings: AtomicU64,
     pub upstream_errors: AtomicU64,
+    /// Readings of buckets older than `upstream.postgres_retention`, not forwarded.
+    pub upstream_expired: AtomicU64,
     /// With `[central] claims_postgres`: delta messages another instance had claimed, and
     /// failed attempts to claim.
     pub claims_enabled: AtomicBool,

@@ -37,3 +37,8 @@ DROP POLICY IF EXISTS bucketd_own_row ON bucketd_gateways;
 CREATE POLICY bucketd_own_row ON bucketd_gateways TO bucketd_gateway
     USING (gateway_id = current_user)
     WITH CHECK (gateway_id = current_user);
+
+-- Partitions are made as gateways need them (bucketd_ensure_partitions runs as the tables'
+-- owner); fleet retention (upstream.postgres_retention) drops them.
+GRANT EXECUTE ON FUNCTION bucketd_ensure_partitions(timestamptz[]) TO bucketd_gateway;
+GRANT EXECUTE ON FUNCTION bucketd_drop_partitions_before(timestamptz) TO bucketd_gateway;

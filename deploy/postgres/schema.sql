@@ -2,15 +2,46 @@
 -- advisory lock, when it connects; an operator may run it first (psql -f schema.sql).
 --
 -- One row per (series, hour) over the whole fleet. Series are '<gateway_id>:<sensor>/<metric>'.
--- Gateways add their per-commit deltas with INSERT ... ON CONFLICT DO UPDATE increments;
--- `sketch` (the quantile sketch, bucketd's binary encoding) cannot be merged in SQL: the
--- forwarder locks the row, merges it, and writes the result in the same statement.
+-- A gateway applies a batch of its outbox in one transaction: its bucketd_gateways row locked,
+-- the batch's rows read (their sketches: bucketd's binary encoding, which SQL cannot merge),
+-- and every row written by one multi-row INSERT ... ON CONFLICT DO UPDATE that adds the
+-- batch's deltas, with the sketch merged by the forwarder and p50/p90/p99 recomputed from it.
+--
+-- Partitioned by month of `start` (bucketd_buckets_y2026m11 and so on), made by
+-- bucketd_ensure_partitions as gateways need them; fleet retention (upstream.postgres_retention)
+-- drops whole partitions (bucketd_drop_partitions_before), never deletes rows.
 --
 -- Citus:       SELECT create_distributed_table('bucketd_buckets', 'series');
 --              SELECT create_reference_table('bucketd_gateways');
--- TimescaleDB: SELECT create_hypertable('bucketd_buckets', 'start',
+--              (Citus distributes a partitioned table with its partitions.)
+-- TimescaleDB: make bucketd_buckets a plain table with the same columns and key and
+--              SELECT create_hypertable('bucketd_buckets', 'start',
 --                                       chunk_time_interval => interval '7 days');
+--              before bucketd first connects: bucketd accepts a hypertable in place of the
+--              partitioned table, and its partition functions then do nothing (use
+--              TimescaleDB's drop_chunks for retention).
 -- (the primary key holds both the distribution column and the time column, as both require).
+-- Neither extension can be installed where bucketd is tested: these steps are untested.
+
+-- A table made by a release before partitions is not changed behind the operator's back: its
+-- rows may be many. deploy/postgres/migrate-partitioned.sql moves them, once.
+DO $$
+DECLARE
+    hypertable boolean := false;
+BEGIN
+    IF to_regclass('_timescaledb_catalog.hypertable') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT FROM _timescaledb_catalog.hypertable
+                                WHERE table_name = ''bucketd_buckets'')' INTO hypertable;
+    END IF;
+    IF NOT hypertable AND EXISTS (SELECT FROM pg_class
+                                  WHERE oid = to_regclass('bucketd_buckets') AND relkind = 'r') THEN
+        RAISE EXCEPTION 'bucketd_buckets is not partitioned (an older bucketd made it): migrate '
+                        'it once, as the table''s owner: psql -d <database> -v ON_ERROR_STOP=1 '
+                        '-f deploy/postgres/migrate-partitioned.sql'
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+END
+$$;
 
 CREATE TABLE IF NOT EXISTS bucketd_buckets (
     series      text             NOT NULL,
@@ -34,8 +65,31 @@ CREATE TABLE IF NOT EXISTS bucketd_buckets (
     mean        double precision NOT NULL,
     m2          double precision NOT NULL,
     sketch      bytea            NOT NULL,
+    -- Quantiles of the merged sketch, recomputed whenever the row is written (within the
+    -- sketch's relative accuracy, clamped to min and max; NULL when the sketch does not cover
+    -- every reading): for SQL clients such as Grafana's PostgreSQL data source.
+    p50         double precision,
+    p90         double precision,
+    p99         double precision,
     PRIMARY KEY (series, start)
-);
+) PARTITION BY RANGE (start);
+-- Changes to a table that exists are made only when missing: ALTER TABLE and CREATE INDEX lock
+-- the table even when IF NOT EXISTS finds nothing to do, and a gateway connecting while others
+-- write would deadlock with them.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = 'bucketd_buckets'::regclass AND attname = 'p50') THEN
+        ALTER TABLE bucketd_buckets ADD COLUMN IF NOT EXISTS p50 double precision,
+                                    ADD COLUMN IF NOT EXISTS p90 double precision,
+                                    ADD COLUMN IF NOT EXISTS p99 double precision;
+    END IF;
+    -- A gateway's series over a range.
+    IF to_regclass('bucketd_buckets_gateway') IS NULL THEN
+        CREATE INDEX IF NOT EXISTS bucketd_buckets_gateway ON bucketd_buckets (gateway_id, start);
+    END IF;
+END
+$$;
 
 -- The last outbox entry of each gateway applied here, updated in the same transaction as the
 -- rows it changed: a retry of an entry at or below it changes nothing (exactly once).
@@ -46,4 +100,80 @@ CREATE TABLE IF NOT EXISTS bucketd_gateways (
     origin     text        NOT NULL DEFAULT '',
     updated_at timestamptz NOT NULL DEFAULT now()
 );
-ALTER TABLE bucketd_gateways ADD COLUMN IF NOT EXISTS origin text NOT NULL DEFAULT '';
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = 'bucketd_gateways'::regclass AND attname = 'origin') THEN
+        ALTER TABLE bucketd_gateways ADD COLUMN IF NOT EXISTS origin text NOT NULL DEFAULT '';
+    END IF;
+END
+$$;
+
+-- The month partitions holding `starts`, made where missing; returns how many were made.
+-- SECURITY DEFINER: a gateway's role (roles.sql) may not create tables, but may call this.
+-- Called by bucketd in a transaction of its own (creating a partition locks the parent table).
+CREATE OR REPLACE FUNCTION bucketd_ensure_partitions(starts timestamptz[]) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET TimeZone = 'UTC' AS $$
+DECLARE
+    month timestamptz;
+    name text;
+    made integer := 0;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('bucketd_buckets')) IS DISTINCT FROM 'p' THEN
+        RETURN 0;  -- a TimescaleDB hypertable
+    END IF;
+    FOR month IN SELECT DISTINCT date_trunc('month', s) FROM unnest(starts) AS s LOOP
+        -- Bounded: a gateway's role may call this, and one partition a month for twenty years
+        -- back is the most it can make.
+        IF month < date_trunc('month', now()) - interval '20 years'
+           OR month > date_trunc('month', now()) + interval '2 months' THEN
+            RAISE EXCEPTION 'no partition of bucketd_buckets is made for %: more than 20 years '
+                            'before or 2 months after now', month
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        name := 'bucketd_buckets_' || to_char(month, '"y"YYYY"m"MM');
+        IF to_regclass(name) IS NULL THEN
+            -- Two gateways may make the same month at once: the second finds it made.
+            BEGIN
+                EXECUTE format('CREATE TABLE %I PARTITION OF bucketd_buckets '
+                               'FOR VALUES FROM (%L) TO (%L)',
+                               name, month, month + interval '1 month');
+                made := made + 1;
+            EXCEPTION WHEN duplicate_table OR unique_violation THEN
+                NULL;
+            END;
+        END IF;
+    END LOOP;
+    RETURN made;
+END
+$$;
+
+-- Drops the month partitions that end at or before `cutoff` (fleet retention); returns how
+-- many. Whole partitions: no row-by-row delete, no vacuum debt.
+CREATE OR REPLACE FUNCTION bucketd_drop_partitions_before(cutoff timestamptz) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT SET TimeZone = 'UTC' AS $$
+DECLARE
+    part record;
+    dropped integer := 0;
+BEGIN
+    FOR part IN
+        SELECT c.relname
+        FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = to_regclass('bucketd_buckets')
+          AND c.relname ~ '^bucketd_buckets_y[0-9]{4}m[0-9]{2}$'
+    LOOP
+        IF to_timestamp(substr(part.relname, 18, 4) || substr(part.relname, 23, 2), 'YYYYMM')
+               + interval '1 month' <= cutoff THEN
+            BEGIN
+                EXECUTE format('DROP TABLE %I', part.relname);
+                dropped := dropped + 1;
+            EXCEPTION WHEN undefined_table THEN
+                NULL;  -- dropped meanwhile by another gateway's retention
+            END;
+        END IF;
+    END LOOP;
+    RETURN dropped;
+END
+$$;
+REVOKE ALL ON FUNCTION bucketd_ensure_partitions(timestamptz[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION bucketd_drop_partitions_before(timestamptz) FROM PUBLIC;

@@ -37,6 +37,9 @@ const PUBACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How often the outbox is looked at when it was empty.
 const IDLE_POLL: Duration = Duration::from_millis(500);
+/// How often fleet retention (`upstream.postgres_retention`) looks for partitions to drop.
+#[cfg(feature = "postgres")]
+const RETENTION_EVERY: Duration = Duration::from_hours(1);
 /// First wait after a failure; doubles up to `upstream.retry_delay_max`.
 const RETRY_MIN: Duration = Duration::from_millis(500);
 
@@ -56,7 +59,7 @@ pub struct Forwarder {
 /// A connection to the upstream.
 enum Sink {
     #[cfg(feature = "postgres")]
-    Postgres(tokio_postgres::Client),
+    Postgres(Box<super::postgres::FleetDb>),
     Mqtt(rumqttc::AsyncClient, Box<rumqttc::EventLoop>),
 }
 
@@ -74,10 +77,34 @@ impl Forwarder {
         // The last entry known to be applied upstream (this run).
         let mut applied: Option<u64> = None;
         let mut failures = 0u32;
+        // Fleet retention (upstream.postgres_retention): at the first connection, then hourly.
+        #[cfg(feature = "postgres")]
+        let mut retention_due = tokio::time::Instant::now();
         let name = self.upstream_name();
         info!(gateway_id = %self.config.gateway_id, "Forwarding bucket deltas to {name}.");
         loop {
-            let wait = match self.step(&mut sink, &mut applied).await {
+            let stepped = self.step(&mut sink, &mut applied).await;
+            #[cfg(feature = "postgres")]
+            if let (Some(Sink::Postgres(db)), Some(retention)) =
+                (&sink, self.config.postgres_retention)
+                && tokio::time::Instant::now() >= retention_due
+            {
+                retention_due += RETENTION_EVERY;
+                match db.drop_partitions_older_than(retention).await {
+                    Ok(0) => {}
+                    Ok(n) => info!(
+                        partitions = n,
+                        "Dropped the month partitions of bucketd_buckets older than \
+                         upstream.postgres_retention."
+                    ),
+                    Err(e) => warn!(
+                        error = format!("{e:#}"),
+                        "Fleet retention failed; retrying in an hour. The role needs EXECUTE \
+                         on bucketd_drop_partitions_before (deploy/postgres/roles.sql)."
+                    ),
+                }
+            }
+            let wait = match stepped {
                 Ok(true) => {
                     if failures > 0 {
                         info!("Forwarding to {name} again.");
@@ -169,7 +196,19 @@ impl Forwarder {
         let shipped = match sink.as_mut().expect("connected above") {
             #[cfg(feature = "postgres")]
             Sink::Postgres(db) => {
-                super::postgres::apply(db, &self.config.gateway_id, origin, &entries).await?
+                let retention = self.config.postgres_retention;
+                let done = super::postgres::apply(
+                    db,
+                    &self.config.gateway_id,
+                    origin,
+                    &entries,
+                    retention,
+                )
+                .await?;
+                self.stats
+                    .upstream_expired
+                    .fetch_add(done.expired, Ordering::Relaxed);
+                done.readings
             }
             Sink::Mqtt(client, events) => {
                 publish(client, events, &self.config.gateway_id, origin, &entries).await?
@@ -209,12 +248,10 @@ impl Forwarder {
             #[cfg(feature = "postgres")]
             UpstreamTarget::Postgres { conninfo } => {
                 let name = format!("bucketd {}", self.config.gateway_id);
-                let schema = super::postgres::SCHEMA;
-                let client =
-                    super::postgres::connect(conninfo, self.password.as_ref(), name, schema)
-                        .await?;
+                let db =
+                    super::postgres::FleetDb::open(conninfo, self.password.as_ref(), name).await?;
                 info!("Connected to PostgreSQL.");
-                Ok(Sink::Postgres(client))
+                Ok(Sink::Postgres(Box::new(db)))
             }
             UpstreamTarget::Mqtt {
                 host,

@@ -30,6 +30,8 @@ mod claims;
 /// Gateways to central instances over an upstream broker.
 #[cfg(feature = "central")]
 mod mqtt;
+#[cfg(feature = "postgres")]
+mod partitions;
 /// Gateways to PostgreSQL, exactly once through a `kill -9`.
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -302,7 +302,7 @@ async fn postgresql_over_tls_honours_sslmode() {
 /// write as another gateway nor touch another gateway's rows or `last_seq`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_role_touches_only_its_own_rows() {
-    use bucketd::fleet::postgres::{SCHEMA, apply, connect as bucketd_connect};
+    use bucketd::fleet::postgres::{FleetDb, SCHEMA, apply};
     use bucketd::store::OutboxDoc;
 
     let testdb = TestDb::create().await;
@@ -345,51 +345,58 @@ async fn a_gateway_role_touches_only_its_own_rows() {
         )],
     };
     let origin = "2026-11-22T12:00:00.000Z";
-    let mut gw_a = bucketd_connect(&as_role(&a), None, "gw-a".into(), SCHEMA)
+    let mut gw_a = FleetDb::open(&as_role(&a), None, "gw-a".into())
         .await
         .expect("connects without rights to create the schema");
-    let mut gw_b = bucketd_connect(&as_role(&b), None, "gw-b".into(), SCHEMA)
+    let mut gw_b = FleetDb::open(&as_role(&b), None, "gw-b".into())
         .await
         .unwrap();
     assert_eq!(
-        apply(&mut gw_a, &a, origin, &[entry(0, 1.0)])
+        apply(&mut gw_a, &a, origin, &[entry(0, 1.0)], None)
             .await
-            .unwrap(),
+            .unwrap()
+            .readings,
         1
     );
     assert_eq!(
-        apply(&mut gw_b, &b, origin, &[entry(0, 2.0)])
+        apply(&mut gw_b, &b, origin, &[entry(0, 2.0)], None)
             .await
-            .unwrap(),
+            .unwrap()
+            .readings,
         1
     );
     // Writing as the other gateway: refused by the policy, nothing applied.
-    let e = apply(&mut gw_a, &b, origin, &[entry(1, 9.0)])
+    let e = apply(&mut gw_a, &b, origin, &[entry(1, 9.0)], None)
         .await
         .unwrap_err();
     assert!(format!("{e:#}").contains("row-level security"), "{e:#}");
     // Touching the other's rows: invisible, so nothing changes; deleting is not granted.
     let changed = gw_a
+        .client()
         .execute("UPDATE bucketd_gateways SET last_seq = 1000000", &[])
         .await
         .unwrap();
     assert_eq!(changed, 1, "its own row only");
     let changed = gw_a
+        .client()
         .execute("UPDATE bucketd_buckets SET count = 0", &[])
         .await
         .unwrap();
     assert_eq!(changed, 1, "its own row only");
     assert!(
-        gw_a.execute("DELETE FROM bucketd_buckets", &[])
+        gw_a.client()
+            .execute("DELETE FROM bucketd_buckets", &[])
             .await
             .is_err()
     );
     assert!(
-        gw_a.batch_execute("DROP TABLE bucketd_gateways")
+        gw_a.client()
+            .batch_execute("DROP TABLE bucketd_gateways")
             .await
             .is_err()
     );
     let seen: i64 = gw_a
+        .client()
         .query_one("SELECT count(*) FROM bucketd_buckets", &[])
         .await
         .unwrap()

@@ -1,0 +1,332 @@
+//! PostgreSQL's partitioned fleet table (issue 43), driven through bucketd's own apply
+//! (`fleet::postgres`) against the machine's PostgreSQL: a batch across a month boundary, many
+//! gateways at once, fleet retention dropping a month while gateways write, and a table of an
+//! older release refused and then migrated. Ground truth: the readings themselves.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use bucketd::doc::BucketDoc;
+use bucketd::fleet::postgres::{self, FleetDb};
+use bucketd::sketch::SketchParams;
+use bucketd::store::OutboxDoc;
+use bucketd::summary::Summary;
+
+use super::pg::{TestDb, connect};
+
+const HOUR: i64 = 3600;
+
+/// The first second of the month `back` months before the current one (UTC).
+fn month_start(back: u32) -> i64 {
+    use chrono::Datelike;
+    let now = chrono::Utc::now();
+    let months = now.year() * 12 + now.month0() as i32 - back as i32;
+    chrono::NaiveDate::from_ymd_opt(months.div_euclid(12), months.rem_euclid(12) as u32 + 1, 1)
+        .unwrap()
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc()
+        .timestamp()
+}
+
+/// A bucket delta of `series` at `start` holding `values` (timestamps one second apart).
+fn delta(series: &str, start: i64, values: &[f64]) -> BucketDoc {
+    let mut s = Summary::with_params(start * 1_000_000_000, values[0], SketchParams::DEFAULT);
+    for (i, &v) in values.iter().enumerate().skip(1) {
+        s.push((start + i as i64) * 1_000_000_000, v);
+    }
+    BucketDoc::new(series, start, HOUR, &s)
+}
+
+fn entry(seq: i64, buckets: Vec<BucketDoc>) -> OutboxDoc {
+    OutboxDoc {
+        seq,
+        created_ns: 0,
+        buckets,
+    }
+}
+
+async fn open(conninfo: &str, gateway: &str) -> FleetDb {
+    FleetDb::open(conninfo, None, format!("bucketd {gateway}"))
+        .await
+        .unwrap()
+}
+
+/// Each row's partition, count and p99 column, by (series, start).
+async fn rows(pg: &tokio_postgres::Client) -> BTreeMap<(String, i64), (String, i64, Option<f64>)> {
+    pg.query(
+        "SELECT series, extract(epoch FROM start)::bigint, tableoid::regclass::text, count, p99
+         FROM bucketd_buckets",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3), r.get(4))))
+    .collect()
+}
+
+/// The exact p-quantile of `values` by the nearest-rank definition (the smallest value with
+/// at least p of the readings at or below it): independent of the sketch's own rank rule, so
+/// the comparison allows the sketch's 1% and one rank either way.
+fn nearest_rank(values: &[f64], p: f64) -> (f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    (v[rank.saturating_sub(2)], v[rank.min(v.len() - 1)])
+}
+
+fn within(got: f64, (low, high): (f64, f64)) -> bool {
+    got >= low * 0.99 - 1e-9 && got <= high * 1.01 + 1e-9
+}
+
+/// One batch whose buckets fall in two months lands in two partitions, made as it needed them;
+/// the p99 column is the p99 of everything the row holds (two batches' readings), and the same
+/// batch sent again changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_across_a_month_boundary_lands_in_both_months_once() {
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let pg = connect(&conninfo).await;
+    let mut db = open(&conninfo, "gw-month").await;
+    let boundary = month_start(0);
+    let (before, after) = (boundary - HOUR, boundary);
+    let first: Vec<f64> = (1..=300).map(f64::from).collect();
+    let second: Vec<f64> = (301..=1000).map(f64::from).collect();
+    let batch = [
+        entry(
+            0,
+            vec![delta("t/a", before, &first), delta("t/a", after, &first)],
+        ),
+        entry(1, vec![delta("t/a", before, &second)]),
+    ];
+    let done = postgres::apply(&mut db, "gw-month", "origin-1", &batch, None)
+        .await
+        .unwrap();
+    assert_eq!(done.readings, 300 + 300 + 700);
+    let got = rows(&pg).await;
+    let month = |t: i64| {
+        let d = chrono::DateTime::from_timestamp(t, 0).unwrap();
+        format!("bucketd_buckets_{}", d.format("y%Ym%m"))
+    };
+    let key = |t: i64| ("gw-month:t/a".to_owned(), t);
+    assert_eq!(got.len(), 2, "{got:?}");
+    let (part, count, p99) = &got[&key(before)];
+    assert_eq!((part.as_str(), *count), (month(before).as_str(), 1000));
+    let all: Vec<f64> = (1..=1000).map(f64::from).collect();
+    assert!(within(p99.unwrap(), nearest_rank(&all, 0.99)), "{p99:?}");
+    let (part, count, p99) = &got[&key(after)];
+    assert_eq!((part.as_str(), *count), (month(after).as_str(), 300));
+    assert!(within(p99.unwrap(), nearest_rank(&first, 0.99)), "{p99:?}");
+    // Sent again (a lost COMMIT answer): applied already, nothing changes.
+    let again = postgres::apply(&mut db, "gw-month", "origin-1", &batch, None)
+        .await
+        .unwrap();
+    assert_eq!(again.readings, 0);
+    assert_eq!(rows(&pg).await, got);
+    drop((db, pg));
+    testdb.drop_it().await;
+}
+
+/// Sixteen gateways apply batches of 200 series at once into a month none of them has a
+/// partition for yet: every reading lands once, and no transaction deadlocks or fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_gateways_at_once_each_reading_once() {
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let start = month_start(1);
+    let mut tasks = Vec::new();
+    for g in 0..16 {
+        let conninfo = conninfo.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = format!("gw-{g}");
+            let mut db = open(&conninfo, &id).await;
+            let mut total = 0;
+            for seq in 0..5 {
+                let buckets = (0..200)
+                    .map(|s| delta(&format!("s{s}/v"), start + seq * HOUR, &[f64::from(g), 1.0]))
+                    .collect();
+                let batch = [entry(seq, buckets)];
+                total += postgres::apply(&mut db, &id, "o", &batch, None)
+                    .await
+                    .unwrap()
+                    .readings;
+            }
+            total
+        }));
+    }
+    let mut sent = 0;
+    for t in tasks {
+        sent += t.await.unwrap();
+    }
+    let pg = connect(&conninfo).await;
+    let stored: i64 = pg
+        .query_one("SELECT sum(count)::bigint FROM bucketd_buckets", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!((sent, stored), (16 * 5 * 200 * 2, 16 * 5 * 200 * 2));
+    let per_gateway: Vec<i64> = pg
+        .query(
+            "SELECT count(*) FROM bucketd_buckets GROUP BY gateway_id ORDER BY gateway_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(per_gateway, vec![1000; 16]);
+    drop(pg);
+    testdb.drop_it().await;
+}
+
+/// Fleet retention drops a whole month partition while two gateways keep writing into the
+/// current month: their rows are all there, the old month is gone, and a gateway with the
+/// retention set leaves out (and counts) a delta of the dropped month instead of making the
+/// partition again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_drops_a_month_while_gateways_write() {
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let (old, now) = (month_start(3), month_start(0));
+    let mut seed = open(&conninfo, "gw-r0").await;
+    postgres::apply(
+        &mut seed,
+        "gw-r0",
+        "o",
+        &[entry(0, vec![delta("a/v", old, &[1.0])])],
+        None,
+    )
+    .await
+    .unwrap();
+    let writers: Vec<_> = (1..=2)
+        .map(|g| {
+            let conninfo = conninfo.clone();
+            tokio::spawn(async move {
+                let id = format!("gw-r{g}");
+                let mut db = open(&conninfo, &id).await;
+                let mut total = 0;
+                for seq in 0..40 {
+                    let buckets = (0..50)
+                        .map(|s| delta(&format!("s{s}/v"), now, &[1.0, 2.0]))
+                        .collect();
+                    total += postgres::apply(&mut db, &id, "o", &[entry(seq, buckets)], None)
+                        .await
+                        .unwrap()
+                        .readings;
+                }
+                total
+            })
+        })
+        .collect();
+    // 31 days: the month three back ended at least 59 days ago, the current one is running.
+    let retention = Duration::from_hours(31 * 24);
+    let dropped = seed.drop_partitions_older_than(retention).await.unwrap();
+    let mut sent = 0;
+    for w in writers {
+        sent += w.await.unwrap();
+    }
+    assert_eq!(dropped, 1);
+    let pg = connect(&conninfo).await;
+    let months: Vec<String> = pg
+        .query(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'bucketd_buckets'::regclass ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let name = |t: i64| {
+        let d = chrono::DateTime::from_timestamp(t, 0).unwrap();
+        format!("bucketd_buckets_{}", d.format("y%Ym%m"))
+    };
+    assert_eq!(months, vec![name(now)]);
+    let stored: i64 = pg
+        .query_one("SELECT sum(count)::bigint FROM bucketd_buckets", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!((sent, stored), (2 * 40 * 50 * 2, 2 * 40 * 50 * 2));
+    // A late delta of the dropped month, from a gateway with the retention set: left out.
+    let late = [entry(
+        1,
+        vec![delta("a/v", old, &[5.0, 6.0]), delta("a/v", now, &[7.0])],
+    )];
+    let done = postgres::apply(&mut seed, "gw-r0", "o", &late, Some(retention))
+        .await
+        .unwrap();
+    assert_eq!((done.readings, done.expired), (1, 2));
+    let old_rows: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM bucketd_buckets WHERE start < $1",
+            &[&(UNIX_EPOCH + Duration::from_secs(now as u64))],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(old_rows, 0, "the dropped month came back");
+    drop((seed, pg));
+    testdb.drop_it().await;
+}
+
+/// The table as releases before partitions made it.
+const UNPARTITIONED: &str = "
+CREATE TABLE bucketd_buckets (
+    series text NOT NULL, start timestamptz NOT NULL, gateway_id text NOT NULL,
+    sensor text NOT NULL, metric text NOT NULL, width_secs integer NOT NULL,
+    count bigint NOT NULL, sum double precision NOT NULL, sum_comp double precision NOT NULL,
+    min double precision NOT NULL, max double precision NOT NULL, first_ts_ns bigint NOT NULL,
+    first_value double precision NOT NULL, last_ts_ns bigint NOT NULL,
+    last_value double precision NOT NULL, mean double precision NOT NULL,
+    m2 double precision NOT NULL, sketch bytea NOT NULL, PRIMARY KEY (series, start));
+CREATE TABLE bucketd_gateways (gateway_id text PRIMARY KEY, last_seq bigint NOT NULL,
+    origin text NOT NULL DEFAULT '', updated_at timestamptz NOT NULL DEFAULT now());";
+
+/// A table an older release made is refused with the command that migrates it, not changed;
+/// deploy/postgres/migrate-partitioned.sql moves its rows, and gateways then add to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpartitioned_table_is_refused_and_the_migration_keeps_its_rows() {
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let pg = connect(&conninfo).await;
+    pg.batch_execute(UNPARTITIONED).await.unwrap();
+    let start = month_start(1);
+    pg.execute(
+        "INSERT INTO bucketd_buckets VALUES ('gw-old:t/a', $1, 'gw-old', 't', 'a', 3600, 2, 3.0,
+             0.0, 1.0, 2.0, 0, 1.0, 1, 2.0, 1.5, 0.5, '\\x00')",
+        &[&(UNIX_EPOCH + Duration::from_secs(start as u64))],
+    )
+    .await
+    .unwrap();
+    let refused = FleetDb::open(&conninfo, None, "bucketd gw-old".into())
+        .await
+        .err()
+        .expect("an unpartitioned table is refused");
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("not partitioned") && message.contains("migrate-partitioned.sql"),
+        "{message}"
+    );
+    let migrate = include_str!("../../../deploy/postgres/migrate-partitioned.sql")
+        .replace("\\ir schema.sql", postgres::SCHEMA);
+    pg.batch_execute(&migrate).await.unwrap();
+    let mut db = open(&conninfo, "gw-old").await;
+    postgres::apply(
+        &mut db,
+        "gw-old",
+        "o",
+        &[entry(0, vec![delta("t/a", start, &[4.0])])],
+        None,
+    )
+    .await
+    .unwrap();
+    let got = rows(&pg).await;
+    let (_, count, _) = &got[&("gw-old:t/a".to_owned(), start)];
+    assert_eq!(*count, 3, "the migrated row and the new delta");
+    drop((db, pg));
+    testdb.drop_it().await;
+}
