@@ -245,6 +245,28 @@ impl Store {
         self.log_bytes
     }
 
+    /// Whether a commit not folded yet adds to a bucket that starts before `before` (seconds),
+    /// or a checkpoint is under way. Retention deletes only buckets (and pages) older than its
+    /// cutoffs; when no commit waiting touches one, none can come back from a later fold, and
+    /// the pass need not fold first (which would rewrite every bucket the last seconds touched,
+    /// right after the checkpoint that had just folded them).
+    pub fn log_reaches_before(&self, before: i64) -> Result<bool, CommitError> {
+        if self.fold.is_some() {
+            return Ok(true);
+        }
+        let mut found = false;
+        let mut note = |_seq: u64, e: &Entry<'_>| {
+            found |= e.start < before;
+            Ok(())
+        };
+        let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
+        visit_table(&tx.open_table(LOG)?, u64::MAX, &mut note)?;
+        for commit in super::pending::now(&self.pending).iter() {
+            visit_record(commit.seq, &commit.record, &mut note)?;
+        }
+        Ok(found)
+    }
+
     /// Folds the whole commit log into the bucket documents and raw pages (see
     /// [`Store::checkpoint_part`]): a checkpoint under way is finished in one part, then the
     /// rest of the log is folded in another, so each touched bucket is rewritten at most twice.

@@ -35,8 +35,11 @@ impl Store {
         max: usize,
     ) -> Result<ExpireStats, CommitError> {
         let mut stats = ExpireStats::default();
-        // Fold the log first: a bucket deleted here must not come back from a log entry.
-        self.checkpoint()?;
+        // Fold the log first when it touches what may be deleted: a bucket deleted here must not
+        // come back from a log entry.
+        if self.log_reaches_before(raw_before.max(buckets_before))? {
+            self.checkpoint()?;
+        }
         let tx = self.durable_tx()?;
         let mut emptied_series: Vec<u64> = Vec::new();
         {
@@ -99,6 +102,11 @@ impl Store {
                     break 'series;
                 }
             }
+        }
+        if stats.pages + stats.buckets == 0 {
+            // Nothing due: no durable commit (its header and allocator state) for nothing.
+            tx.abort()?;
+            return Ok(stats);
         }
         let mut names: Vec<Arc<str>> = Vec::with_capacity(emptied_series.len());
         if !emptied_series.is_empty() {

@@ -1965,6 +1965,51 @@ fn a_bucket_retention_deleted_never_comes_back() {
     );
 }
 
+/// Issue 42: every retention pass folded the log first, right after the checkpoint that had
+/// just folded it, rewriting every bucket the last seconds had touched (on the gateway load a
+/// second fold per interval), and committed durably even with nothing to delete. A pass now
+/// folds only when a commit waiting touches a bucket older than its cutoffs, and commits only
+/// when it deletes something; a bucket it deletes still never comes back (the test above).
+#[test]
+fn a_retention_pass_with_nothing_due_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quiet.redb");
+    let s = settings(&path);
+    let hour = 3600i64;
+    let mut store = Store::open(&s).unwrap();
+    store
+        .commit(&batch(&[("a/t", 10 * hour + 1, 1.0)]))
+        .unwrap();
+    store.checkpoint().unwrap();
+    store
+        .commit(&batch(&[("a/t", 10 * hour + 2, 2.0)]))
+        .unwrap();
+    let (log, journal) = (store.log_bytes(), store.journal_use().0);
+    assert!(log > 0 && journal > 0);
+    let modified = || std::fs::metadata(&path).unwrap().modified().unwrap();
+    let before = modified();
+    // Nothing older than hour 5: nothing folded, nothing committed (the journal record of the
+    // waiting commit stays live: no durable transaction freed it).
+    let expired = store.expire(5 * hour, 5 * hour, usize::MAX).unwrap();
+    assert_eq!((expired.pages, expired.buckets), (0, 0));
+    assert_eq!(store.log_bytes(), log, "folded for nothing");
+    assert_eq!(store.journal_use().0, journal);
+    assert_eq!(modified(), before, "a durable commit for nothing");
+    // A waiting commit into an hour the pass deletes: folded first, then deleted.
+    store.commit(&batch(&[("a/t", 3 * hour, 3.0)])).unwrap();
+    store
+        .commit(&batch(&[("a/t", 10 * hour + 3, 4.0)]))
+        .unwrap();
+    let expired = store.expire(5 * hour, 5 * hour, usize::MAX).unwrap();
+    assert_eq!(expired.buckets, 1);
+    assert_eq!(store.log_bytes(), 0);
+    store.checkpoint().unwrap();
+    assert_eq!(
+        totals_of(&store.reader()),
+        [(("a/t".to_owned(), 10 * hour), (3, 7.0))].into()
+    );
+}
+
 /// Issue 42: a bucket's `pages` (export, the API) counted the pages written so far, so it read
 /// differently before and after a checkpoint. A reader now counts the pages the readings not
 /// yet folded will make: the same answer either way, whatever the fill of the last page.
