@@ -164,13 +164,36 @@ impl Sketch {
         }
     }
 
-    /// The value at quantile `q` (0..=1), within a relative `α` of the exact one (for bins not
-    /// collapsed); `None` when empty.
+    /// The value at quantile `q` (0..=1) by the interpolated rank of Prometheus's
+    /// `quantile_over_time` (Hyndman-Fan type 7, numpy's default): with `h = q * (n - 1)`, the
+    /// values of ranks `floor(h)` and `floor(h) + 1` (0-based, ascending) weighted by the
+    /// fraction of `h`. Each is estimated within a relative `α` (for bins not collapsed), so the
+    /// answer is within `α` of the exact one when both have the same sign (within `α` of the
+    /// larger of the two otherwise). `None` when empty. [`crate::summary::Summary::quantile`]
+    /// puts the exact min and max at the ends.
     pub fn quantile(&self, q: f64) -> Option<f64> {
+        self.quantile_with(q, |rank| self.value_at_rank(rank))
+    }
+
+    /// [`Sketch::quantile`] with the value of each rank from `at`.
+    pub fn quantile_with(&self, q: f64, at: impl Fn(u64) -> Option<f64>) -> Option<f64> {
         if self.count == 0 {
             return None;
         }
-        let rank = (q.clamp(0.0, 1.0) * (self.count - 1) as f64).floor() as u64;
+        let h = q.clamp(0.0, 1.0) * (self.count - 1) as f64;
+        let low = h.floor();
+        let rank = low as u64;
+        let below = at(rank)?;
+        let fraction = h - low;
+        if fraction == 0.0 || rank.saturating_add(1) >= self.count {
+            return Some(below);
+        }
+        let above = at(rank + 1)?;
+        Some(below + fraction * (above - below))
+    }
+
+    /// The estimated value of rank `rank` (0-based, ascending); `None` when empty.
+    pub fn value_at_rank(&self, rank: u64) -> Option<f64> {
         let mut seen = 0u64;
         // Ascending values: the most negative first (largest index of the negative store).
         let negative = self

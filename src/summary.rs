@@ -129,14 +129,24 @@ impl Summary {
         debug_assert!(self.count > 0 && self.min <= self.max);
     }
 
-    /// The value at quantile `q`, within the sketch's relative accuracy and clamped to the
-    /// exact min and max; `None` when the sketch does not cover every reading (a bucket
-    /// written before sketches existed).
+    /// The value at quantile `q` by the interpolated rank of Prometheus's `quantile_over_time`
+    /// (Hyndman-Fan type 7; [`Sketch::quantile`]), the lowest and highest ranks being the exact
+    /// min and max and the others the sketch's estimates clamped to them: for readings 10 and 20,
+    /// p99 is 19.9 exactly. `None` when the sketch does not cover every reading (a bucket written
+    /// before sketches existed).
     pub fn quantile(&self, q: f64) -> Option<f64> {
         if self.sketch.count() != self.count {
             return None;
         }
-        self.sketch.quantile(q).map(|v| v.clamp(self.min, self.max))
+        let last = self.count.saturating_sub(1);
+        self.sketch.quantile_with(q, |rank| match rank {
+            0 => Some(self.min),
+            r if r >= last => Some(self.max),
+            r => self
+                .sketch
+                .value_at_rank(r)
+                .map(|v| v.clamp(self.min, self.max)),
+        })
     }
 
     /// The compensated sum.

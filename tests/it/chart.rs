@@ -9,7 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::prom_api::{close, daemon_with_data};
-use crate::support::truth;
+use crate::support::{assert_quantile, truth};
 
 /// The browser: `BUCKETD_CHROMIUM`, else the first of Debian's and other distributions' names
 /// that runs.
@@ -115,11 +115,7 @@ async fn the_chart_page_draws_a_series_in_a_real_browser() {
         assert_eq!(min[i].as_f64().unwrap(), t.min, "min @{hour}");
         assert_eq!(max[i].as_f64().unwrap(), t.max, "max @{hour}");
         let p = p99[i].as_f64().unwrap();
-        let exact = t.quantile(0.99);
-        assert!(
-            (p - exact).abs() <= 0.01 * exact.abs(),
-            "p99 @{hour}: {p} vs {exact}"
-        );
+        assert_quantile(p, t, 0.99, &format!("p99 @{hour}"));
     }
     // The data table has a row per drawn hour.
     let rows = element_text(&dom, "tbody", "rows");

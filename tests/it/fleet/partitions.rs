@@ -66,18 +66,12 @@ async fn rows(pg: &tokio_postgres::Client) -> BTreeMap<(String, i64), (String, i
     .collect()
 }
 
-/// The exact p-quantile of `values` by the nearest-rank definition (the smallest value with
-/// at least p of the readings at or below it): independent of the sketch's own rank rule, so
-/// the comparison allows the sketch's 1% and one rank either way.
-fn nearest_rank(values: &[f64], p: f64) -> (f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    (v[rank.saturating_sub(2)], v[rank.min(v.len() - 1)])
-}
-
-fn within(got: f64, (low, high): (f64, f64)) -> bool {
-    got >= low * 0.99 - 1e-9 && got <= high * 1.01 + 1e-9
+/// Within the sketch's 1% of the exact type-7 p-quantile of `values` (numpy's definition,
+/// computed from the readings).
+fn within(got: f64, values: &[f64], p: f64) -> bool {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    crate::support::quantile_close(got, crate::support::type7(&sorted, p))
 }
 
 /// One batch whose buckets fall in two months lands in two partitions, made as it needed them;
@@ -114,10 +108,10 @@ async fn a_batch_across_a_month_boundary_lands_in_both_months_once() {
     let (part, count, p99) = &got[&key(before)];
     assert_eq!((part.as_str(), *count), (month(before).as_str(), 1000));
     let all: Vec<f64> = (1..=1000).map(f64::from).collect();
-    assert!(within(p99.unwrap(), nearest_rank(&all, 0.99)), "{p99:?}");
+    assert!(within(p99.unwrap(), &all, 0.99), "{p99:?}");
     let (part, count, p99) = &got[&key(after)];
     assert_eq!((part.as_str(), *count), (month(after).as_str(), 300));
-    assert!(within(p99.unwrap(), nearest_rank(&first, 0.99)), "{p99:?}");
+    assert!(within(p99.unwrap(), &first, 0.99), "{p99:?}");
     // Sent again (a lost COMMIT answer): applied already, nothing changes.
     let again = postgres::apply(&mut db, "gw-month", "origin-1", &batch, None)
         .await

@@ -29,10 +29,27 @@ pub struct Truth {
 }
 
 impl Truth {
-    /// The exact value of rank `floor(q * (count - 1))`, the rank the sketch estimates.
-    pub fn quantile(&self, q: f64) -> f64 {
-        self.sorted[(q * (self.sorted.len() - 1) as f64).floor() as usize]
+    /// The exact quantile `q` by Hyndman and Fan's definition 7 (numpy's default, Prometheus's
+    /// `quantile_over_time`), from the sorted readings: `h = (n - 1) q`, then
+    /// `x[floor(h)] + (h - floor(h)) (x[floor(h) + 1] - x[floor(h)])`. Also the two neighbours.
+    pub fn quantile(&self, q: f64) -> (f64, f64, f64) {
+        type7(&self.sorted, q)
     }
+}
+
+/// The exact quantile `q` of ascending `x` by Hyndman and Fan's definition 7, and the two
+/// neighbours it lies between ([`Truth::quantile`]).
+pub fn type7(x: &[f64], q: f64) -> (f64, f64, f64) {
+    let h = (x.len() - 1) as f64 * q;
+    let (i, frac) = (h.floor() as usize, h - h.floor());
+    let (lo, hi) = (x[i], x[(i + 1).min(x.len() - 1)]);
+    (lo + frac * (hi - lo), lo, hi)
+}
+
+/// Whether `p` is within the sketch's 1% of the exact type-7 quantile (of the larger
+/// neighbour's magnitude when the two neighbours' signs differ: each is estimated within 1%).
+pub fn quantile_close(p: f64, (exact, lo, hi): (f64, f64, f64)) -> bool {
+    (p - exact).abs() <= 0.01 * lo.abs().max(hi.abs()) * (1.0 + 1e-9)
 }
 
 /// (series, bucket start); no start for readings stamped with the receive time.
@@ -150,12 +167,11 @@ fn check_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>, quantiles:
 /// A quantile estimate within the sketch's 1% of the exact value of the same rank.
 pub fn assert_quantile(p: f64, want: &Truth, q: f64, ctx: &str) {
     let exact = want.quantile(q);
-    let ok = if exact == 0.0 {
-        p == 0.0
-    } else {
-        ((p - exact) / exact).abs() <= 0.01 + 1e-9
-    };
-    assert!(ok, "p{} {p} vs exact {exact}: {ctx}", q * 100.0);
+    assert!(
+        quantile_close(p, exact),
+        "p{} {p} vs exact {exact:?}: {ctx}",
+        q * 100.0
+    );
 }
 
 /// min, max, and (for device-timestamped readings) first and last, bit for bit.
