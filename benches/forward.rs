@@ -176,22 +176,10 @@ async fn run_pg(
     let mut running = Vec::new();
     let started = Instant::now();
     for (g, (store, _)) in outboxes.iter().enumerate() {
-        let stats = Arc::new(Stats::new(1));
-        let forwarder = Forwarder {
-            config: upstream(
-                &format!("bench-{g}"),
-                UpstreamTarget::Postgres {
-                    conninfo: conninfo.clone(),
-                },
-                entries,
-            ),
-            password: None,
-            tls: None,
-            reader: store.reader(),
-            outbox: store.outbox(),
-            stats: stats.clone(),
-            origin: store.reader().created_at().unwrap(),
+        let target = UpstreamTarget::Postgres {
+            conninfo: conninfo.clone(),
         };
+        let (forwarder, stats) = forwarder_of(store, &format!("bench-{g}"), target, entries);
         running.push((tokio::spawn(forwarder.run(cancel.clone())), stats));
     }
     for (_, stats) in &running {
@@ -368,6 +356,26 @@ fn fill(
     (store, dir)
 }
 
+/// A forwarder of `store`'s outbox as `gateway_id`, and its counters.
+fn forwarder_of(
+    store: &Store,
+    gateway_id: &str,
+    target: UpstreamTarget,
+    entries: usize,
+) -> (Forwarder, Arc<Stats>) {
+    let stats = Arc::new(Stats::new(1));
+    let forwarder = Forwarder {
+        config: upstream(gateway_id, target, entries),
+        password: None,
+        tls: None,
+        reader: store.reader(),
+        outbox: store.outbox(),
+        stats: stats.clone(),
+        origin: store.reader().created_at().unwrap(),
+    };
+    (forwarder, stats)
+}
+
 /// Waits until the forwarder has shipped `entries` entries, failing on any error.
 async fn wait_shipped(stats: &Stats, entries: usize) {
     while stats.upstream_entries.load(Ordering::Relaxed) < entries as u64 {
@@ -389,16 +397,7 @@ async fn forward(
     target: UpstreamTarget,
 ) -> (Instant, f64, u64, u64, tempfile::TempDir) {
     let (store, dir) = fill(entries, buckets, per_bucket, false);
-    let stats = Arc::new(Stats::new(1));
-    let forwarder = Forwarder {
-        config: upstream("bench", target, entries),
-        password: None,
-        tls: None,
-        reader: store.reader(),
-        outbox: store.outbox(),
-        stats: stats.clone(),
-        origin: store.reader().created_at().unwrap(),
-    };
+    let (forwarder, stats) = forwarder_of(&store, "bench", target, entries);
     let cancel = tokio_util::sync::CancellationToken::new();
     let started = Instant::now();
     let task = tokio::spawn(forwarder.run(cancel.clone()));

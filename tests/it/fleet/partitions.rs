@@ -46,10 +46,37 @@ fn entry(seq: i64, buckets: Vec<BucketDoc>) -> OutboxDoc {
     }
 }
 
+/// Applies one entry of `gateway` holding `buckets`, without retention.
+async fn apply_one(db: &mut FleetDb, gateway: &str, seq: i64, buckets: Vec<BucketDoc>) -> u64 {
+    postgres::apply(db, gateway, "o", &[entry(seq, buckets)], None)
+        .await
+        .unwrap()
+        .readings
+}
+
 async fn open(conninfo: &str, gateway: &str) -> FleetDb {
     FleetDb::open(conninfo, None, format!("bucketd {gateway}"))
         .await
         .unwrap()
+}
+
+/// The partition holding `t` (seconds).
+fn partition_of(t: i64) -> String {
+    let d = chrono::DateTime::from_timestamp(t, 0).unwrap();
+    format!("bucketd_buckets_{}", d.format("y%Ym%m"))
+}
+
+/// The first column of `sql`'s rows.
+async fn column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    pg: &tokio_postgres::Client,
+    sql: &str,
+) -> Vec<T> {
+    pg.query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 /// Each row's partition, count and p99 column, by (series, start).
@@ -99,18 +126,17 @@ async fn a_batch_across_a_month_boundary_lands_in_both_months_once() {
         .unwrap();
     assert_eq!(done.readings, 300 + 300 + 700);
     let got = rows(&pg).await;
-    let month = |t: i64| {
-        let d = chrono::DateTime::from_timestamp(t, 0).unwrap();
-        format!("bucketd_buckets_{}", d.format("y%Ym%m"))
-    };
     let key = |t: i64| ("gw-month:t/a".to_owned(), t);
     assert_eq!(got.len(), 2, "{got:?}");
     let (part, count, p99) = &got[&key(before)];
-    assert_eq!((part.as_str(), *count), (month(before).as_str(), 1000));
+    assert_eq!(
+        (part.as_str(), *count),
+        (partition_of(before).as_str(), 1000)
+    );
     let all: Vec<f64> = (1..=1000).map(f64::from).collect();
     assert!(within(p99.unwrap(), &all, 0.99), "{p99:?}");
     let (part, count, p99) = &got[&key(after)];
-    assert_eq!((part.as_str(), *count), (month(after).as_str(), 300));
+    assert_eq!((part.as_str(), *count), (partition_of(after).as_str(), 300));
     assert!(within(p99.unwrap(), &first, 0.99), "{p99:?}");
     // Sent again (a lost COMMIT answer): applied already, nothing changes.
     let again = postgres::apply(&mut db, "gw-month", "origin-1", &batch, None)
@@ -140,11 +166,7 @@ async fn sixteen_gateways_at_once_each_reading_once() {
                 let buckets = (0..200)
                     .map(|s| delta(&format!("s{s}/v"), start + seq * HOUR, &[f64::from(g), 1.0]))
                     .collect();
-                let batch = [entry(seq, buckets)];
-                total += postgres::apply(&mut db, &id, "o", &batch, None)
-                    .await
-                    .unwrap()
-                    .readings;
+                total += apply_one(&mut db, &id, seq, buckets).await;
             }
             total
         }));
@@ -160,16 +182,11 @@ async fn sixteen_gateways_at_once_each_reading_once() {
         .unwrap()
         .get(0);
     assert_eq!((sent, stored), (16 * 5 * 200 * 2, 16 * 5 * 200 * 2));
-    let per_gateway: Vec<i64> = pg
-        .query(
-            "SELECT count(*) FROM bucketd_buckets GROUP BY gateway_id ORDER BY gateway_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let per_gateway: Vec<i64> = column(
+        &pg,
+        "SELECT count(*) FROM bucketd_buckets GROUP BY gateway_id ORDER BY gateway_id",
+    )
+    .await;
     assert_eq!(per_gateway, vec![1000; 16]);
     drop(pg);
     testdb.drop_it().await;
@@ -185,15 +202,7 @@ async fn retention_drops_a_month_while_gateways_write() {
     let conninfo = testdb.conninfo();
     let (old, now) = (month_start(3), month_start(0));
     let mut seed = open(&conninfo, "gw-r0").await;
-    postgres::apply(
-        &mut seed,
-        "gw-r0",
-        "o",
-        &[entry(0, vec![delta("a/v", old, &[1.0])])],
-        None,
-    )
-    .await
-    .unwrap();
+    apply_one(&mut seed, "gw-r0", 0, vec![delta("a/v", old, &[1.0])]).await;
     let writers: Vec<_> = (1..=2)
         .map(|g| {
             let conninfo = conninfo.clone();
@@ -205,10 +214,7 @@ async fn retention_drops_a_month_while_gateways_write() {
                     let buckets = (0..50)
                         .map(|s| delta(&format!("s{s}/v"), now, &[1.0, 2.0]))
                         .collect();
-                    total += postgres::apply(&mut db, &id, "o", &[entry(seq, buckets)], None)
-                        .await
-                        .unwrap()
-                        .readings;
+                    total += apply_one(&mut db, &id, seq, buckets).await;
                 }
                 total
             })
@@ -223,22 +229,13 @@ async fn retention_drops_a_month_while_gateways_write() {
     }
     assert_eq!(dropped, 1);
     let pg = connect(&conninfo).await;
-    let months: Vec<String> = pg
-        .query(
-            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-             WHERE i.inhparent = 'bucketd_buckets'::regclass ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let name = |t: i64| {
-        let d = chrono::DateTime::from_timestamp(t, 0).unwrap();
-        format!("bucketd_buckets_{}", d.format("y%Ym%m"))
-    };
-    assert_eq!(months, vec![name(now)]);
+    let months: Vec<String> = column(
+        &pg,
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = 'bucketd_buckets'::regclass ORDER BY 1",
+    )
+    .await;
+    assert_eq!(months, vec![partition_of(now)]);
     let stored: i64 = pg
         .query_one("SELECT sum(count)::bigint FROM bucketd_buckets", &[])
         .await
@@ -309,15 +306,7 @@ async fn an_unpartitioned_table_is_refused_and_the_migration_keeps_its_rows() {
         .replace("\\ir schema.sql", postgres::SCHEMA);
     pg.batch_execute(&migrate).await.unwrap();
     let mut db = open(&conninfo, "gw-old").await;
-    postgres::apply(
-        &mut db,
-        "gw-old",
-        "o",
-        &[entry(0, vec![delta("t/a", start, &[4.0])])],
-        None,
-    )
-    .await
-    .unwrap();
+    apply_one(&mut db, "gw-old", 0, vec![delta("t/a", start, &[4.0])]).await;
     let got = rows(&pg).await;
     let (_, count, _) = &got[&("gw-old:t/a".to_owned(), start)];
     assert_eq!(*count, 3, "the migrated row and the new delta");
