@@ -606,8 +606,19 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
+    /// `{"status":"error","errorType":..,"error":..}`: Prometheus's error shape, which the JSON
+    /// API shares, so that a client of either (Grafana's Prometheus data source on a wrong token)
+    /// shows the message instead of "no data".
     fn into_response(self) -> Response {
-        (self.status, axum::Json(json!({ "error": self.message }))).into_response()
+        let kind = match self.status {
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::REQUEST_TIMEOUT => "timeout",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            s if s.is_server_error() => "internal",
+            _ => "bad_data",
+        };
+        let body = json!({ "status": "error", "errorType": kind, "error": self.message });
+        (self.status, axum::Json(body)).into_response()
     }
 }
 
@@ -1068,7 +1079,11 @@ mod tests {
             assert_eq!(status, want, "{path} with {token:?}: {body}");
             if want == StatusCode::UNAUTHORIZED {
                 assert!(challenge.is_some(), "{path}: WWW-Authenticate");
-                assert!(body.contains("\"error\""), "{body}");
+                // Prometheus's error shape: Grafana shows the message only with it.
+                let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(body["status"], "error", "{body}");
+                assert!(body["error"].as_str().unwrap().contains("token"), "{body}");
+                let body = body.to_string();
                 assert!(
                     !body.contains("token-"),
                     "the answer echoes a token: {body}"

@@ -1,7 +1,7 @@
 //! The Prometheus HTTP API, the part Grafana's Prometheus data source and `promtool` use, over
 //! the buckets (served under `/prom` by [`crate::http`]): `query_range`, `query`, `labels`,
-//! `label/<name>/values`, `series`, `metadata`, `status/buildinfo`, with Prometheus's JSON
-//! shapes and errors. Queries are [`crate::promql`]'s subset. GET and form POST alike, as
+//! `label/<name>/values`, `series`, `metadata`, `status/buildinfo`, `rules` and `alerts` (none),
+//! with Prometheus's JSON shapes and errors. Queries are [`crate::promql`]'s subset. GET and form POST alike, as
 //! Prometheus serves them (Grafana and promtool POST by default).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -81,6 +81,10 @@ async fn answer(
         "status/buildinfo" => Ok(buildinfo()),
         // Exemplars: bucketd keeps none (Grafana asks when a query has them turned on).
         "query_exemplars" => Ok(json!([])),
+        // Recording and alerting rules: bucketd has none. Grafana asks for them when the data
+        // source loads, and a 404 shows as "Errors loading rules" on its alerting page.
+        "rules" => Ok(json!({"groups": []})),
+        "alerts" => Ok(json!({"alerts": []})),
         other => match other
             .strip_prefix("label/")
             .and_then(|r| r.strip_suffix("/values"))
@@ -91,7 +95,7 @@ async fn answer(
                 kind: "not_found",
                 message: format!(
                     "no endpoint api/v1/{other}: bucketd answers query_range, query, labels, \
-                     label/<name>/values, series, metadata, status/buildinfo"
+                     label/<name>/values, series, metadata, status/buildinfo, rules, alerts"
                 ),
             }),
         },

@@ -345,6 +345,10 @@ async fn grafanas_requests_get_prometheus_answers() {
     };
     let build = ok(grafana(&d, "GET", "/api/v1/status/buildinfo", &[]).await);
     assert!(build["version"].is_string(), "{build}");
+    // On load Grafana asks for the rules (its alerting page shows "Errors loading rules" on a
+    // 404): none, in Prometheus's shape.
+    let rules = ok(grafana(&d, "GET", "/api/v1/rules", &[]).await);
+    assert_eq!(rules, json!({"groups": []}));
 
     let now = format!("{}.123", day + 2 * 86_400);
     let health = ok(grafana(
