@@ -573,9 +573,10 @@ impl Parser {
         Ok(operand)
     }
 
-    /// A metric name, an aggregation, or a function (not supported).
+    /// A metric name, an aggregation, or a function (not supported). Aggregation keywords, as
+    /// `by` and `without`, are case-insensitive (as in Prometheus: `SUM BY (sensor) (...)`).
     fn named(&mut self, name: String) -> Result<Operand, String> {
-        let agg = match name.as_str() {
+        let agg = match name.to_ascii_lowercase().as_str() {
             "sum" => Some(AggOp::Sum),
             "avg" => Some(AggOp::Avg),
             "min" => Some(AggOp::Min),
@@ -584,7 +585,8 @@ impl Parser {
             _ => None,
         };
         let followed_by_group = matches!(self.peek(), Some(Token::LParen))
-            || matches!(self.peek(), Some(Token::Ident(w)) if w == "by" || w == "without");
+            || matches!(self.peek(), Some(Token::Ident(w))
+                if w.eq_ignore_ascii_case("by") || w.eq_ignore_ascii_case("without"));
         if let Some(op) = agg.filter(|_| followed_by_group) {
             return self.aggregate(op).map(Operand::Vector);
         }
@@ -634,8 +636,8 @@ impl Parser {
 
     fn grouping(&mut self) -> Result<Option<Grouping>, String> {
         let without = match self.peek() {
-            Some(Token::Ident(w)) if w == "by" => false,
-            Some(Token::Ident(w)) if w == "without" => true,
+            Some(Token::Ident(w)) if w.eq_ignore_ascii_case("by") => false,
+            Some(Token::Ident(w)) if w.eq_ignore_ascii_case("without") => true,
             _ => return Ok(None),
         };
         self.at += 1;

@@ -119,6 +119,17 @@ fn aggregations_parse_with_the_grouping_before_or_after() {
     let v = vector("max(bucketd_bucket_max)");
     assert_eq!(v.aggregate, Some((AggOp::Max, Grouping::By(Vec::new()))));
     assert_eq!(v.selector.fields(), [Field::Max]);
+    // Keywords in any case, as Prometheus takes them (issue 44: `SUM`/`BY` were refused).
+    let v = vector(r#"SUM BY (sensor) (bucketd_bucket_count{metric="t"})"#);
+    assert_eq!(
+        v.aggregate,
+        Some((AggOp::Sum, Grouping::By(vec!["sensor".into()])))
+    );
+    let v = vector("Avg(bucketd_bucket_mean) WITHOUT (series)");
+    assert_eq!(
+        v.aggregate,
+        Some((AggOp::Avg, Grouping::Without(vec!["series".into()])))
+    );
 }
 
 #[test]
