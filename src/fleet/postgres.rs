@@ -218,7 +218,9 @@ impl FleetDb {
 
     /// Makes sure a partition holds each month of `starts` (seconds), in a transaction of its
     /// own: making one locks the parent table, which must not happen while this connection's
-    /// batch transaction holds locks on it (two gateways would deadlock).
+    /// batch transaction holds locks on it (two gateways would deadlock). A month another
+    /// gateway's retention dropped after this connection saw it fails the next insert into it;
+    /// the forwarder then reconnects, with the cache empty, and makes it again.
     async fn ensure_partitions(&mut self, starts: impl Iterator<Item = i64>) -> anyhow::Result<()> {
         let missing: BTreeSet<i64> = starts
             .filter_map(month_of)
@@ -264,8 +266,9 @@ struct Merged<'a> {
 /// of round trips whatever the batch holds (five): the transaction begun, the gateway's row
 /// locked, the batch's stored rows read, every row written by one statement and the position
 /// moved (pipelined), the commit. Month partitions the batch needs and this connection has not
-/// seen are made first, in a transaction of their own. Returns the readings the applied entries represent (0 for a batch that was
-/// already applied).
+/// seen are made first, in a transaction of their own. Returns the readings the applied entries
+/// represent (none for a batch that was already applied) and those left out as older than
+/// `expire`, the fleet retention.
 pub async fn apply(
     db: &mut FleetDb,
     gateway: &str,
