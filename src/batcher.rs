@@ -230,6 +230,10 @@ pub struct Batcher {
     /// The broker's window, as the last proven stall showed it: unacknowledged messages at
     /// which it stops sending.
     window_seen: Option<usize>,
+    /// The most messages one session's current connection has had unacknowledged at once: the
+    /// broker's window, if it has one, is at least this. A stall at fewer is a pause in the
+    /// publishers' traffic, not a full window (see [`Batcher::below_floor`]).
+    window_floor: usize,
     /// Whether this connection's probe was spent (see the module docs).
     probed: bool,
     /// The last QoS 1/2 message's arrival, whichever batch it joined.
@@ -286,6 +290,7 @@ impl Batcher {
             released_at: None,
             handshake: Duration::ZERO,
             window_seen: None,
+            window_floor: 0,
             probed: false,
             latest_arrival: None,
             released_after_quiet: true,
@@ -327,6 +332,7 @@ impl Batcher {
             *n = 0;
         }
         self.window_seen = None;
+        self.window_floor = 0;
         self.probed = false;
         // Nothing has come on the new connection yet.
         self.released_after_quiet = true;
@@ -391,6 +397,9 @@ impl Batcher {
                 ));
             }
         }
+        if self.broker_window().is_none() && self.below_floor() {
+            return None;
+        }
         let quiet_from = self.quiet_from(last);
         let slow = echo.then(|| quiet_from + self.quiet_confirm());
         let fast = self.fast_stall_at(first, last);
@@ -425,6 +434,17 @@ impl Batcher {
     /// hold (a batch that arrived during a commit holds the rest of a window whose other part
     /// was being committed); only a quiet after it shows that the broker stopped at its window
     /// rather than at ours.
+    /// Whether the open batch holds fewer messages than the broker has already had
+    /// unacknowledged at once on this connection: then it cannot be the broker's full window,
+    /// and while none is known no quiet after it is a stall (with one known, a pause in traffic
+    /// still commits as one, without shrinking it). Publishers that report together (20 every 100 ms) meet
+    /// an interval flush anchored at one of their bursts right at another's start; under load a
+    /// burst a few ms late then looked like the broker's refill of a window (issue 42: a stall
+    /// "proven" at 20 after the broker had sent 200 unacknowledged).
+    fn below_floor(&self) -> bool {
+        self.fullest() < self.window_floor
+    }
+
     fn quiet_from(&self, last: Instant) -> Instant {
         self.released_at.map_or(last, |r| r.max(last))
     }
@@ -602,6 +622,7 @@ impl Batcher {
             return;
         };
         *current += 1;
+        self.window_floor = self.window_floor.max(*current + committing);
         if self.window_seen.is_some_and(|w| *current + committing > w) {
             // The broker sent more without a release: its window is larger.
             self.window_seen = None;

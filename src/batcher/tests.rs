@@ -893,3 +893,65 @@ fn a_broker_without_a_window_gets_one_commit_per_interval_whatever_the_pattern()
         }
     }
 }
+
+/// Issue 42, seen once in CI under load (`windows::periodic_bursts_on_a_broker_without_a_window`,
+/// three stall commits where at most two may be): devices report 20 messages every 100 ms on a
+/// broker without a window. The interval flush, anchored at one burst, falls on another's start;
+/// the commit's release came a few ms before a burst that was itself a few ms late, and the
+/// broker had been quiet just before: that looked like the broker refilling a window of 20, and
+/// was committed as a proven stall, though the broker had just had 200 messages unacknowledged
+/// at once. A batch smaller than that proves no window while none is known.
+#[test]
+fn a_burst_right_after_a_release_proves_no_window_smaller_than_the_broker_has_sent() {
+    let p = FlushPolicy {
+        flush_interval: Duration::from_secs(1),
+        max_pending_readings: 1_000_000,
+        window: 4096,
+        broker_window: None,
+        sessions: 1,
+        quick_acks: true,
+    };
+    let hs = Duration::from_millis(1);
+    let ms = Duration::from_millis;
+    let mut b = Batcher::new(p, 3600);
+    let t0 = Instant::now();
+    b.connected(0, t0, hs);
+    let mut arrival = 0;
+    let mut burst = |b: &mut Batcher, at: Instant| {
+        for k in 0..20 {
+            arrival += 1;
+            let t = at + Duration::from_micros(50 * k);
+            b.arrived(t);
+            b.push_ack(token(arrival), t);
+        }
+        at + Duration::from_micros(50 * 19)
+    };
+    // The first burst, 50 ms into the connection: the connection's one probe.
+    let last = burst(&mut b, t0 + ms(50));
+    let probe = last + b.quiet_fast();
+    assert_eq!(b.flush_reason(probe), Some(FlushReason::Stall));
+    let _ = b.take_for(FlushReason::Stall, probe);
+    b.released(probe + ms(1));
+    assert_eq!(b.window_seen(), None, "a probe teaches nothing");
+    // Ten bursts, 100 ms apart: one interval's batch of 200, committed at its deadline.
+    let opened = t0 + ms(150);
+    for i in 0..10 {
+        let last = burst(&mut b, opened + ms(100) * i);
+        assert_eq!(b.flush_reason(last + b.quiet_fast()), None, "burst {i}");
+    }
+    let deadline = opened + Duration::from_secs(1);
+    assert_eq!(b.flush_reason(deadline), Some(FlushReason::Interval));
+    let _ = b.take_for(FlushReason::Interval, deadline);
+    // The commit takes 3 ms; the burst due at the deadline comes 4 ms late, right after the
+    // release, densely, after a quiet: the shape of a broker refilling its window.
+    b.released(deadline + ms(3));
+    let last = burst(&mut b, deadline + ms(4));
+    for wait in [b.quiet_fast(), QUIET_CONFIRM, ms(90)] {
+        assert_eq!(
+            b.flush_reason(last + wait),
+            None,
+            "20 unacknowledged after 200: no window, no stall"
+        );
+    }
+    assert_eq!(b.window_seen(), None);
+}
