@@ -429,22 +429,22 @@ impl Batcher {
             .then_some(self.quiet_from(last) + quiet)
     }
 
+    /// Whether the open batch holds fewer messages than the broker has already had
+    /// unacknowledged at once on this connection: then it cannot be the broker's full window,
+    /// and while none is known no quiet after it is a stall (with one known, a pause in traffic
+    /// still commits as one, without shrinking it). Publishers that report together (20 every
+    /// 100 ms) meet an interval flush anchored at one of their bursts right at another's start;
+    /// under load a burst a few ms late then looked like the broker's refill of a window (issue
+    /// 42: a stall "proven" at 20 after the broker had sent 200 unacknowledged).
+    fn below_floor(&self) -> bool {
+        self.fullest() < self.window_floor
+    }
+
     /// Where the quiet that proves a stall starts: at the batch's last message, or at the
     /// release if that came later. Before our release the broker may be waiting for the acks we
     /// hold (a batch that arrived during a commit holds the rest of a window whose other part
     /// was being committed); only a quiet after it shows that the broker stopped at its window
     /// rather than at ours.
-    /// Whether the open batch holds fewer messages than the broker has already had
-    /// unacknowledged at once on this connection: then it cannot be the broker's full window,
-    /// and while none is known no quiet after it is a stall (with one known, a pause in traffic
-    /// still commits as one, without shrinking it). Publishers that report together (20 every 100 ms) meet
-    /// an interval flush anchored at one of their bursts right at another's start; under load a
-    /// burst a few ms late then looked like the broker's refill of a window (issue 42: a stall
-    /// "proven" at 20 after the broker had sent 200 unacknowledged).
-    fn below_floor(&self) -> bool {
-        self.fullest() < self.window_floor
-    }
-
     fn quiet_from(&self, last: Instant) -> Instant {
         self.released_at.map_or(last, |r| r.max(last))
     }
