@@ -25,7 +25,7 @@
 //! checkpoint, then the shutdown's), `BENCH_SERIES` (default `200,10`), `BENCH_PATTERNS`
 //! (default `independent,burst1s,burst100ms`), `BENCH_PROTOCOL=v311` for bucketd.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -33,8 +33,11 @@ use bucketd::config::{Protocol, RawConfig, RawSubscription};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::{Value, json};
 
+#[path = "../tests/shared/bucketd_child.rs"]
+mod bucketd_child;
 #[path = "../tests/shared/own_mosquitto.rs"]
 mod own_mosquitto;
+use bucketd_child::BucketdChild;
 #[path = "../tests/shared/prom.rs"]
 mod prom;
 use prom::metric;
@@ -291,44 +294,8 @@ async fn run_case(series: usize, pattern: Pattern, secs: u64) -> Outcome {
     raw.store.path = dir.path().join("gateway.redb");
     raw.http.bind = "127.0.0.1:0".into();
     raw.subscriptions = RawSubscription::defaults_under(&prefix);
-    let config_path = dir.path().join("bucketd.toml");
-    std::fs::File::create(&config_path)
-        .unwrap()
-        .write_all(bucketd::config::render(&raw).as_bytes())
-        .unwrap();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_bucketd"))
-        .args(["run", "--config"])
-        .arg(&config_path)
-        .env("RUST_LOG", "bucketd=info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stderr = daemon.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut addr = None;
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_mins(1))
-            .expect("bucketd logs its start");
-        if let Some(a) = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("addr="))
-        {
-            addr = Some(a.to_owned());
-        }
-        if line.contains("Subscribed to every") {
-            break;
-        }
-    }
-    let metrics_url = format!("http://{}/metrics", addr.expect("the HTTP address"));
+    let daemon = BucketdChild::start(env!("CARGO_BIN_EXE_bucketd"), &raw, dir.path(), 1);
+    let metrics_url = daemon.metrics_url.clone();
     let scrape = move || {
         ureq::get(&metrics_url)
             .call()
@@ -380,20 +347,9 @@ async fn run_case(series: usize, pattern: Pattern, secs: u64) -> Outcome {
     let bucketd_commits = metric(&after, "bucketd_flushes_total") as u64 - commits0;
     let bucketd_checkpoints = metric(&after, "bucketd_checkpoints_total") as u64;
     let bucketd_running = metric(&after, "bucketd_disk_written_bytes_total") as u64 - bytes0;
-    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) }, 0);
-    let closed = tokio::task::spawn_blocking(move || {
-        rx.iter()
-            .find_map(|l| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix("disk_written_bytes="))
-                    .map(|b| b.parse::<u64>().unwrap())
-            })
-            .expect("bucketd logs its bytes written when the store is closed")
-    })
-    .await
-    .unwrap();
-    assert!(daemon.wait().unwrap().success(), "bucketd exits cleanly");
+    let closed = tokio::task::spawn_blocking(move || daemon.stop())
+        .await
+        .unwrap();
     let docs = bucketd::store::StoreReader::open(&raw.store.path)
         .unwrap()
         .buckets(None, i64::MIN, i64::MAX)

@@ -47,7 +47,7 @@
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -637,47 +637,9 @@ async fn run_bucketd(
             .for_each(|s| s.store_raw = false),
         _ => {}
     }
-    let config_path = dir.path().join("bucketd.toml");
-    std::fs::File::create(&config_path)
-        .unwrap()
-        .write_all(bucketd::config::render(&raw).as_bytes())
-        .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bucketd"))
-        .args(["run", "--config"])
-        .arg(&config_path)
-        .env("RUST_LOG", "bucketd=info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut addr = None;
-    let mut subscribed = 0;
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_mins(1))
-            .expect("bucketd logs its start");
-        if let Some(a) = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("addr="))
-        {
-            addr = Some(a.to_owned());
-        }
-        subscribed += u16::from(line.contains("Subscribed to every"));
-        if subscribed == sessions {
-            break;
-        }
-    }
-    let metrics_url = format!("http://{}/metrics", addr.expect("the HTTP address"));
-    let pid = child.id().to_string();
+    let bucketd = BucketdChild::start(env!("CARGO_BIN_EXE_bucketd"), &raw, dir.path(), sessions);
+    let metrics_url = bucketd.metrics_url.clone();
+    let pid = bucketd.child.id().to_string();
     // Start-up's writes (the file, the journal's zero-fill) are not the workload's.
     let written_before = usage(&pid).write_bytes;
     let readings = w.readings;
@@ -755,22 +717,12 @@ async fn run_bucketd(
     .unwrap();
     let sent = publisher.await.unwrap();
     let (latencies, checkpointed) = commit_latencies(&sent, per_message, &polls);
-    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     // Through the shutdown: its fold of what the journal held is the workload's writing.
-    let closed = rx
-        .iter()
-        .find_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("disk_written_bytes="))
-                .map(|b| b.parse::<u64>().unwrap())
-        })
-        .expect("bucketd logs its bytes written when the store is closed");
+    let closed = bucketd.stop();
     let usage = Usage {
         write_bytes: closed - written_before,
         ..usage
     };
-    assert!(child.wait().unwrap().success(), "bucketd exits cleanly");
     let docs = bucketd::store::StoreReader::open(&raw.store.path)
         .unwrap()
         .buckets(None, i64::MIN, i64::MAX)
@@ -830,8 +782,11 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> String {
     format!("{:.1}", sorted[i].as_secs_f64() * 1e3)
 }
 
+#[path = "../tests/shared/bucketd_child.rs"]
+mod bucketd_child;
 #[path = "../tests/shared/own_mosquitto.rs"]
 mod own_mosquitto;
+use bucketd_child::BucketdChild;
 #[path = "../tests/shared/own_rumqttd.rs"]
 mod own_rumqttd;
 

@@ -679,18 +679,7 @@ mod tests {
     fn the_writer_folds_the_whole_log_part_by_part_and_the_gauge_follows() {
         for retention_first in [false, true] {
             let dir = tempfile::tempdir().unwrap();
-            let mut store = Store::open(&StoreSettings {
-                path: dir.path().join("w.redb"),
-                bucket_width_secs: 3600,
-                durability: Durability::Immediate,
-                quick_repair: true,
-                cache_bytes: 1 << 20,
-                page_capacity: 1000,
-                dedup_window: 64,
-                outbox_max_entries: 0,
-                journal_bytes: 8 << 20,
-            })
-            .unwrap();
+            let mut store = Store::open(&settings(&dir.path().join("w.redb"))).unwrap();
             // A log of 400 commits over 600 series (more than two parts' budget), left by "an
             // earlier run": folded by the writer's first checkpoint (or retention pass).
             for i in 0..400i64 {
