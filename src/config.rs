@@ -61,8 +61,63 @@ pub struct RawConfig {
     pub http: RawHttp,
     pub upstream: RawUpstream,
     pub central: RawCentral,
+    pub query_node: RawQueryNode,
     pub log: RawLog,
     pub subscriptions: Vec<RawSubscription>,
+}
+
+/// `[query_node]`: `bucketd query-node` serving the fleet's PostgreSQL (docs/FLEET.md).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueryNode {
+    pub postgres: String,
+    pub password_file: String,
+    #[serde(with = "humantime_serde")]
+    pub series_refresh: Duration,
+    pub max_series: usize,
+    pub max_rows_per_query: usize,
+    #[serde(with = "humantime_serde")]
+    pub statement_timeout: Duration,
+}
+
+/// `[query_node]`, validated.
+#[derive(Debug, Clone)]
+pub struct QueryNodeConfig {
+    /// libpq key=value or URL, without the password; empty: no query node configured.
+    pub conninfo: String,
+    pub password_file: Option<PathBuf>,
+    pub series_refresh: Duration,
+    pub max_series: usize,
+    pub max_rows_per_query: usize,
+    pub statement_timeout: Duration,
+}
+
+fn validate_query_node(raw: &RawQueryNode) -> Result<QueryNodeConfig, ConfigError> {
+    if !raw.postgres.is_empty() {
+        validate_pg_tls("query_node.postgres", &raw.postgres)?;
+    }
+    for (key, n) in [
+        ("query_node.max_series", raw.max_series),
+        ("query_node.max_rows_per_query", raw.max_rows_per_query),
+    ] {
+        if n == 0 {
+            return Err(invalid(key, "must be at least 1"));
+        }
+    }
+    if raw.statement_timeout.is_zero() || raw.statement_timeout > Duration::from_hours(1) {
+        return Err(invalid(
+            "query_node.statement_timeout",
+            "must be greater than 0 and at most 1h",
+        ));
+    }
+    Ok(QueryNodeConfig {
+        conninfo: raw.postgres.clone(),
+        password_file: non_empty_path(&raw.password_file),
+        series_refresh: raw.series_refresh,
+        max_series: raw.max_series,
+        max_rows_per_query: raw.max_rows_per_query,
+        statement_timeout: raw.statement_timeout,
+    })
 }
 
 /// `[central]`: for central instances that split delta messages with a shared subscription.
@@ -561,6 +616,8 @@ pub struct Config {
     pub claims: Option<ClaimsConfig>,
     /// What one gateway may use at a central.
     pub gateway_limits: GatewayLimits,
+    /// `bucketd query-node`'s PostgreSQL and bounds.
+    pub query_node: QueryNodeConfig,
     pub log: RawLog,
     pub subscriptions: Vec<Subscription>,
 }
@@ -956,6 +1013,7 @@ impl TryFrom<RawConfig> for Config {
         let upstream = validate_upstream(&raw.upstream)?;
         let claims = validate_central(&raw.central)?;
         let gateway_limits = validate_gateway_limits(&raw.central, &limits)?;
+        let query_node = validate_query_node(&raw.query_node)?;
         Ok(Config {
             mqtt,
             store,
@@ -965,6 +1023,7 @@ impl TryFrom<RawConfig> for Config {
             upstream,
             claims,
             gateway_limits,
+            query_node,
             log: raw.log,
             subscriptions,
         })
@@ -1429,6 +1488,7 @@ pub fn render(raw: &RawConfig) -> String {
     let mut shown = raw.clone();
     shown.upstream.postgres = redact_conninfo(&raw.upstream.postgres);
     shown.central.claims_postgres = redact_conninfo(&raw.central.claims_postgres);
+    shown.query_node.postgres = redact_conninfo(&raw.query_node.postgres);
     toml::to_string_pretty(&shown).expect("RawConfig serializes to TOML")
 }
 

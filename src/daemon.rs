@@ -260,36 +260,19 @@ fn start_over(
         sessions: config.mqtt.sessions,
         quick_acks: crate::mqtt::QUICK_ACKS,
     };
-    let listener = std::net::TcpListener::bind(config.http.bind)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .and_then(tokio::net::TcpListener::from_std)
-        .map_err(|source| StartError::Http {
-            addr: config.http.bind,
-            source,
-        })?;
+    let listener = bind_http(config)?;
     let http_addr = listener
         .local_addr()
         .expect("a bound listener has an address");
     let metrics = Arc::new(Metrics::new());
     let (flush_tx, flush_rx) = tokio::sync::mpsc::channel(FLUSH_REQUESTS_MAX);
-    let api = crate::http::ApiState {
-        reader: store.reader(),
-        stats: stats.clone(),
-        metrics: metrics.clone(),
-        flush: flush_tx,
-        flush_slots: Arc::new(tokio::sync::Semaphore::new(FLUSH_REQUESTS_MAX)),
-        bucket_width_secs: width_secs,
-        max_buckets_per_query: config.http.max_buckets_per_query,
-        max_points_per_query: config.http.max_points_per_query,
-        max_raw_readings: config.http.max_raw_readings,
-        api_token: api_token.map(Arc::new),
-        metrics_token: metrics_token.map(Arc::new),
-        query_slots: Arc::new(tokio::sync::Semaphore::new(
-            config.http.max_concurrent_queries,
-        )),
-        request_timeout: config.http.request_timeout,
-        allowed_hosts: config.http.allowed_hosts.clone().into(),
-    };
+    let api = api_state(
+        config,
+        Arc::new(store.reader()),
+        (stats.clone(), metrics.clone()),
+        (api_token, metrics_token),
+        flush_tx,
+    );
     // Read before any task starts: nothing may fail after that (a task would be left running).
     let origin = store
         .reader()
@@ -393,12 +376,7 @@ fn start_over(
     let http = tokio::spawn(crate::http::serve(
         listener,
         crate::http::router(api),
-        crate::http::ConnectionLimits {
-            max_connections: config.http.max_connections,
-            max_connections_per_address: config.http.max_connections_per_address,
-            header_read_timeout: config.http.header_read_timeout,
-            write_stall_max: config.http.request_timeout,
-        },
+        connection_limits(config),
         stats.clone(),
         cancel.clone(),
     ));
@@ -417,6 +395,169 @@ fn start_over(
         http_addr,
         cancel,
         task,
+    })
+}
+
+/// The HTTP layer's state: what it reads (`source`), the counters it shows and the tokens that
+/// guard it, with `[http]`'s bounds.
+fn api_state(
+    config: &Config,
+    source: crate::source::Source,
+    (stats, metrics): (Arc<Stats>, Arc<Metrics>),
+    (api_token, metrics_token): (Option<crate::secret::Secret>, Option<crate::secret::Secret>),
+    flush: tokio::sync::mpsc::Sender<crate::http::FlushRequest>,
+) -> crate::http::ApiState {
+    crate::http::ApiState {
+        source,
+        stats,
+        metrics,
+        flush,
+        flush_slots: Arc::new(tokio::sync::Semaphore::new(FLUSH_REQUESTS_MAX)),
+        bucket_width_secs: i64::try_from(config.store.bucket_width.as_secs())
+            .expect("validated to divide a day"),
+        max_buckets_per_query: config.http.max_buckets_per_query,
+        max_points_per_query: config.http.max_points_per_query,
+        max_raw_readings: config.http.max_raw_readings,
+        api_token: api_token.map(Arc::new),
+        metrics_token: metrics_token.map(Arc::new),
+        query_slots: Arc::new(tokio::sync::Semaphore::new(
+            config.http.max_concurrent_queries,
+        )),
+        request_timeout: config.http.request_timeout,
+        allowed_hosts: config.http.allowed_hosts.clone().into(),
+    }
+}
+
+/// `[http]`'s connection bounds.
+fn connection_limits(config: &Config) -> crate::http::ConnectionLimits {
+    crate::http::ConnectionLimits {
+        max_connections: config.http.max_connections,
+        max_connections_per_address: config.http.max_connections_per_address,
+        header_read_timeout: config.http.header_read_timeout,
+        write_stall_max: config.http.request_timeout,
+    }
+}
+
+/// Binds `http.bind`.
+fn bind_http(config: &Config) -> Result<tokio::net::TcpListener, StartError> {
+    std::net::TcpListener::bind(config.http.bind)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|source| StartError::Http {
+            addr: config.http.bind,
+            source,
+        })
+}
+
+/// `bucketd query-node`: the query API, the Prometheus API and the chart page served from the
+/// fleet's PostgreSQL (`[query_node]`, `fleet::reader`) until `shutdown`: no broker, no store,
+/// nothing of its own to lose. `POST /api/v1/flush` answers that nothing was pending.
+#[cfg(feature = "postgres")]
+pub async fn run_query_node(
+    config: &Config,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let node = start_query_node(config)?;
+    shutdown.await;
+    info!("Shutdown requested.");
+    node.stop().await;
+    Ok(())
+}
+
+/// A query node serving (`start_query_node`).
+#[cfg(feature = "postgres")]
+pub struct QueryNode {
+    pub http_addr: std::net::SocketAddr,
+    cancel: CancellationToken,
+    http: tokio::task::JoinHandle<()>,
+}
+
+#[cfg(feature = "postgres")]
+impl QueryNode {
+    /// Stops serving: the requests in progress finish first.
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.http.await;
+    }
+}
+
+/// Starts a query node (inside a Tokio runtime): the HTTP server bound and serving.
+#[cfg(feature = "postgres")]
+pub fn start_query_node(config: &Config) -> Result<QueryNode, StartError> {
+    let node = &config.query_node;
+    if node.conninfo.is_empty() {
+        return Err(StartError::Config(
+            "query_node.postgres is empty: set it to the fleet's PostgreSQL (a read-only role, \
+             deploy/postgres/roles.sql)"
+                .into(),
+        ));
+    }
+    let credentials = crate::secret::credentials_directory();
+    let secret = |key: &str, file: &Option<PathBuf>| {
+        file.as_deref()
+            .map(|f| crate::secret::read(key, f, credentials.as_deref()))
+            .transpose()
+            .map_err(StartError::Config)
+    };
+    let password = secret("query_node.password_file", &node.password_file)?;
+    let api_token = secret("http.token_file", &config.http.token_file)?;
+    let metrics_token = secret("http.metrics_token_file", &config.http.metrics_token_file)?;
+    if let Some(warning) = crate::fleet::postgres::password_exposure(
+        "query_node.postgres",
+        &node.conninfo,
+        password.is_some(),
+    ) {
+        tracing::warn!("{warning}");
+    }
+    if let Some(warning) = crate::http::exposure_warning(config.http.bind, api_token.is_some()) {
+        tracing::warn!("{warning}");
+    }
+    let reader = crate::fleet::reader::FleetReader::new(crate::fleet::reader::NodeSettings {
+        conninfo: node.conninfo.clone(),
+        password,
+        width_secs: i64::try_from(config.store.bucket_width.as_secs())
+            .expect("validated to divide a day"),
+        connections: config.http.max_concurrent_queries,
+        series_refresh: node.series_refresh,
+        max_series: node.max_series,
+        max_rows: node.max_rows_per_query,
+        statement_timeout: node.statement_timeout,
+    });
+    let listener = bind_http(config)?;
+    let http_addr = listener
+        .local_addr()
+        .expect("a bound listener has an address");
+    let stats = Arc::new(Stats::new(config.limits.dead_letters));
+    let metrics = Arc::new(Metrics::new());
+    let (flush_tx, mut flush_rx) =
+        tokio::sync::mpsc::channel::<crate::http::FlushRequest>(FLUSH_REQUESTS_MAX);
+    let cancel = CancellationToken::new();
+    // Nothing is ever pending on a query node. (Ends when the HTTP state, its sender, does.)
+    tokio::spawn(async move {
+        while let Some(reply) = flush_rx.recv().await {
+            let _ = reply.send(0);
+        }
+    });
+    let api = api_state(
+        config,
+        Arc::new(reader),
+        (stats.clone(), metrics.clone()),
+        (api_token, metrics_token),
+        flush_tx,
+    );
+    info!(addr = %http_addr, "Serving the fleet's PostgreSQL: the query API, /prom and the chart page.");
+    let http = tokio::spawn(crate::http::serve(
+        listener,
+        crate::http::router(api),
+        connection_limits(config),
+        stats,
+        cancel.clone(),
+    ));
+    tokio::spawn(upkeep(metrics, cancel.clone()));
+    Ok(QueryNode {
+        http_addr,
+        cancel,
+        http,
     })
 }
 

@@ -28,8 +28,8 @@ use crate::metrics::Metrics;
 use crate::reading::{Timestamp, validate_series};
 use crate::rollup;
 use crate::secret::Secret;
+use crate::source::{ReadError, Source};
 use crate::stats::Stats;
-use crate::store::StoreReader;
 
 /// A request to commit everything pending; answered with the readings committed.
 pub type FlushRequest = oneshot::Sender<u64>;
@@ -39,7 +39,8 @@ pub const FLUSH_WAIT_MAX: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct ApiState {
-    pub reader: StoreReader,
+    /// What queries read: the daemon's store, or (a query node) the fleet's PostgreSQL.
+    pub source: Source,
     pub stats: Arc<Stats>,
     pub metrics: Arc<Metrics>,
     pub flush: mpsc::Sender<FlushRequest>,
@@ -84,7 +85,7 @@ pub fn router(state: ApiState) -> Router {
     let queries = queries.nest_service(
         "/prom",
         crate::prom::router(crate::prom::PromState {
-            reader: state.reader.clone(),
+            source: state.source.clone(),
             bucket_width_secs: state.bucket_width_secs,
             max_points: state.max_points_per_query,
         }),
@@ -592,6 +593,16 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
+    /// A failed read: what a source does not hold is a 404 that says where it is; the rest
+    /// is [`ApiError::internal`].
+    fn read(e: ReadError) -> ApiError {
+        match e {
+            ReadError::NotHere(why) => ApiError::new(StatusCode::NOT_FOUND, why),
+            ReadError::TooLarge(why) => ApiError::bad(why),
+            ReadError::Failed(e) => ApiError::internal(e),
+        }
+    }
+
     /// The details (file paths, the storage engine's words) go to the log only, under a number
     /// the client gets to quote.
     fn internal(e: impl std::fmt::Display) -> ApiError {
@@ -641,8 +652,23 @@ async fn healthz() -> &'static str {
 }
 
 /// 200 when the store is open (it is while the server runs) and the broker connection is up
-/// with our subscriptions in place; 503 otherwise.
+/// with our subscriptions in place; 503 otherwise. A query node: 200 while its PostgreSQL
+/// answers.
 async fn readyz(State(s): State<ApiState>) -> Response {
+    let source = s.source.clone();
+    let reachable = tokio::task::spawn_blocking(move || source.reachable())
+        .await
+        .unwrap_or(Some(false));
+    if let Some(reachable) = reachable {
+        // A query node: ready when its store answers.
+        let status = if reachable {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        let body = json!({"ready": reachable, "store_reachable": reachable});
+        return (status, axum::Json(body)).into_response();
+    }
     let connected = s.stats.connected.load(Ordering::Relaxed);
     let subscribed = s.stats.subscribed.load(Ordering::Relaxed);
     let writable = !s.stats.store_failing.load(Ordering::Relaxed);
@@ -659,17 +685,17 @@ async fn readyz(State(s): State<ApiState>) -> Response {
 
 /// Runs a blocking store read off the async workers.
 async fn read<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, redb::Error> + Send + 'static,
+    f: impl FnOnce() -> Result<T, ReadError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(ApiError::internal)?
-        .map_err(ApiError::internal)
+        .map_err(ApiError::read)
 }
 
 async fn series(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError> {
-    let reader = s.reader.clone();
-    let names = read(move || reader.series()).await?;
+    let source = s.source.clone();
+    let names = read(move || source.series()).await?;
     let list: Vec<Value> = names
         .iter()
         .map(|name| {
@@ -766,13 +792,13 @@ async fn buckets(State(s): State<ApiState>, Query(params): Params) -> Result<Res
             s.max_buckets_per_query
         )));
     }
-    let reader = s.reader.clone();
+    let source = s.source.clone();
     let name = series.clone();
     let docs = read(move || {
-        if !reader.has_series(&name)? {
+        if !source.has_series(&name)? {
             return Ok(None);
         }
-        reader.buckets(Some(&name), from, to).map(Some)
+        source.buckets(&name, from, to).map(Some)
     })
     .await?;
     let Some(docs) = docs else {
@@ -809,25 +835,20 @@ async fn raw(State(s): State<ApiState>, Query(params): Params) -> Result<Respons
                 ))
             })?,
     };
-    let reader = s.reader.clone();
+    let source = s.source.clone();
     let name = series.clone();
     let answer = read(move || {
-        if !reader.has_series(&name)? {
+        if !source.has_series(&name)? {
             return Ok(None);
         }
         let mut out: Vec<(i64, f64)> = Vec::new();
         let mut truncated = false;
-        reader.raw(
-            Some(&name),
-            from.as_nanos(),
-            to.as_nanos(),
-            |_, readings| {
-                let room = limit - out.len();
-                truncated = readings.len() > room;
-                out.extend_from_slice(&readings[..readings.len().min(room)]);
-                !truncated && out.len() < limit
-            },
-        )?;
+        source.raw(&name, from.as_nanos(), to.as_nanos(), &mut |readings| {
+            let room = limit - out.len();
+            truncated = readings.len() > room;
+            out.extend_from_slice(&readings[..readings.len().min(room)]);
+            !truncated && out.len() < limit
+        })?;
         Ok(Some((out, truncated)))
     })
     .await?;
@@ -907,7 +928,7 @@ mod tests {
         .unwrap();
         let (flush, requests) = mpsc::channel(16);
         let state = ApiState {
-            reader: store.reader(),
+            source: Arc::new(store.reader()),
             stats: Arc::new(Stats::new(0)),
             metrics: Arc::new(Metrics::new()),
             flush,

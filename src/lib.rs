@@ -25,11 +25,14 @@
 //! - [`secret`], `tls` (feature `tls`): secrets from files, the rustls client configuration.
 //! - [`mqtt`]: the rumqttc client (v5 / v3.1.1). [`notify`]: systemd notifications.
 //! - [`store`]: the redb file; the only importer of redb. [`query`]: `bucketd query`.
+//! - [`source`]: what queries read (the store, or a query node's PostgreSQL attached by the
+//!   fleet tier).
 //! - [`writer`]: the writer thread; the only place that commits.
 //! - `prom` (feature `ui`): the Prometheus HTTP API under `/prom` (for Grafana). `chart`
 //!   (feature `ui`): the chart page at `/`. [`http`]: metrics, health and the query APIs.
 //! - [`ingest`]: the MQTT loop: admit, batch, hand over, acknowledge after commit.
-//! - [`fleet`]: forwarder, PostgreSQL, applied positions, claims (attached by `daemon` only).
+//! - [`fleet`]: forwarder, PostgreSQL, applied positions, claims, the query node's reader
+//!   (attached by `daemon` and `main` only).
 //! - [`daemon`]: wiring and shutdown order.
 //!
 //! # Data flow
@@ -76,6 +79,7 @@ pub mod rollup;
 pub mod secret;
 pub mod series;
 pub mod sketch;
+pub mod source;
 pub mod stats;
 pub mod store;
 pub mod summary;

@@ -46,6 +46,15 @@ enum Command {
         #[arg(long, short, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Serve the query API, the Prometheus API and the chart page from the fleet's PostgreSQL
+    /// (`[query_node]`) until SIGTERM or Ctrl-C: every gateway's series, and fleet-wide ones
+    /// (`*:sensor/metric`) merged across gateways. No broker, no database file.
+    #[cfg(feature = "postgres")]
+    QueryNode {
+        /// Configuration file (TOML).
+        #[arg(long, short, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Validate the configuration and print the effective config; exit 1 on an error.
     CheckConfig {
         /// Configuration file (TOML).
@@ -146,6 +155,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run { config: None }) {
         Command::Run { config } => run(config.or(cli.config).as_deref()),
+        #[cfg(feature = "postgres")]
+        Command::QueryNode { config } => query_node(config.or(cli.config).as_deref()),
         Command::CheckConfig { config } => check_config(config.or(cli.config).as_deref()),
         Command::Export {
             db,
@@ -302,6 +313,28 @@ fn error_chain(e: &anyhow::Error) -> String {
 }
 
 fn run(file: Option<&std::path::Path>) -> ExitCode {
+    serve(file, |config, shutdown| {
+        Box::pin(daemon::run(config, shutdown))
+    })
+}
+
+#[cfg(feature = "postgres")]
+fn query_node(file: Option<&std::path::Path>) -> ExitCode {
+    serve(file, |config, shutdown| {
+        Box::pin(daemon::run_query_node(config, shutdown))
+    })
+}
+
+type Served<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>>;
+
+/// Loads the config, sets up logging and runs `task` until it ends or SIGTERM / Ctrl-C.
+fn serve(
+    file: Option<&std::path::Path>,
+    task: impl for<'a> FnOnce(
+        &'a Config,
+        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>,
+    ) -> Served<'a>,
+) -> ExitCode {
     let config = match load_config(file) {
         Ok((_, config)) => config,
         Err(code) => return code,
@@ -316,7 +349,7 @@ fn run(file: Option<&std::path::Path>) -> ExitCode {
         // Before the daemon starts: a SIGTERM that arrives while it opens the store or during
         // its first messages must start a clean shutdown, not kill it (the default action).
         let shutdown = shutdown_signal().expect("installing the SIGTERM and SIGINT handlers");
-        daemon::run(&config, shutdown).await
+        task(&config, Box::pin(shutdown)).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,7 +15,7 @@ use axum::routing::any;
 use serde_json::{Value, json};
 
 use crate::promql::{self, Budget, Expr, Field, Grid, SeriesLabels};
-use crate::store::StoreReader;
+use crate::source::Source;
 
 /// Largest form body a request may send (a query is at most [`promql::QUERY_BYTES_MAX`]).
 const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -25,7 +25,7 @@ const MATCH_MAX: usize = 8;
 
 #[derive(Clone)]
 pub struct PromState {
-    pub reader: StoreReader,
+    pub source: Source,
     pub bucket_width_secs: i64,
     /// `http.max_points_per_query`: stored buckets read and points answered per query, and
     /// label sets per `series` answer.
@@ -116,6 +116,14 @@ impl PromError {
             status: StatusCode::BAD_REQUEST,
             kind: "bad_data",
             message: message.into(),
+        }
+    }
+
+    /// A failed read: a bound passed is the client's to narrow; the rest is internal.
+    fn read(e: crate::source::ReadError) -> PromError {
+        match e {
+            crate::source::ReadError::TooLarge(why) => PromError::bad(why),
+            e => PromError::internal(e),
         }
     }
 
@@ -227,18 +235,18 @@ async fn evaluate(
         Ok(Expr::Vector(v)) => v,
         Err(e) => return Err(PromError::bad(format!("invalid parameter \"query\": {e}"))),
     };
-    let (reader, width) = (s.reader.clone(), s.bucket_width_secs);
+    let (source, width) = (s.source.clone(), s.bucket_width_secs);
     let budget = Budget {
         max_points: s.max_points,
     };
     read(move || {
-        let names = reader.series().map_err(PromError::internal)?;
+        let names = source.series().map_err(PromError::read)?;
         promql::evaluate(&expr, &names, grid, width, budget, |wanted, from, to| {
-            reader.buckets_of(wanted, from, to)
+            source.buckets_of(wanted, from, to)
         })
         .map_err(|e| match e {
             promql::EvalError::TooLarge(m) => PromError::bad(m),
-            promql::EvalError::Read(e) => PromError::internal(e),
+            promql::EvalError::Read(e) => PromError::read(e),
         })
     })
     .await
@@ -303,8 +311,8 @@ async fn selected(
     s: &PromState,
     selectors: Vec<promql::Selector>,
 ) -> Result<Vec<(String, Vec<Field>)>, PromError> {
-    let reader = s.reader.clone();
-    let names = read(move || reader.series().map_err(PromError::internal)).await?;
+    let source = s.source.clone();
+    let names = read(move || source.series().map_err(PromError::read)).await?;
     Ok(names
         .into_iter()
         .filter_map(|name| {

@@ -10,8 +10,13 @@
 -- A gateway can then read and write only its own rows: bucketd_buckets rows whose gateway_id and
 -- series prefix are its name, and its own bucketd_gateways row (last_seq, origin). It cannot
 -- create or alter tables (bucketd skips its schema step when the tables are there and the role
--- may not create them), delete, or see another gateway's rows. The tables' owner, and roles
--- given SELECT for queries, are not limited by these policies.
+-- may not create them), delete, or see another gateway's rows. The tables' owner is not limited
+-- by these policies.
+--
+-- Query nodes (`bucketd query-node`, docs/FLEET.md) and SQL clients such as Grafana's
+-- PostgreSQL data source read as members of bucketd_reader: every row, and nothing else.
+--
+--   CREATE ROLE "query-1" LOGIN PASSWORD '...' IN ROLE bucketd_reader;
 --
 -- Idempotent: running it again changes nothing.
 
@@ -23,7 +28,16 @@ BEGIN
 END
 $$;
 
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bucketd_reader') THEN
+        CREATE ROLE bucketd_reader NOLOGIN;
+    END IF;
+END
+$$;
+
 GRANT SELECT, INSERT, UPDATE ON bucketd_buckets, bucketd_gateways TO bucketd_gateway;
+GRANT SELECT ON bucketd_buckets, bucketd_gateways TO bucketd_reader;
 
 ALTER TABLE bucketd_buckets ENABLE ROW LEVEL SECURITY;
 ALTER TABLE bucketd_gateways ENABLE ROW LEVEL SECURITY;
@@ -32,6 +46,12 @@ DROP POLICY IF EXISTS bucketd_own_rows ON bucketd_buckets;
 CREATE POLICY bucketd_own_rows ON bucketd_buckets TO bucketd_gateway
     USING (gateway_id = current_user)
     WITH CHECK (gateway_id = current_user AND starts_with(series, current_user || ':'));
+
+-- With row-level security on, a role no policy names sees no rows: readers get all of them.
+DROP POLICY IF EXISTS bucketd_read_all ON bucketd_buckets;
+CREATE POLICY bucketd_read_all ON bucketd_buckets FOR SELECT TO bucketd_reader USING (true);
+DROP POLICY IF EXISTS bucketd_read_all ON bucketd_gateways;
+CREATE POLICY bucketd_read_all ON bucketd_gateways FOR SELECT TO bucketd_reader USING (true);
 
 DROP POLICY IF EXISTS bucketd_own_row ON bucketd_gateways;
 CREATE POLICY bucketd_own_row ON bucketd_gateways TO bucketd_gateway

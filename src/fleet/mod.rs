@@ -18,3 +18,5 @@ mod fuzz;
 pub mod pg_tls;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "postgres")]
+pub mod reader;

@@ -126,30 +126,7 @@ pub async fn connect(
     application_name: String,
     schema: &str,
 ) -> anyhow::Result<tokio_postgres::Client> {
-    // Config validation checked the TLS settings (and refused TLS in a build without it).
-    let tls = crate::config::pg_tls(conninfo).map_err(anyhow::Error::msg)?;
-    let mut config: tokio_postgres::Config = tls.conninfo.parse()?;
-    if let Some(password) = password {
-        config.password(password.expose());
-    }
-    config.application_name(application_name);
-    config.connect_timeout(Duration::from_secs(10));
-    let ended = |e: tokio_postgres::Error| {
-        tracing::debug!(error = %e, "The PostgreSQL connection ended.");
-    };
-    #[cfg(feature = "tls")]
-    let mut client = {
-        let connector = super::pg_tls::connector(&tls, "sslmode").map_err(anyhow::Error::msg)?;
-        let (client, connection) = config.connect(connector).await?;
-        tokio::spawn(async move { connection.await.unwrap_or_else(ended) });
-        client
-    };
-    #[cfg(not(feature = "tls"))]
-    let mut client = {
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move { connection.await.unwrap_or_else(ended) });
-        client
-    };
+    let mut client = client(conninfo, password, application_name).await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
@@ -165,6 +142,39 @@ pub async fn connect(
         tracing::debug!(error = %e, "This role may not create the schema; using the tables as they are.");
     }
     tx.commit().await?;
+    Ok(client)
+}
+
+/// Connects to PostgreSQL (`conninfo` without the password, TLS as its `sslmode` says).
+pub async fn client(
+    conninfo: &str,
+    password: Option<&Secret>,
+    application_name: String,
+) -> anyhow::Result<tokio_postgres::Client> {
+    // Config validation checked the TLS settings (and refused TLS in a build without it).
+    let tls = crate::config::pg_tls(conninfo).map_err(anyhow::Error::msg)?;
+    let mut config: tokio_postgres::Config = tls.conninfo.parse()?;
+    if let Some(password) = password {
+        config.password(password.expose());
+    }
+    config.application_name(application_name);
+    config.connect_timeout(Duration::from_secs(10));
+    let ended = |e: tokio_postgres::Error| {
+        tracing::debug!(error = %e, "The PostgreSQL connection ended.");
+    };
+    #[cfg(feature = "tls")]
+    let client = {
+        let connector = super::pg_tls::connector(&tls, "sslmode").map_err(anyhow::Error::msg)?;
+        let (client, connection) = config.connect(connector).await?;
+        tokio::spawn(async move { connection.await.unwrap_or_else(ended) });
+        client
+    };
+    #[cfg(not(feature = "tls"))]
+    let client = {
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(async move { connection.await.unwrap_or_else(ended) });
+        client
+    };
     Ok(client)
 }
 

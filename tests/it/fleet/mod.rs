@@ -35,6 +35,9 @@ mod partitions;
 /// Gateways to PostgreSQL, exactly once through a `kill -9`.
 #[cfg(feature = "postgres")]
 mod postgres;
+/// `bucketd query-node` over the fleet's PostgreSQL.
+#[cfg(feature = "postgres")]
+mod query_node;
 
 pub struct Gateway {
     pub id: String,

@@ -1,0 +1,367 @@
+//! The query node's reads (`bucketd query-node`, docs/FLEET.md): the fleet's buckets in
+//! PostgreSQL through a read-only connection, each gateway's series as stored
+//! (`<gateway>:<sensor>/<metric>`), and fleet-wide series (`*:<sensor>/<metric>`) whose buckets
+//! are every gateway's of that sensor and metric merged here, sketches included: a fleet p99 is
+//! the p99 of the merged sketch, not an average of p99s.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::doc::BucketDoc;
+use crate::secret::Secret;
+use crate::sketch::Sketch;
+use crate::source::{BucketSource, ReadError};
+use crate::summary::{Point, Summary};
+
+/// The gateway part of a fleet-wide series' name: `*:<sensor>/<metric>` (no gateway id has
+/// a `*`: `reading::valid_gateway_id`).
+pub const FLEET_PREFIX: &str = "*:";
+
+/// The rows of some series over a range, in series then time order: the primary key
+/// `(series, start)` on each month partition the range touches. At most `$5` rows.
+const BUCKETS: &str = "
+SELECT series, start, count, sum, sum_comp, min, max, first_ts_ns, first_value, last_ts_ns,
+    last_value, mean, m2, sketch
+FROM bucketd_buckets
+WHERE series = ANY($1) AND start >= $2 AND start < $3 AND width_secs = $4
+ORDER BY series, start
+LIMIT $5";
+
+/// Every series name, one index probe per series (a skip scan of the primary key: PostgreSQL
+/// has none built in), at most `$1`.
+const SERIES: &str = "
+WITH RECURSIVE s(series) AS (
+    (SELECT series FROM bucketd_buckets ORDER BY series LIMIT 1)
+    UNION ALL
+    SELECT (SELECT b.series FROM bucketd_buckets b WHERE b.series > s.series
+            ORDER BY b.series LIMIT 1)
+    FROM s WHERE s.series IS NOT NULL
+)
+SELECT series FROM s WHERE series IS NOT NULL LIMIT $1";
+
+/// What a query node reads and how much (`[query_node]`).
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// libpq connection string of a read-only role, without the password.
+    pub conninfo: String,
+    pub password: Option<Secret>,
+    /// The width of the buckets it serves (`store.bucket_width`); rows of another width are
+    /// not read.
+    pub width_secs: i64,
+    /// Connections to PostgreSQL: one per query served at once (`http.max_concurrent_queries`).
+    pub connections: usize,
+    /// How old the series list may get before a query reads it again.
+    pub series_refresh: Duration,
+    /// Most series listed (gateways' series; the fleet-wide ones come on top).
+    pub max_series: usize,
+    /// Most rows one query reads (a fleet-wide series reads one per gateway and bucket).
+    pub max_rows: usize,
+    /// PostgreSQL's `statement_timeout` on the node's connections.
+    pub statement_timeout: Duration,
+}
+
+/// The series as last listed: gateways' names, and for each `<sensor>/<metric>` the gateways'
+/// series that the fleet-wide one merges.
+struct SeriesList {
+    at: Instant,
+    names: Vec<String>,
+    members: BTreeMap<String, Vec<String>>,
+}
+
+struct Conn {
+    client: tokio_postgres::Client,
+    buckets: tokio_postgres::Statement,
+}
+
+/// Read access to the fleet's PostgreSQL, for the HTTP layer ([`BucketSource`]). Its calls
+/// block (on the blocking pool) while the runtime it was made in runs the queries.
+pub struct FleetReader {
+    settings: NodeSettings,
+    runtime: tokio::runtime::Handle,
+    pool: Vec<Arc<tokio::sync::Mutex<Option<Conn>>>>,
+    next: AtomicUsize,
+    series: std::sync::Mutex<Option<Arc<SeriesList>>>,
+    /// Held while the series list is read again, so that one query reads it, not each.
+    listing: tokio::sync::Mutex<()>,
+}
+
+impl FleetReader {
+    /// A reader whose connections are made as queries need them (PostgreSQL may be down when
+    /// the node starts: `/readyz` says so). Must be called inside a Tokio runtime.
+    pub fn new(settings: NodeSettings) -> FleetReader {
+        let pool = (0..settings.connections.max(1))
+            .map(|_| Arc::new(tokio::sync::Mutex::new(None)))
+            .collect();
+        FleetReader {
+            settings,
+            runtime: tokio::runtime::Handle::current(),
+            pool,
+            next: AtomicUsize::new(0),
+            series: std::sync::Mutex::new(None),
+            listing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// A free connection (the next one round the pool if none is), connected if it is not.
+    async fn conn(&self) -> Result<tokio::sync::OwnedMutexGuard<Option<Conn>>, ReadError> {
+        let n = self.pool.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let free = (0..n).find_map(|i| self.pool[(first + i) % n].clone().try_lock_owned().ok());
+        let mut slot = match free {
+            Some(slot) => slot,
+            None => self.pool[first].clone().lock_owned().await,
+        };
+        if slot.as_ref().is_none_or(|c| c.client.is_closed()) {
+            *slot = None;
+            let client = super::postgres::client(
+                &self.settings.conninfo,
+                self.settings.password.as_ref(),
+                "bucketd query node".to_owned(),
+            )
+            .await
+            .map_err(|e| ReadError::failed(format!("connecting to PostgreSQL: {e:#}")))?;
+            let timeout = self.settings.statement_timeout.as_millis();
+            client
+                .batch_execute(&format!(
+                    "SET default_transaction_read_only = on; SET statement_timeout = {timeout}"
+                ))
+                .await
+                .map_err(ReadError::failed)?;
+            let buckets = client.prepare(BUCKETS).await.map_err(ReadError::failed)?;
+            *slot = Some(Conn { client, buckets });
+        }
+        Ok(slot)
+    }
+
+    /// The series list, read again when older than `series_refresh`.
+    async fn series_list(&self) -> Result<Arc<SeriesList>, ReadError> {
+        let fresh = |list: &Option<Arc<SeriesList>>| {
+            list.as_ref()
+                .filter(|l| l.at.elapsed() < self.settings.series_refresh)
+                .cloned()
+        };
+        if let Some(list) = fresh(&self.series.lock().expect("no panic holds it")) {
+            return Ok(list);
+        }
+        let _listing = self.listing.lock().await;
+        if let Some(list) = fresh(&self.series.lock().expect("no panic holds it")) {
+            return Ok(list);
+        }
+        let conn = self.conn().await?;
+        let client = &conn.as_ref().expect("connected by conn()").client;
+        let limit = i64::try_from(self.settings.max_series).unwrap_or(i64::MAX);
+        let rows = client
+            .query(SERIES, &[&limit])
+            .await
+            .map_err(ReadError::failed)?;
+        if rows.len() >= self.settings.max_series {
+            tracing::warn!(
+                max = self.settings.max_series,
+                "The fleet's PostgreSQL holds more series than query_node.max_series: the node \
+                 lists the first ones by name. Raise query_node.max_series."
+            );
+        }
+        let mut names: Vec<String> = Vec::with_capacity(rows.len() * 2);
+        let mut members: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for row in rows {
+            let name: String = row.get(0);
+            if let Some((_, rest)) = name.split_once(':') {
+                members
+                    .entry(rest.to_owned())
+                    .or_default()
+                    .push(name.clone());
+            }
+            names.push(name);
+        }
+        names.extend(members.keys().map(|rest| format!("{FLEET_PREFIX}{rest}")));
+        names.sort_unstable();
+        let list = Arc::new(SeriesList {
+            at: Instant::now(),
+            names,
+            members,
+        });
+        *self.series.lock().expect("no panic holds it") = Some(list.clone());
+        Ok(list)
+    }
+
+    async fn read_buckets(
+        &self,
+        names: &[&str],
+        from: i64,
+        to: i64,
+    ) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError> {
+        let mut out = BTreeMap::new();
+        if from >= to || names.is_empty() {
+            return Ok(out);
+        }
+        let fleet = names.iter().any(|n| n.starts_with(FLEET_PREFIX));
+        let list = if fleet {
+            Some(self.series_list().await?)
+        } else {
+            None
+        };
+        // The stored series to read, and which asked-for name each one feeds.
+        let mut wanted: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for &name in names {
+            match (name.strip_prefix(FLEET_PREFIX), &list) {
+                (Some(rest), Some(list)) => {
+                    for member in list.members.get(rest).into_iter().flatten() {
+                        wanted.entry(member).or_default().push(name);
+                    }
+                }
+                _ => wanted.entry(name).or_default().push(name),
+            }
+        }
+        let keys: Vec<&str> = wanted.keys().copied().collect();
+        let max = self.settings.max_rows;
+        let conn = self.conn().await?;
+        let conn = conn.as_ref().expect("connected by conn()");
+        let limit = i64::try_from(max).unwrap_or(i64::MAX).saturating_add(1);
+        let rows = conn
+            .client
+            .query(
+                &conn.buckets,
+                &[
+                    &keys,
+                    &time(from),
+                    &time(to),
+                    &i32::try_from(self.settings.width_secs).unwrap_or(i32::MAX),
+                    &limit,
+                ],
+            )
+            .await
+            .map_err(ReadError::failed)?;
+        if rows.len() > max {
+            return Err(ReadError::TooLarge(format!(
+                "the query reads more than query_node.max_rows ({max}) buckets of the fleet; \
+                 narrow the range or the series"
+            )));
+        }
+        // Fleet-wide names: every member's bucket merged per start.
+        let mut merged: BTreeMap<(&str, i64), Summary> = BTreeMap::new();
+        for row in &rows {
+            let (series, start, summary) = decode_row(row)?;
+            for &name in wanted.get(series.as_str()).into_iter().flatten() {
+                if name.starts_with(FLEET_PREFIX) {
+                    match merged.entry((name, start)) {
+                        std::collections::btree_map::Entry::Vacant(v) => {
+                            v.insert(summary.clone());
+                        }
+                        std::collections::btree_map::Entry::Occupied(mut o) => {
+                            o.get_mut().merge(&summary);
+                        }
+                    }
+                } else {
+                    let doc = BucketDoc::new(name, start, self.settings.width_secs, &summary);
+                    out.entry(name.to_owned())
+                        .or_insert_with(Vec::new)
+                        .push(doc);
+                }
+            }
+        }
+        for ((name, start), summary) in merged {
+            let doc = BucketDoc::new(name, start, self.settings.width_secs, &summary);
+            out.entry(name.to_owned())
+                .or_insert_with(Vec::new)
+                .push(doc);
+        }
+        Ok(out)
+    }
+}
+
+/// `secs` since the epoch as PostgreSQL's `timestamptz`.
+fn time(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+/// A row of [`BUCKETS`] as its series, start (seconds) and summary. A row no bucketd wrote
+/// (a negative count, a sketch that does not decode) is an error, not a guess.
+fn decode_row(row: &tokio_postgres::Row) -> Result<(String, i64, Summary), ReadError> {
+    let series: String = row.get(0);
+    let start: SystemTime = row.get(1);
+    let start = match start.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()),
+        Err(e) => i64::try_from(e.duration().as_secs()).map(|s| -s),
+    }
+    .map_err(ReadError::failed)?;
+    let count: i64 = row.get(2);
+    let corrupt = |what: &str| ReadError::failed(format!("the row of {series} at {start}: {what}"));
+    let count = u64::try_from(count).map_err(|_| corrupt("negative count"))?;
+    let sketch: &[u8] = row.get(13);
+    let sketch = Sketch::decode(sketch).ok_or_else(|| corrupt("the sketch does not decode"))?;
+    let summary = Summary {
+        count,
+        sum: row.get(3),
+        sum_comp: row.get(4),
+        min: row.get(5),
+        max: row.get(6),
+        first: Point {
+            ts: row.get(7),
+            value: row.get(8),
+        },
+        last: Point {
+            ts: row.get(9),
+            value: row.get(10),
+        },
+        mean: row.get(11),
+        m2: row.get(12),
+        sketch,
+    };
+    Ok((series, start, summary))
+}
+
+impl BucketSource for FleetReader {
+    fn series(&self) -> Result<Vec<String>, ReadError> {
+        self.runtime
+            .block_on(self.series_list())
+            .map(|l| l.names.clone())
+    }
+
+    fn has_series(&self, series: &str) -> Result<bool, ReadError> {
+        let list = self.runtime.block_on(self.series_list())?;
+        Ok(list
+            .names
+            .binary_search_by(|n| n.as_str().cmp(series))
+            .is_ok())
+    }
+
+    fn buckets_of(
+        &self,
+        names: &[&str],
+        from: i64,
+        to: i64,
+    ) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError> {
+        self.runtime.block_on(self.read_buckets(names, from, to))
+    }
+
+    fn raw(
+        &self,
+        _series: &str,
+        _from: i64,
+        _to: i64,
+        _visit: &mut crate::source::Visit<'_>,
+    ) -> Result<(), ReadError> {
+        Err(ReadError::NotHere(
+            "raw readings stay on the gateways (their /api/v1/raw); the fleet's PostgreSQL \
+             holds buckets only",
+        ))
+    }
+
+    fn reachable(&self) -> Option<bool> {
+        let ping = async {
+            let conn = self.conn().await.ok()?;
+            let client = &conn.as_ref()?.client;
+            client.simple_query("SELECT 1").await.ok()
+        };
+        let answered = self
+            .runtime
+            .block_on(async { tokio::time::timeout(Duration::from_secs(2), ping).await });
+        Some(matches!(answered, Ok(Some(_))))
+    }
+}

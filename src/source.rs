@@ -1,0 +1,111 @@
+//! What the query surface (`http`, `prom`) reads, as a trait: the daemon's own redb file
+//! ([`StoreReader`]), or a store the fleet tier attaches (the query node over PostgreSQL,
+//! `fleet::reader`). Calls block: the HTTP layer makes them on the blocking pool.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::doc::BucketDoc;
+use crate::store::StoreReader;
+
+/// Why a read failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The store could not be read; the details are for the log, not the client.
+    #[error("{0}")]
+    Failed(Box<dyn std::error::Error + Send + Sync>),
+    /// This source does not hold what was asked (raw readings on a query node); the text says
+    /// where they are.
+    #[error("{0}")]
+    NotHere(&'static str),
+    /// The query would read more than the source's bound; the text says what to narrow.
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+impl ReadError {
+    pub fn failed(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> ReadError {
+        ReadError::Failed(e.into())
+    }
+}
+
+/// The buckets (and, where kept, raw readings) that queries read. Series are named as the
+/// source stores them (`sensor/metric` on a gateway, `<gateway>:<sensor>/<metric>` at a central
+/// or in the fleet's PostgreSQL).
+pub trait BucketSource: Send + Sync {
+    /// Every series name, sorted.
+    fn series(&self) -> Result<Vec<String>, ReadError>;
+
+    /// Whether `series` is stored.
+    fn has_series(&self, series: &str) -> Result<bool, ReadError>;
+
+    /// The buckets of each of `names` with `from <= start < to` (seconds), in time order;
+    /// names not stored are left out.
+    fn buckets_of(
+        &self,
+        names: &[&str],
+        from: i64,
+        to: i64,
+    ) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError>;
+
+    /// The buckets of `series` with `from <= start < to` (seconds), in time order.
+    fn buckets(&self, series: &str, from: i64, to: i64) -> Result<Vec<BucketDoc>, ReadError> {
+        Ok(self
+            .buckets_of(&[series], from, to)?
+            .remove(series)
+            .unwrap_or_default())
+    }
+
+    /// Raw readings of `series` with `from <= ts < to` (ns), in timestamp order, a bucket at a
+    /// time; `visit` returns `false` to stop. Sources without raw readings say where they are.
+    fn raw(&self, series: &str, from: i64, to: i64, visit: &mut Visit<'_>)
+    -> Result<(), ReadError>;
+
+    /// Whether the source can answer now, for `/readyz`: `None` where readiness is the
+    /// daemon's (its broker and store), `Some` for a source of its own (a query node's
+    /// PostgreSQL).
+    fn reachable(&self) -> Option<bool> {
+        None
+    }
+}
+
+/// What [`BucketSource::raw`] calls with each bucket's readings (timestamp ns, value);
+/// `false` stops the read.
+pub type Visit<'a> = dyn FnMut(&[(i64, f64)]) -> bool + 'a;
+
+/// A source shared by the HTTP handlers.
+pub type Source = Arc<dyn BucketSource>;
+
+impl BucketSource for StoreReader {
+    fn series(&self) -> Result<Vec<String>, ReadError> {
+        StoreReader::series(self).map_err(ReadError::failed)
+    }
+
+    fn has_series(&self, series: &str) -> Result<bool, ReadError> {
+        StoreReader::has_series(self, series).map_err(ReadError::failed)
+    }
+
+    fn buckets_of(
+        &self,
+        names: &[&str],
+        from: i64,
+        to: i64,
+    ) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError> {
+        StoreReader::buckets_of(self, names, from, to).map_err(ReadError::failed)
+    }
+
+    fn buckets(&self, series: &str, from: i64, to: i64) -> Result<Vec<BucketDoc>, ReadError> {
+        StoreReader::buckets(self, Some(series), from, to).map_err(ReadError::failed)
+    }
+
+    fn raw(
+        &self,
+        series: &str,
+        from: i64,
+        to: i64,
+        visit: &mut Visit<'_>,
+    ) -> Result<(), ReadError> {
+        StoreReader::raw(self, Some(series), from, to, |_, readings| visit(readings))
+            .map_err(ReadError::failed)
+    }
+}

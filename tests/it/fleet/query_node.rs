@@ -1,0 +1,273 @@
+//! The query node (issue 43): `bucketd query-node` serving the fleet's PostgreSQL through a
+//! read-only role (`deploy/postgres/roles.sql`, `bucketd_reader`). Gateways' deltas are applied
+//! by bucketd's own batched apply; the answers are checked bucket by bucket against a ground
+//! truth computed from the readings themselves (type-7 quantiles, `support::type7`), per
+//! gateway and fleet-wide, and two nodes must answer alike.
+
+use std::collections::BTreeMap;
+
+use bucketd::fleet::postgres::{self, FleetDb, SCHEMA};
+use bucketd::sketch::SketchParams;
+use bucketd::store::OutboxDoc;
+use bucketd::summary::Summary;
+use serde_json::Value;
+
+use super::pg::{TestDb, connect};
+use super::*;
+
+const HOUR: i64 = 3600;
+const GATEWAYS: [&str; 3] = ["qn-a", "qn-b", "qn-c"];
+const SERIES: [&str; 2] = ["boiler/temp", "pump/temp"];
+
+/// The readings of `(gateway, series, hour)`: gateway `g`'s values lie around `1000 * g`, so
+/// that a fleet-wide quantile differs from any average of the gateways' quantiles.
+fn readings(g: usize, s: usize, h: i64, start: i64) -> Vec<(i64, f64)> {
+    let n = 40 + (g * 7 + s * 5 + h as usize * 3) % 23;
+    (0..n)
+        .map(|i| {
+            let v = 1000.0 * g as f64 + ((i * 37 + s * 11 + h as usize * 5) % 101) as f64 + 0.25;
+            ((start + i as i64 * 60) * 1_000_000_000, v)
+        })
+        .collect()
+}
+
+fn summary(readings: &[(i64, f64)]) -> Summary {
+    let mut s = Summary::with_params(readings[0].0, readings[0].1, SketchParams::DEFAULT);
+    for &(ts, v) in &readings[1..] {
+        s.push(ts, v);
+    }
+    s
+}
+
+fn sorted(mut values: Vec<f64>) -> Vec<f64> {
+    values.sort_by(f64::total_cmp);
+    values
+}
+
+/// `GET path` on the node at `addr`: its JSON, after checking the status.
+async fn get(addr: &str, path: &str, status: u16) -> Value {
+    let (got, body) = crate::support::http("GET", format!("http://{addr}{path}")).await;
+    assert_eq!(got, status, "{path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
+    let testdb = TestDb::create().await;
+    let admin = connect(&testdb.conninfo()).await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    admin
+        .batch_execute(include_str!("../../../deploy/postgres/roles.sql"))
+        .await
+        .unwrap();
+    // Role names are global to the server: a unique one, dropped at the end.
+    let role = unique("qn-reader").to_lowercase();
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN IN ROLE bucketd_reader"
+        ))
+        .await
+        .unwrap();
+    let as_reader = {
+        let words: Vec<String> = testdb
+            .conninfo()
+            .split_whitespace()
+            .filter(|w| !w.starts_with("user="))
+            .map(str::to_owned)
+            .collect();
+        format!("{} user={role}", words.join(" "))
+    };
+
+    // Three recent hours of every gateway's series, each bucket applied as two deltas (two
+    // entries), so that PostgreSQL's upsert merges them as a forwarder's retries would.
+    let first = (chrono::Utc::now().timestamp() / HOUR - 4) * HOUR;
+    let mut truth: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
+    let mut fleet: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
+    for (g, gateway) in GATEWAYS.iter().enumerate() {
+        let mut db = FleetDb::open(&testdb.conninfo(), None, format!("bucketd {gateway}"))
+            .await
+            .unwrap();
+        let mut halves = [Vec::new(), Vec::new()];
+        for (s, series) in SERIES.iter().enumerate() {
+            for h in 0..3 {
+                let start = first + h * HOUR;
+                let rs = readings(g, s, h, start);
+                let (a, b) = rs.split_at(rs.len() / 2);
+                halves[0].push(BucketDoc::new(series, start, HOUR, &summary(a)));
+                halves[1].push(BucketDoc::new(series, start, HOUR, &summary(b)));
+                let values: Vec<f64> = rs.iter().map(|r| r.1).collect();
+                truth
+                    .entry((format!("{gateway}:{series}"), start))
+                    .or_default()
+                    .extend(&values);
+                fleet
+                    .entry((format!("*:{series}"), start))
+                    .or_default()
+                    .extend(&values);
+            }
+        }
+        let entries: Vec<OutboxDoc> = halves
+            .into_iter()
+            .enumerate()
+            .map(|(seq, buckets)| OutboxDoc {
+                seq: seq as i64,
+                created_ns: 0,
+                buckets,
+            })
+            .collect();
+        postgres::apply(&mut db, gateway, "origin", &entries, None)
+            .await
+            .unwrap();
+    }
+
+    // Two nodes, as behind a load balancer.
+    let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
+    raw.query_node.postgres = as_reader.clone();
+    raw.http.bind = "127.0.0.1:0".into();
+    let config = bucketd::config::Config::try_from(raw).unwrap();
+    let nodes = [
+        bucketd::daemon::start_query_node(&config).unwrap(),
+        bucketd::daemon::start_query_node(&config).unwrap(),
+    ];
+    let addrs: Vec<String> = nodes.iter().map(|n| n.http_addr.to_string()).collect();
+    let addr = addrs[0].as_str();
+
+    let listed = get(addr, "/api/v1/series", 200).await;
+    let names: Vec<&str> = listed["series"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    let mut expected: Vec<String> = truth.keys().map(|k| k.0.clone()).collect();
+    expected.extend(fleet.keys().map(|k| k.0.clone()));
+    expected.sort();
+    expected.dedup();
+    assert_eq!(names, expected);
+
+    let (from, to) = (first, first + 3 * HOUR);
+    let mut averages_would_pass = 0;
+    for (groups, fleet_wide) in [(&truth, false), (&fleet, true)] {
+        let series: Vec<&String> = groups.keys().map(|k| &k.0).collect();
+        for name in series
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>()
+        {
+            let path = format!("/api/v1/buckets?series={name}&from={from}&to={to}");
+            let answer = get(addr, &path, 200).await;
+            for other in &addrs[1..] {
+                assert_eq!(get(other, &path, 200).await, answer, "{path}: nodes differ");
+            }
+            let buckets = answer["buckets"].as_array().unwrap();
+            assert_eq!(buckets.len(), 3, "{path}");
+            for (h, b) in buckets.iter().enumerate() {
+                let start = first + h as i64 * HOUR;
+                let values = sorted(groups[&(name.clone(), start)].clone());
+                let what = format!("{name} at {start}");
+                assert_eq!(
+                    b["count"].as_u64().unwrap() as usize,
+                    values.len(),
+                    "{what}"
+                );
+                assert_eq!(b["min"].as_f64().unwrap(), values[0], "{what}");
+                assert_eq!(
+                    b["max"].as_f64().unwrap(),
+                    *values.last().unwrap(),
+                    "{what}"
+                );
+                let mean = values.iter().sum::<f64>() / values.len() as f64;
+                assert!(
+                    (b["mean"].as_f64().unwrap() - mean).abs() < 1e-9 * mean,
+                    "{what}"
+                );
+                for (key, q) in [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)] {
+                    let got = b[key].as_f64().unwrap();
+                    let exact = type7(&values, q);
+                    assert!(
+                        quantile_close(got, exact),
+                        "{what} {key}: {got} vs {exact:?}"
+                    );
+                }
+                if fleet_wide {
+                    // What averaging the gateways' p99s would give: the test must tell it apart.
+                    let member =
+                        |g: &str| sorted(truth[&(format!("{g}:{}", &name[2..]), start)].clone());
+                    let avg = GATEWAYS
+                        .iter()
+                        .map(|g| type7(&member(g), 0.99).0)
+                        .sum::<f64>()
+                        / GATEWAYS.len() as f64;
+                    if quantile_close(avg, type7(&values, 0.99)) {
+                        averages_would_pass += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        averages_would_pass, 0,
+        "the fleet's readings must tell a merge from an average"
+    );
+
+    // The Prometheus API reads the same buckets: the fleet-wide p99 per hour.
+    let query = "bucketd_bucket_p99{series=\"*:boiler/temp\"}";
+    let path = format!(
+        "/prom/api/v1/query_range?query={}&start={from}&end={}&step=3600",
+        query
+            .replace('"', "%22")
+            .replace('{', "%7B")
+            .replace('}', "%7D"),
+        to - HOUR
+    );
+    let prom = get(addr, &path, 200).await;
+    let values = prom["data"]["result"][0]["values"].as_array().unwrap();
+    assert_eq!(values.len(), 3, "{prom}");
+    for (h, point) in values.iter().enumerate() {
+        let start = first + h as i64 * HOUR;
+        let got: f64 = point[1].as_str().unwrap().parse().unwrap();
+        let exact = type7(
+            &sorted(fleet[&("*:boiler/temp".into(), start)].clone()),
+            0.99,
+        );
+        assert!(
+            quantile_close(got, exact),
+            "prom p99 at {start}: {got} vs {exact:?}"
+        );
+    }
+
+    // Raw readings stay on the gateways; the node says so.
+    let path = format!("/api/v1/raw?series=qn-a:boiler/temp&from={from}&to={to}");
+    let refused = get(addr, &path, 404).await;
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("stay on the gateways"),
+        "{refused}"
+    );
+    let ready = get(addr, "/readyz", 200).await;
+    assert_eq!(ready["store_reachable"], true);
+
+    // The reader role reads; it cannot write.
+    let reader = connect(&as_reader).await;
+    let e = reader
+        .execute("UPDATE bucketd_gateways SET last_seq = 0", &[])
+        .await
+        .unwrap_err();
+    assert!(format!("{e:?}").contains("permission denied"), "{e:?}");
+
+    for node in nodes {
+        node.stop().await;
+    }
+    drop(reader);
+    testdb.drop_it().await;
+    admin_drop_role(&role).await;
+}
+
+async fn admin_drop_role(role: &str) {
+    let admin = connect(&super::pg::admin_conninfo()).await;
+    admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS \"{role}\""))
+        .await
+        .unwrap();
+}
