@@ -14,8 +14,7 @@
 //! subscriber decodes every delta message and checks the readings they carry.
 //! `BENCH_TARGET=central cargo bench --bench forward`: through that Mosquitto into a central
 //! bucketd (in this process, `format = "delta"`), timed until the central has committed every
-//! reading; each run does it twice, without and with `[central] claims_postgres` (a fresh
-//! database), and prints the ratio.
+//! reading.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -247,14 +246,9 @@ async fn run_mqtt(entries: usize, buckets: usize, per_bucket: usize) -> (f64, u6
     (took, deltas, readings)
 }
 
-/// Through a Mosquitto into a central bucketd (with claims in PostgreSQL when `claims`);
-/// returns (seconds until the central committed every reading, deltas, readings).
-async fn run_central(
-    entries: usize,
-    buckets: usize,
-    per_bucket: usize,
-    claims: Option<String>,
-) -> (f64, u64, u64) {
+/// Through a Mosquitto into a central bucketd; returns (seconds until the central committed
+/// every reading, deltas, readings).
+async fn run_central(entries: usize, buckets: usize, per_bucket: usize) -> (f64, u64, u64) {
     let broker = own_mosquitto::OwnMosquitto::start(false, "");
     let dir = tempfile::tempdir().unwrap();
     let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
@@ -264,9 +258,8 @@ async fn run_central(
     raw.store.path = dir.path().join("central.redb");
     raw.http.bind = "127.0.0.1:0".into();
     raw.batch.flush_interval = Duration::from_millis(50);
-    raw.central.claims_postgres = claims.unwrap_or_default();
     raw.subscriptions = vec![bucketd::config::RawSubscription {
-        filter: "$share/central/bucketd/+/deltas".into(),
+        filter: "bucketd/+/deltas".into(),
         template: Some("bucketd/{gateway}/deltas".into()),
         format: bucketd::decode::Format::Delta,
         qos: 1,
@@ -493,40 +486,21 @@ async fn main() {
     }
 }
 
-/// `BENCH_TARGET=central`: each run without and then with claims, and their ratio.
+/// `BENCH_TARGET=central`: the central's merge rate, each run.
 async fn central_runs(entries: usize, buckets: usize, per_bucket: usize, runs: usize) {
     println!(
         "forwarding {entries} outbox entries x {buckets} bucket deltas ({per_bucket} readings \
-         each) through Mosquitto into a central bucketd, without and with claims, {runs} run(s)"
+         each) through Mosquitto into a central bucketd, {runs} run(s)"
     );
-    let admin = connect(&admin_conninfo()).await;
-    let (mut plain, mut claimed, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rates = Vec::new();
     for r in 1..=runs {
-        let (took, d, n) = run_central(entries, buckets, per_bucket, None).await;
-        let db = format!("bucketd_bench_claims_{}_{r}", std::process::id());
-        let conninfo = create_db(&admin, &db).await;
-        let (took_c, _, _) = run_central(entries, buckets, per_bucket, Some(conninfo)).await;
-        admin
-            .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
-            .await
-            .unwrap();
+        let (took, d, n) = run_central(entries, buckets, per_bucket).await;
         println!(
-            "run {r}: {:.0} deltas/s ({:.0} readings/s) without claims, {:.0} deltas/s with; \
-             time with/without {:.2}",
+            "run {r}: {:.0} deltas/s ({:.0} readings/s)",
             d as f64 / took,
-            n as f64 / took,
-            d as f64 / took_c,
-            took_c / took
+            n as f64 / took
         );
-        plain.push(d as f64 / took);
-        claimed.push(d as f64 / took_c);
-        ratio.push(took_c / took * 100.0);
+        rates.push(d as f64 / took);
     }
-    println!(
-        "central deltas/s min/median/max: without claims {}; with claims {}; time with/without \
-         (percent) {}",
-        mmm(plain),
-        mmm(claimed),
-        mmm(ratio)
-    );
+    println!("central deltas/s min/median/max: {}", mmm(rates));
 }

@@ -57,8 +57,6 @@ pub struct Message<'a> {
     /// The session it came on (`mqtt.sessions`, 0-based): packet ids are per session.
     pub session: u16,
     pub received: Timestamp,
-    /// Another central instance claimed this delta message (`fleet::claims`): a copy here.
-    pub claimed_elsewhere: bool,
     /// A held resend admitted once its burst ended: what [`Resends::end_burst`] made of it.
     pub burst: Option<BurstPart>,
     /// QoS 1/2: the arrival number of its ack token (`crate::ack::AckToken::arrival`).
@@ -185,41 +183,10 @@ impl Admitter {
         self
     }
 
-    /// A delta message's gateway and position when it is one that a central instance sharing
-    /// the subscription must claim before applying (`fleet::claims`): on a delta subscription,
-    /// valid (a message that will be rejected claims nothing: a forged position must not take
-    /// the real one's claim), and not applied here already. `None` for everything else.
-    pub fn claim_needed(
-        &mut self,
-        topic: &[u8],
-        payload: &[u8],
-        received: Timestamp,
-    ) -> Option<(String, Position)> {
-        let sub = subscription(&self.subscriptions, topic).ok()?;
-        if sub.format != Format::Delta {
-            return None;
-        }
-        let ctx = self.decode_context(received);
-        decode::decode(sub, topic, payload, &ctx, &mut self.decoded).ok()?;
-        let shared = sub.filter.starts_with("$share/");
-        let refused = self.check_position(shared).is_err();
-        let (gateway, at) = self.decoded.delta_from.take()?;
-        self.decoded.clear();
-        if refused {
-            return None;
-        }
-        let applied = self
-            .ledger
-            .as_ref()
-            .is_some_and(|l| l.contains(&gateway, &at));
-        (!applied).then_some((gateway, at))
-    }
-
     /// A decoded delta message's position, against the last one applied from its gateway's
-    /// database ([`Position::plausible_after`]). The jump bound holds only where this instance
-    /// sees the whole stream: with a subscription shared between central instances
-    /// (`$share/...`), each sees part of it.
-    fn check_position(&self, shared: bool) -> Result<(), DecodeError> {
+    /// database ([`Position::plausible_after`]). A central sees a gateway's whole stream (the
+    /// configuration refuses delta subscriptions shared with other instances).
+    fn check_position(&self) -> Result<(), DecodeError> {
         let (Some((gateway, at)), Some(ledger)) = (&self.decoded.delta_from, &self.ledger) else {
             return Ok(());
         };
@@ -227,11 +194,7 @@ impl Admitter {
         let Some(last) = ledger.last(gateway, &at.origin) else {
             return Ok(());
         };
-        let max_jump = if shared {
-            u64::MAX
-        } else {
-            self.gateway_limits.max_position_jump
-        };
+        let max_jump = self.gateway_limits.max_position_jump;
         if at.plausible_after(last, max_jump) {
             Ok(())
         } else {
@@ -264,11 +227,9 @@ impl Admitter {
     pub fn admit(&mut self, m: &Message) -> &mut Admitted {
         self.out.clear();
         let ctx = self.decode_context(m.received);
-        let mut shared = false;
         let decoded = match subscription(&self.subscriptions, m.topic) {
             Ok(sub) => {
                 self.out.store_raw = sub.store_raw;
-                shared = sub.filter.starts_with("$share/");
                 if sub.format == Format::Delta {
                     self.out.gateway = std::str::from_utf8(m.topic)
                         .ok()
@@ -289,7 +250,7 @@ impl Admitter {
             }
             Err(e) => Err(e),
         };
-        if let Err(e) = decoded.and_then(|()| self.check_position(shared)) {
+        if let Err(e) = decoded.and_then(|()| self.check_position()) {
             self.out.verdict = Verdict::Rejected(e);
             self.decoded.clear();
             return &mut self.out;
@@ -332,22 +293,21 @@ impl Admitter {
             }
             return self.record(m, fingerprint, receive_time);
         }
-        let copy = m.claimed_elsewhere
-            || match (&self.decoded.delta_from, fingerprint) {
-                (Some((gateway, at)), _) => self
-                    .ledger
-                    .as_ref()
-                    .is_some_and(|l| l.contains(gateway, at)),
-                (None, None) => false,
-                (None, Some(fp)) => match m.burst {
-                    Some(BurstPart::Copy) => true,
-                    // A packet id given again: new, unless its content says it is the same
-                    // readings (device timestamps).
-                    Some(BurstPart::New) if receive_time => false,
-                    Some(BurstPart::New | BurstPart::Unknown) => self.dedup.contains(fp),
-                    None => (m.dup || !receive_time) && self.dedup.contains(fp),
-                },
-            };
+        let copy = match (&self.decoded.delta_from, fingerprint) {
+            (Some((gateway, at)), _) => self
+                .ledger
+                .as_ref()
+                .is_some_and(|l| l.contains(gateway, at)),
+            (None, None) => false,
+            (None, Some(fp)) => match m.burst {
+                Some(BurstPart::Copy) => true,
+                // A packet id given again: new, unless its content says it is the same
+                // readings (device timestamps).
+                Some(BurstPart::New) if receive_time => false,
+                Some(BurstPart::New | BurstPart::Unknown) => self.dedup.contains(fp),
+                None => (m.dup || !receive_time) && self.dedup.contains(fp),
+            },
+        };
         if copy {
             self.out.verdict = Verdict::Copy;
             self.decoded.clear();

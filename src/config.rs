@@ -120,13 +120,17 @@ fn validate_query_node(raw: &RawQueryNode) -> Result<QueryNodeConfig, ConfigErro
     })
 }
 
-/// `[central]`: for central instances that split delta messages with a shared subscription.
+/// `[central]`: what a central (`format = "delta"` subscriptions) allows each gateway.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCentral {
-    pub claims_postgres: String,
-    pub claims_password_file: String,
-    pub claims_keep_entries: u32,
+    /// Retired with the shared-subscription centrals: refused when set, with what to do.
+    #[serde(default, skip_serializing)]
+    pub claims_postgres: Option<toml::Value>,
+    #[serde(default, skip_serializing)]
+    pub claims_password_file: Option<toml::Value>,
+    #[serde(default, skip_serializing)]
+    pub claims_keep_entries: Option<toml::Value>,
     pub max_series_per_gateway: usize,
     pub max_buckets_per_message: usize,
     pub max_position_jump: u64,
@@ -155,41 +159,30 @@ impl Default for GatewayLimits {
     }
 }
 
-/// Claiming each delta message in PostgreSQL before applying it (`fleet::claims`).
-#[derive(Debug, Clone)]
-pub struct ClaimsConfig {
-    /// libpq key=value or URL, without the password.
-    pub conninfo: String,
-    pub password_file: Option<PathBuf>,
-    /// Claims kept per gateway (the newest sequence numbers).
-    pub keep_entries: u32,
-}
+/// Why the central keys of the shared-subscription mode are refused, with what to do instead.
+const SHARED_CENTRALS_RETIRED: &str = "central instances sharing a subscription are retired: \
+     each held part of every bucket in its own file, with no query that merged them \
+     (docs/FLEET.md, \"Several centrals\"). A fleet past one central forwards its gateways to \
+     PostgreSQL (upstream.target = \"postgres\") and queries it with `bucketd query-node`; or \
+     give each central its own gateways' topics (bucketd/site-1/deltas, ...)";
 
-fn validate_central(raw: &RawCentral) -> Result<Option<ClaimsConfig>, ConfigError> {
-    if raw.claims_postgres.is_empty() {
-        return Ok(None);
-    }
-    if raw.claims_keep_entries < crate::limits::CLAIMS_KEEP_MIN {
-        return Err(invalid(
+/// Refuses the retired claims keys of `[central]` when they are set.
+fn validate_central(raw: &RawCentral) -> Result<(), ConfigError> {
+    let set = [
+        ("central.claims_postgres", raw.claims_postgres.is_some()),
+        (
+            "central.claims_password_file",
+            raw.claims_password_file.is_some(),
+        ),
+        (
             "central.claims_keep_entries",
-            format!(
-                "must be at least {} (a gateway resends up to one forwarding batch)",
-                crate::limits::CLAIMS_KEEP_MIN
-            ),
-        ));
+            raw.claims_keep_entries.is_some(),
+        ),
+    ];
+    match set.iter().find(|(_, set)| *set) {
+        Some((key, _)) => Err(invalid(*key, SHARED_CENTRALS_RETIRED)),
+        None => Ok(()),
     }
-    validate_pg_tls("central.claims_postgres", &raw.claims_postgres)?;
-    if !cfg!(all(feature = "central", feature = "postgres")) {
-        return Err(not_built(
-            "central.claims_postgres",
-            &["central", "postgres"],
-        ));
-    }
-    Ok(Some(ClaimsConfig {
-        conninfo: raw.claims_postgres.clone(),
-        password_file: non_empty_path(&raw.claims_password_file),
-        keep_entries: raw.claims_keep_entries,
-    }))
 }
 
 /// A DNS name as a `Host` header carries it: labels of letters, digits and `-`, joined by `.`.
@@ -352,8 +345,7 @@ fn validate_upstream(raw: &RawUpstream) -> Result<Option<UpstreamConfig>, Config
         return Err(invalid(
             "upstream.batch_entries",
             format!(
-                "must be between 1 and upstream.outbox_max_entries, at most {} (a central's \
-                 claims cover one resent batch)",
+                "must be between 1 and upstream.outbox_max_entries, at most {}",
                 crate::limits::UPSTREAM_BATCH_ENTRIES_MAX
             ),
         ));
@@ -612,8 +604,6 @@ pub struct Config {
     pub http: HttpConfig,
     /// Forwarding to the fleet tier; `None`: off, and no outbox is kept.
     pub upstream: Option<UpstreamConfig>,
-    /// Claiming delta messages between central instances; `None`: off.
-    pub claims: Option<ClaimsConfig>,
     /// What one gateway may use at a central.
     pub gateway_limits: GatewayLimits,
     /// `bucketd query-node`'s PostgreSQL and bounds.
@@ -1011,7 +1001,7 @@ impl TryFrom<RawConfig> for Config {
             .collect::<Result<Vec<_>, _>>()?;
 
         let upstream = validate_upstream(&raw.upstream)?;
-        let claims = validate_central(&raw.central)?;
+        validate_central(&raw.central)?;
         let gateway_limits = validate_gateway_limits(&raw.central, &limits)?;
         let query_node = validate_query_node(&raw.query_node)?;
         Ok(Config {
@@ -1021,7 +1011,6 @@ impl TryFrom<RawConfig> for Config {
             limits,
             http,
             upstream,
-            claims,
             gateway_limits,
             query_node,
             log: raw.log,
@@ -1394,6 +1383,9 @@ fn validate_subscription(i: usize, raw: &RawSubscription) -> Result<Subscription
                     "sensor_field and timestamp_field need format = \"json\"",
                 ));
             }
+            if raw.filter.starts_with("$share/") {
+                return Err(invalid(key("filter"), SHARED_CENTRALS_RETIRED));
+            }
             if !cfg!(feature = "central") {
                 return Err(not_built(&key("format"), &["central"]));
             }
@@ -1483,11 +1475,10 @@ impl Config {
 
 /// The effective configuration as TOML, for `bucketd check-config`. It contains no secret: the
 /// MQTT password stays in its file, and a password in a PostgreSQL connection string
-/// (`upstream.postgres`, `central.claims_postgres`) is shown as `***`.
+/// (`upstream.postgres`, `query_node.postgres`) is shown as `***`.
 pub fn render(raw: &RawConfig) -> String {
     let mut shown = raw.clone();
     shown.upstream.postgres = redact_conninfo(&raw.upstream.postgres);
-    shown.central.claims_postgres = redact_conninfo(&raw.central.claims_postgres);
     shown.query_node.postgres = redact_conninfo(&raw.query_node.postgres);
     toml::to_string_pretty(&shown).expect("RawConfig serializes to TOML")
 }

@@ -148,18 +148,6 @@ fn start_over(
              upstream.mqtt_tls.enabled = true."
         );
     }
-    #[cfg(all(feature = "central", feature = "postgres"))]
-    let claims = match &config.claims {
-        Some(c) => {
-            let password = secret("central.claims_password_file", &c.password_file)?;
-            Some(crate::fleet::claims::Claims::new(
-                c.clone(),
-                password,
-                config.mqtt.client_id.clone(),
-            ))
-        }
-        None => None,
-    };
     #[cfg(feature = "postgres")]
     {
         let upstream = config.upstream.as_ref().and_then(|u| match &u.target {
@@ -168,19 +156,11 @@ fn start_over(
             }
             crate::config::UpstreamTarget::Mqtt { .. } => None,
         });
-        let claims = config.claims.as_ref().map(|c| {
-            (
-                "central.claims_postgres",
-                &c.conninfo,
-                c.password_file.is_some(),
-            )
-        });
-        for (key, conninfo, password_file) in upstream.into_iter().chain(claims) {
-            if let Some(warning) =
+        if let Some((key, conninfo, password_file)) = upstream
+            && let Some(warning) =
                 crate::fleet::postgres::password_exposure(key, conninfo, password_file)
-            {
-                tracing::warn!("{warning}");
-            }
+        {
+            tracing::warn!("{warning}");
         }
     }
     if config.mqtt.credentials.is_some() && tls.is_none() && !is_loopback(&config.mqtt.host) {
@@ -282,25 +262,8 @@ fn start_over(
             source,
         })?;
     let cancel = CancellationToken::new();
-    // The background tasks (claims, forwarder, metrics upkeep), joined at shutdown.
+    // The background tasks (forwarder, metrics upkeep), joined at shutdown.
     let tasks = TaskTracker::new();
-    #[cfg(all(feature = "central", feature = "postgres"))]
-    let claims = claims.map(|claims| {
-        stats
-            .claims_enabled
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        // One request at a time: the ingest loop waits for each answer.
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tasks.spawn(crate::fleet::claims::serve(
-            claims,
-            rx,
-            stats.clone(),
-            cancel.clone(),
-        ));
-        tx
-    });
-    #[cfg(not(all(feature = "central", feature = "postgres")))]
-    let claims = None;
     if let Some(upstream) = &config.upstream {
         stats
             .upstream_enabled
@@ -361,7 +324,6 @@ fn start_over(
         writer,
         window: config.mqtt.receive_maximum,
         flush_requests: flush_rx,
-        claims,
     };
     info!(
         broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),

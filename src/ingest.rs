@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::task::Poll;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -30,7 +30,6 @@ use tracing::{debug, error, info, warn};
 use crate::ack::AckToken;
 use crate::admit::{Admitted, Admitter, Message, Verdict};
 use crate::batcher::{Batcher, FlushReason};
-use crate::delta::Position;
 use crate::http::FlushRequest;
 use crate::limits::{RESEND_QUIET_MIN, SHUTDOWN_DRAIN_MAX};
 use crate::mqtt::{Backoff, Mqtt, MqttEvent, PollError};
@@ -48,17 +47,6 @@ pub enum IngestError {
     Commit(#[from] CommitError),
     #[error("the writer thread stopped unexpectedly")]
     WriterGone,
-    #[error("the claims task stopped unexpectedly")]
-    ClaimsGone,
-}
-
-/// A delta message to claim before applying it, when central instances share a subscription
-/// (`fleet::claims` answers). The answer is `true` when another instance claimed it.
-#[derive(Debug)]
-pub struct ClaimRequest {
-    pub gateway: String,
-    pub at: Position,
-    pub reply: oneshot::Sender<bool>,
 }
 
 /// One MQTT session (`mqtt.sessions`) and the state of its connection.
@@ -198,9 +186,6 @@ pub struct Ingest {
     pub window: u16,
     /// `POST /api/v1/flush`: commit everything pending now.
     pub flush_requests: mpsc::Receiver<FlushRequest>,
-    /// With several central instances on one shared subscription: who applies each delta
-    /// message (`fleet::claims` serves the requests). One request at a time (capacity 1).
-    pub claims: Option<mpsc::Sender<ClaimRequest>>,
 }
 
 /// A flush request waiting for the commits that cover what was pending when it came.
@@ -233,11 +218,6 @@ struct State {
     turn: usize,
     /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
     ready_sent: bool,
-    /// A delta message waiting for its claim (with its session), and the answer to come; no
-    /// other message is read from the broker meanwhile (messages are handled in arrival order).
-    claim_wait: Option<(Polled, oneshot::Receiver<bool>)>,
-    /// The message being handled is a delta message another central instance claimed.
-    claimed_elsewhere: bool,
     /// When a refusal of a gateway's delta message was last logged, per reason.
     gateway_warned: [Option<std::time::Instant>; DecodeError::ALL.len()],
 }
@@ -255,8 +235,6 @@ impl Ingest {
             told_window: false,
             turn: 0,
             ready_sent: false,
-            claim_wait: None,
-            claimed_elsewhere: false,
             gateway_warned: [None; DecodeError::ALL.len()],
         };
         // Pinged from this loop, not from a task of its own: if the loop stops turning, systemd
@@ -280,9 +258,8 @@ impl Ingest {
                 .or_else(|| self.batcher.deadline().map(Instant::from_std));
             let reconnect_at = self.sessions.iter().filter_map(|s| s.reconnect_at).min();
             let ping_at = self.sessions.iter().filter_map(|s| s.pings.due).min();
-            let can_poll = self.sessions.iter().any(|s| s.reconnect_at.is_none())
-                && !self.batcher.is_full()
-                && st.claim_wait.is_none();
+            let can_poll =
+                self.sessions.iter().any(|s| s.reconnect_at.is_none()) && !self.batcher.is_full();
             st.turn = st.turn.wrapping_add(1);
             tokio::select! {
                 biased;
@@ -308,16 +285,8 @@ impl Ingest {
                 () = tick_opt(&mut watchdog), if watchdog.is_some() && st.ready_sent => {
                     crate::notify::watchdog();
                 }
-                claimed = claim_answer(&mut st.claim_wait), if st.claim_wait.is_some() => {
-                    let ((session, event), _) = st.claim_wait.take().expect("guarded by the branch");
-                    st.claimed_elsewhere = claimed.map_err(|_| IngestError::ClaimsGone)?;
-                    self.on_event(&mut st, session, event, true);
-                }
                 (session, event) = poll_any(&mut self.sessions, st.turn, |_, s| s.reconnect_at.is_none()), if can_poll => {
-                    match self.claim_for(&event) {
-                        Some(answer) => st.claim_wait = Some(((session, event), answer)),
-                        None => self.on_event(&mut st, session, event, true),
-                    }
+                    self.on_event(&mut st, session, event, true);
                 }
             }
         }
@@ -454,24 +423,6 @@ impl Ingest {
         for w in st.flush_waiters.extract_if(.., |w| w.last <= seq) {
             let _ = w.reply.send(w.committed); // The requester may have given up.
         }
-    }
-
-    /// With claims: asks who applies `event` when it is a delta message that needs a claim
-    /// (see [`Admitter::claim_needed`]); the answer comes through the returned channel.
-    fn claim_for(
-        &mut self,
-        event: &Result<MqttEvent, PollError>,
-    ) -> Option<oneshot::Receiver<bool>> {
-        let claims = self.claims.as_ref()?;
-        let Ok(MqttEvent::Publish { topic, payload, .. }) = event else {
-            return None;
-        };
-        let (gateway, at) = self.admit.claim_needed(topic, payload, Timestamp::now())?;
-        let (reply, answer) = oneshot::channel();
-        // Never full: one request at a time, and the loop reads nothing else until answered.
-        // A stopped claims task drops the request, and the answer reports it.
-        let _ = claims.try_send(ClaimRequest { gateway, at, reply });
-        Some(answer)
     }
 
     fn on_event(
@@ -668,7 +619,6 @@ impl Ingest {
         qos: u8,
         dup: bool,
     ) {
-        let claimed_elsewhere = std::mem::take(&mut st.claimed_elsewhere);
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let now = std::time::Instant::now();
         let id = u16::try_from(session).expect("at most SESSIONS_MAX sessions");
@@ -688,7 +638,6 @@ impl Ingest {
             dup,
             session: id,
             received,
-            claimed_elsewhere,
             burst: None,
             // Its ack token's, made below.
             arrival: st.arrival + 1,
@@ -872,7 +821,6 @@ impl Ingest {
                 dup: true,
                 session: id,
                 received: h.received,
-                claimed_elsewhere: false,
                 burst: Some(part),
                 arrival: h.arrival,
             });
@@ -1046,15 +994,6 @@ fn warn_gateway(
          bucketd_readings_rejected_total and kept in the dead letters (GET /api/v1/rejected); \
          the same refusal is logged at most once a minute."
     );
-}
-
-async fn claim_answer(
-    wait: &mut Option<(Polled, oneshot::Receiver<bool>)>,
-) -> Result<bool, oneshot::error::RecvError> {
-    match wait {
-        Some((_, answer)) => answer.await,
-        None => std::future::pending().await,
-    }
 }
 
 async fn tick_opt(interval: &mut Option<tokio::time::Interval>) {

@@ -31,7 +31,7 @@
 //! - `prom` (feature `ui`): the Prometheus HTTP API under `/prom` (for Grafana). `chart`
 //!   (feature `ui`): the chart page at `/`. [`http`]: metrics, health and the query APIs.
 //! - [`ingest`]: the MQTT loop: admit, batch, hand over, acknowledge after commit.
-//! - [`fleet`]: forwarder, PostgreSQL, applied positions, claims, the query node's reader
+//! - [`fleet`]: forwarder, PostgreSQL, applied positions, the query node's reader
 //!   (attached by `daemon` and `main` only).
 //! - [`daemon`]: wiring and shutdown order.
 //!
@@ -41,8 +41,8 @@
 //! `ingest` (PUBACKs in arrival order).
 //! Fleet: store outbox -> `fleet::forwarder` -> PostgreSQL (`fleet::postgres`, once by
 //! `last_seq`) or an upstream broker -> a central's `ingest` (`format = "delta"`: admitted once
-//! by position, `fleet::applied`; claimed first when instances share a subscription,
-//! `fleet::claims`) -> its own commit and PUBACKs.
+//! by position, `fleet::applied`) -> its own commit and PUBACKs.
+//! Queries of the fleet: `bucketd query-node` -> `fleet::reader` (PostgreSQL) behind `http`.
 
 pub mod ack;
 pub mod admit;

@@ -30,7 +30,7 @@ pub const PING_QUIET: Duration = Duration::from_millis(50);
 /// How long shutdown waits for the last acknowledgements to reach the broker.
 pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
 
-/// How long shutdown waits for the background tasks (forwarder, claims, upkeep) to stop.
+/// How long shutdown waits for the background tasks (forwarder, upkeep) to stop.
 pub const TASKS_STOP_MAX: Duration = Duration::from_secs(10);
 
 /// A final commit at shutdown on a slow SD card (the budget the stop timeout leaves for it).
@@ -47,35 +47,12 @@ const _: () = assert!(
 );
 
 /// `WatchdogSec=` of `deploy/bucketd.service` (a test reads the unit). The ingest loop pings
-/// every half of it; nothing in that loop waits: a delta message waiting for its claim
-/// (`fleet::claims`, up to [`CLAIM_TIMEOUT`] per attempt) waits in the loop's state while the
-/// loop goes on turning.
+/// every half of it; nothing in that loop waits.
 pub const SYSTEMD_WATCHDOG: Duration = Duration::from_secs(30);
-
-/// Longest wait for one claim in PostgreSQL (connecting included).
-pub const CLAIM_TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Longest pause between two attempts to claim while the claims database is unreachable.
-pub const CLAIM_RETRY_MAX: Duration = Duration::from_secs(5);
-
-const _: () = assert!(
-    CLAIM_RETRY_MAX.as_secs() < CLAIM_TIMEOUT.as_secs(),
-    "a retry pause shorter than one attempt: an outage is noticed within one timeout"
-);
 
 /// Most outbox entries a gateway forwards in one batch (`upstream.batch_entries`, validated),
 /// which is the most it sends again after a lost acknowledgement.
 pub const UPSTREAM_BATCH_ENTRIES_MAX: usize = 1000;
-
-/// Fewest claims a central keeps per gateway (`central.claims_keep_entries`, validated): a
-/// resent batch must still find its claims, or a copy given to another instance is applied
-/// again.
-pub const CLAIMS_KEEP_MIN: u32 = 1000;
-
-const _: () = assert!(
-    UPSTREAM_BATCH_ENTRIES_MAX <= CLAIMS_KEEP_MIN as usize,
-    "the claims kept must cover a whole resent batch"
-);
 
 /// Largest delta message a gateway publishes (one outbox entry is split into parts below it).
 pub const DELTA_MESSAGE_BYTES_MAX: usize = 48 * 1024;

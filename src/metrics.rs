@@ -53,8 +53,6 @@ pub const UPSTREAM_EXPIRED: &str = "bucketd_upstream_expired_readings_total";
 pub const UPSTREAM_CONNECTED: &str = "bucketd_upstream_connected";
 pub const UPSTREAM_LAG_ENTRIES: &str = "bucketd_upstream_lag_entries";
 pub const UPSTREAM_LAG_SECONDS: &str = "bucketd_upstream_lag_seconds";
-pub const CLAIMED_ELSEWHERE: &str = "bucketd_claimed_elsewhere_total";
-pub const CLAIM_ERRORS: &str = "bucketd_claim_errors_total";
 
 /// Commit latency buckets, seconds: a fast disk commits in about a millisecond, an SD card in
 /// tens to hundreds.
@@ -296,16 +294,6 @@ fn describe(process: &metrics_process::Collector) {
         Unit::Seconds,
         "Age of the oldest outbox entry not yet applied upstream (0: none)."
     );
-    describe_counter!(
-        CLAIMED_ELSEWHERE,
-        Unit::Count,
-        "Delta messages another central instance had claimed: copies, not applied here."
-    );
-    describe_counter!(
-        CLAIM_ERRORS,
-        Unit::Count,
-        "Failed attempts to claim a delta message in central.claims_postgres (retried)."
-    );
     process.describe();
 }
 
@@ -350,13 +338,6 @@ fn copy_stats(stats: &Stats) {
     gauge!(STORE_FILE_SIZE).set(Stats::get(&stats.store_bytes) as f64);
     let connected = stats.connected.load(std::sync::atomic::Ordering::Relaxed);
     gauge!(MQTT_CONNECTED).set(if connected { 1.0 } else { 0.0 });
-    if stats
-        .claims_enabled
-        .load(std::sync::atomic::Ordering::Relaxed)
-    {
-        counter!(CLAIMED_ELSEWHERE).absolute(Stats::get(&stats.claimed_elsewhere));
-        counter!(CLAIM_ERRORS).absolute(Stats::get(&stats.claim_errors));
-    }
     if stats
         .upstream_enabled
         .load(std::sync::atomic::Ordering::Relaxed)

@@ -71,11 +71,6 @@ pub struct Stats {
     pub upstream_errors: AtomicU64,
     /// Readings of buckets older than `upstream.postgres_retention`, not forwarded.
     pub upstream_expired: AtomicU64,
-    /// With `[central] claims_postgres`: delta messages another instance had claimed, and
-    /// failed attempts to claim.
-    pub claims_enabled: AtomicBool,
-    pub claimed_elsewhere: AtomicU64,
-    pub claim_errors: AtomicU64,
     pub upstream_connected: AtomicBool,
     pub upstream_pending_entries: AtomicU64,
     pub upstream_oldest_pending_ns: AtomicI64,

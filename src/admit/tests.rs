@@ -102,7 +102,6 @@ fn message<'a>(topic: &'a str, payload: &'a [u8]) -> Message<'a> {
         dup: false,
         session: 0,
         received: NOW,
-        claimed_elsewhere: false,
         burst: None,
         arrival: 1,
     }
@@ -219,7 +218,6 @@ fn delta_buckets_fold_into_the_store_width_and_a_position_applied_is_a_copy() {
     let quarter = NOW_S - 2700; // 09:15, a 15-minute bucket of the gateway
     let payload = delta(1, 900, quarter);
     let topic = "bucketd/gw-1/deltas";
-    assert!(a.claim_needed(topic.as_bytes(), &payload, NOW).is_some());
     let out = a.admit(&message(topic, &payload));
     assert_eq!(out.verdict, Verdict::New);
     assert_eq!(out.summaries.len(), 1);
@@ -236,16 +234,10 @@ fn delta_buckets_fold_into_the_store_width_and_a_position_applied_is_a_copy() {
         out.fingerprint.is_none(),
         "told apart by position, not content"
     );
-    // Applied: the same position again is a copy, and needs no claim.
-    assert!(a.claim_needed(topic.as_bytes(), &payload, NOW).is_none());
+    // Applied: the same position again is a copy.
     assert_eq!(a.admit(&message(topic, &payload)).verdict, Verdict::Copy);
-    // A later position is new; one another central instance claimed is a copy.
+    // A later position is new.
     let next = delta(2, 3600, NOW_S);
-    let claimed = Message {
-        claimed_elsewhere: true,
-        ..message(topic, &next)
-    };
-    assert_eq!(a.admit(&claimed).verdict, Verdict::Copy);
     assert_eq!(a.admit(&message(topic, &next)).verdict, Verdict::New);
 }
 
@@ -272,10 +264,6 @@ fn a_delta_bucket_wider_than_the_store_width_is_rejected_alone() {
     // the gateway numbers its entries, so that a jump can be told from a run of refusals; the
     // same message again is a copy.
     assert!(out.applied.is_some());
-    assert!(
-        a.claim_needed(b"bucketd/gw-1/deltas", &payload, NOW)
-            .is_none()
-    );
     let again = a.admit(&message("bucketd/gw-1/deltas", &payload));
     assert_eq!(again.verdict, Verdict::Copy);
 }
@@ -384,7 +372,7 @@ fn a_delta_message_with_more_buckets_than_the_limit_is_refused_as_a_whole() {
 }
 
 /// Issue 20: the topic names the gateway, and a message may only write as that gateway; one that
-/// does not is refused before it can claim or move the gateway's position.
+/// does not is refused before it can move the gateway's position.
 #[test]
 fn a_publisher_cannot_write_as_or_silence_another_gateway() {
     let mut a = admitter(100);
@@ -397,10 +385,6 @@ fn a_publisher_cannot_write_as_or_silence_another_gateway() {
     })
     .unwrap();
     let topic = "bucketd/site-1/deltas";
-    assert!(
-        a.claim_needed(topic.as_bytes(), &forged, NOW).is_none(),
-        "claims nothing"
-    );
     assert_eq!(
         a.admit(&message(topic, &forged)).verdict,
         Verdict::Rejected(DecodeError::GatewayMismatch)
@@ -415,12 +399,11 @@ fn a_publisher_cannot_write_as_or_silence_another_gateway() {
     })
     .unwrap();
     let topic = "bucketd/site-2/deltas";
-    assert!(a.claim_needed(topic.as_bytes(), &silencer, NOW).is_none());
     assert_eq!(
         a.admit(&message(topic, &silencer)).verdict,
         Verdict::Rejected(DecodeError::InvalidDelta)
     );
-    // Nor with a negative position (claims trimming computed `seq - keep_entries` from it).
+    // Nor with a negative position.
     let negative = bson::serialize_to_vec(&DeltaMessage {
         gateway_id: "site-2".into(),
         origin: "2026-11-22T12:00:00.000Z".into(),
@@ -429,10 +412,12 @@ fn a_publisher_cannot_write_as_or_silence_another_gateway() {
         buckets: Vec::new(),
     })
     .unwrap();
-    assert!(a.claim_needed(topic.as_bytes(), &negative, NOW).is_none());
+    assert_eq!(
+        a.admit(&message(topic, &negative)).verdict,
+        Verdict::Rejected(DecodeError::InvalidDelta)
+    );
     // site-2's real messages are still new.
     let real = delta_of("site-2", 1, &["a/t"]);
-    assert!(a.claim_needed(topic.as_bytes(), &real, NOW).is_some());
     assert_eq!(a.admit(&message(topic, &real)).verdict, Verdict::New);
 }
 
@@ -476,16 +461,6 @@ fn a_delta_sketch_is_rebinned_into_the_central_settings() {
     assert_eq!(got.params(), central);
     assert!(got.bins() <= 16, "{} bins", got.bins());
     assert_eq!(got.count(), 1000);
-}
-
-#[test]
-fn claims_are_only_for_delta_messages() {
-    let mut a = admitter(100);
-    assert!(a.claim_needed(b"sensors/s1/level", b"1", NOW).is_none());
-    assert!(
-        a.claim_needed(b"bucketd/gw-1/deltas", b"not bson", NOW)
-            .is_none()
-    );
 }
 
 /// Decode -> admit -> batch once warm: admitting allocates nothing at all; a batch only when
@@ -615,7 +590,7 @@ fn delta_from(origin: &str, seq: i64) -> Vec<u8> {
 /// Issue 41: a central accepted any position. One message with a gateway's real origin and
 /// `seq = i64::MAX` made every later real message of that gateway a copy, for good. A position
 /// further on than `central.max_position_jump` (100 here) is refused as a whole
-/// (`position_jump`), asks for no claim and is not recorded: the real stream goes on. (Older
+/// (`position_jump`) and is not recorded: the real stream goes on. (Older
 /// databases' streams: `fleet::applied`.)
 #[test]
 fn a_position_no_outbox_could_have_sent_is_refused_and_changes_nothing() {
@@ -624,52 +599,21 @@ fn a_position_no_outbox_could_have_sent_is_refused_and_changes_nothing() {
     let origin = "2026-11-22T12:00:00.000Z";
     let admit_at = |a: &mut Admitter, origin: &str, seq: i64| {
         let payload = delta_from(origin, seq);
-        let claim = a.claim_needed(topic.as_bytes(), &payload, NOW).is_some();
         let out = a.admit(&message(topic, &payload));
-        (out.verdict, out.applied.is_some(), claim)
+        (out.verdict, out.applied.is_some())
     };
-    assert_eq!(admit_at(&mut a, origin, 5), (Verdict::New, true, true));
-    let refused = (Verdict::Rejected(DecodeError::PositionJump), false, false);
+    assert_eq!(admit_at(&mut a, origin, 5), (Verdict::New, true));
+    let refused = (Verdict::Rejected(DecodeError::PositionJump), false);
     for seq in [i64::MAX, 106, 1_000_000] {
         assert_eq!(admit_at(&mut a, origin, seq), refused, "seq {seq}");
     }
     // The real stream goes on: the next entry, then a jump within the bound.
-    assert_eq!(admit_at(&mut a, origin, 6), (Verdict::New, true, true));
-    assert_eq!(admit_at(&mut a, origin, 106), (Verdict::New, true, true));
+    assert_eq!(admit_at(&mut a, origin, 6), (Verdict::New, true));
+    assert_eq!(admit_at(&mut a, origin, 106), (Verdict::New, true));
     // Another database (the gateway's card replaced) starts its own stream, anywhere.
     let newer = "2026-11-25T08:00:00.000Z";
-    assert_eq!(admit_at(&mut a, newer, 5_000), (Verdict::New, true, true));
+    assert_eq!(admit_at(&mut a, newer, 5_000), (Verdict::New, true));
     assert_eq!(admit_at(&mut a, newer, 5_101), refused);
-}
-
-/// Where central instances share the subscription, each sees part of a gateway's stream: no
-/// jump bound there.
-#[test]
-fn a_shared_subscription_has_no_jump_bound() {
-    let mut a = admitter_of(
-        vec![sub(
-            "$share/central/bucketd/+/deltas",
-            "bucketd/{gateway}/deltas",
-            Format::Delta,
-        )],
-        100,
-        SeriesSet::new(100, 100, []),
-        Some(Box::new(Ledger::default())),
-    )
-    .with_gateway_limits(
-        GatewayLimits {
-            max_series: 100,
-            max_buckets_per_message: 100,
-            max_position_jump: 10,
-        },
-        crate::sketch::SketchParams::DEFAULT,
-    );
-    let topic = "bucketd/gw-1/deltas";
-    let m = |origin: &str, seq: i64| delta_from(origin, seq);
-    let first = m("2026-11-22T12:00:00.000Z", 5);
-    assert_eq!(a.admit(&message(topic, &first)).verdict, Verdict::New);
-    let far = m("2026-11-22T12:00:00.000Z", 5_000);
-    assert_eq!(a.admit(&message(topic, &far)).verdict, Verdict::New);
 }
 
 /// Issue 41: at a central, a device's sensor named `site-1:x` made the series

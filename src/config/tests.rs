@@ -173,9 +173,23 @@ fn bad_values_are_errors_that_name_the_key() {
         ),
         ("[log]\nlevel = \"loud!!\"\n", "log.level"),
         ("[upstream]\ntarget = \"kafka\"\n", "upstream.target"),
+        // The shared-subscription centrals are retired (issue 43): their keys and a shared
+        // delta filter are refused with what to do instead.
         (
-            "[central]\nclaims_postgres = \"host=db\"\nclaims_keep_entries = 10\n",
+            "[central]\nclaims_postgres = \"host=db\"\n",
+            "central.claims_postgres",
+        ),
+        (
+            "[central]\nclaims_keep_entries = 10000\n",
             "central.claims_keep_entries",
+        ),
+        (
+            "[[subscriptions]]\nfilter = \"$share/central/bucketd/+/deltas\"\nformat = \"delta\"\n",
+            "subscriptions[0].filter",
+        ),
+        (
+            "[query_node]\nmax_rows_per_query = 0\n",
+            "query_node.max_rows_per_query",
         ),
         ("[central]\nclaims = \"host=db\"\n", "claims"),
         (
@@ -376,7 +390,7 @@ fn rendered_config_hides_passwords_in_connection_strings() {
     }
     let mut raw = RawConfig::load(None, env(&[])).unwrap();
     raw.upstream.postgres = "host=db password=s3cret".into();
-    raw.central.claims_postgres = "postgresql://c:t0psecret@db/claims".into();
+    raw.query_node.postgres = "postgresql://c:t0psecret@db/fleet".into();
     let text = render(&raw);
     assert!(
         !text.contains("s3cret") && !text.contains("t0psecret"),

@@ -384,7 +384,6 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
         for spec in batch {
             let payload = payload_of(spec);
             let topic = format!("bucketd/{}/deltas", GATEWAYS[spec.topic_gateway]);
-            let claim = admit.claim_needed(topic.as_bytes(), &payload, Timestamp::from_secs(NOW_S));
             let out = admit.admit(&Message {
                 topic: topic.as_bytes(),
                 payload: &payload,
@@ -393,7 +392,6 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
                 dup: false,
                 session: 0,
                 received: Timestamp::from_secs(NOW_S),
-                claimed_elsewhere: false,
                 burst: None,
                 arrival: 1,
             });
@@ -406,17 +404,8 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
                 // (Or refused earlier: a topic that names no gateway, say.)
                 let refused = matches!(out.verdict, Verdict::Rejected(_));
                 prop_assert!(!want || refused, "{} levels: {:?}", depth, out.verdict);
-                prop_assert!(
-                    claim.is_none() || !want,
-                    "a too-deep message asked for a claim"
-                );
-            }
-            // Only a message that decoded asks for a claim, and only as its topic's gateway.
-            if let Some((gateway, _)) = &claim {
-                prop_assert_eq!(gateway.as_str(), GATEWAYS[spec.topic_gateway]);
             }
             if counted {
-                prop_assert!(claim.is_some(), "applied without a claim");
                 prop_assert_eq!(
                     spec.gateway,
                     spec.topic_gateway,
@@ -556,7 +545,6 @@ fn honest_messages_pass_the_whole_path() {
         dup: false,
         session: 0,
         received: Timestamp::from_secs(NOW_S),
-        claimed_elsewhere: false,
         burst: None,
         arrival: 1,
     });

@@ -4,13 +4,13 @@
 //!   deltas; the [`forwarder`] ships them to PostgreSQL ([`postgres`]) or an upstream broker and
 //!   acknowledges them back to the store;
 //! - **the admission of a delta message** ([`crate::admit::DeltaLedger`]): a central asks
-//!   [`applied`] whether a message was applied already, and, with several instances on one
-//!   shared subscription, [`claims`] who applies it.
+//!   [`applied`] whether a message was applied already.
+//!
+//! And one more way in, for queries: a query node's [`reader`] implements
+//! [`crate::source::BucketSource`] over the fleet's PostgreSQL.
 
 #[cfg(feature = "central")]
 pub mod applied;
-#[cfg(all(feature = "central", feature = "postgres"))]
-pub mod claims;
 pub mod forwarder;
 #[cfg(all(test, feature = "central"))]
 mod fuzz;

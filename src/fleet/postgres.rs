@@ -1,7 +1,7 @@
 //! PostgreSQL for the fleet tier: connecting (schema applied once, under an advisory lock,
 //! unless the role may not: `deploy/postgres/roles.sql`),
 //! and applying a gateway's outbox entries exactly once ([`apply`]). Used by the forwarder and
-//! by the claims of central instances ([`super::claims`]).
+//! by the query node's reader ([`super::reader`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, UNIX_EPOCH};

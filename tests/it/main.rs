@@ -24,7 +24,7 @@ mod cli;
 mod crash;
 /// A full disk and a broker that restarts.
 mod faults;
-/// The fleet tier: forwarding to PostgreSQL and to central instances over MQTT; claims.
+/// The fleet tier: forwarding to PostgreSQL and to a central over MQTT; the query node.
 mod fleet;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.
 mod ingest;

@@ -60,18 +60,6 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
         "a_central_applies_each_gateway_entry_once_however_late_the_copy",
     ),
     (
-        "115e724",
-        "a round-robin shared subscription gave a resend to another central, which applied it",
-        "tests/it/fleet/claims.rs",
-        "shared_central_instances_claim_each_delta_message_once",
-    ),
-    (
-        "23f8ca3",
-        "a silent claims database held the ingest loop (and then the watchdog restarted it)",
-        "tests/it/fleet/claims.rs",
-        "a_central_waits_for_its_claims_database_and_then_applies_everything",
-    ),
-    (
         "0ff01f2",
         "check-config exited 78 instead of 1 on a bad config",
         "tests/it/cli.rs",

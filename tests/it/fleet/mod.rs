@@ -1,12 +1,12 @@
 //! Forwarding to the fleet tier, one module per target; the helpers they share are here.
 //!
-//! PostgreSQL ([`postgres`], [`claims`]): `BUCKETD_TEST_POSTGRES` (libpq key=value of a role
+//! PostgreSQL ([`postgres`], [`partitions`], [`query_node`]): `BUCKETD_TEST_POSTGRES` (libpq key=value of a role
 //! that may create databases), by default the local server's socket as the current user
 //! (`host=/var/run/postgresql user=$USER dbname=postgres`: Debian's peer authentication; the
 //! README's test section makes the role). Each test creates a database of its own and drops it
 //! at the end.
 //!
-//! MQTT ([`mqtt`], [`claims`]): gateways forward through an upstream Mosquitto of the test's
+//! MQTT ([`mqtt`]): gateways forward through an upstream Mosquitto of the test's
 //! own to central bucketd instances (`format = "delta"`).
 
 #![allow(dead_code)]
@@ -24,9 +24,6 @@ use bucketd::store::StoreReader;
 use crate::own_mosquitto::OwnMosquitto;
 use crate::support::*;
 
-/// Claims between central instances sharing a subscription (PostgreSQL and MQTT).
-#[cfg(all(feature = "central", feature = "postgres"))]
-mod claims;
 /// Gateways to central instances over an upstream broker.
 #[cfg(feature = "central")]
 mod mqtt;
@@ -255,7 +252,7 @@ pub async fn record_deltas(
     (task, seen)
 }
 
-// PostgreSQL helpers, for the postgres and claims modules.
+// PostgreSQL helpers, for the PostgreSQL modules.
 #[cfg(feature = "postgres")]
 mod pg {
     use super::*;

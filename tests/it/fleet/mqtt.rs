@@ -1,6 +1,6 @@
 //! Over MQTT: two gateways forward through an upstream Mosquitto of the test's own to a central
-//! bucketd while that broker is stopped and restarted; two central instances split the deltas
-//! with a shared subscription; a late copy is not applied twice; narrower buckets fold. The
+//! bucketd while that broker is stopped and restarted; a late copy is not applied twice;
+//! narrower buckets fold. The
 //! central buckets must equal the merged ground truth exactly.
 
 use super::*;
@@ -129,60 +129,6 @@ async fn two_gateways_forward_over_mqtt_through_an_upstream_restart() {
     assert_matches_truth(&docs, &want);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_central_instances_share_the_deltas_and_together_hold_the_totals() {
-    let broker = Broker::hermetic();
-    let upstream = OwnMosquitto::start(false, "");
-    let centrals = [
-        central(&upstream, "$share/central/bucketd/+/deltas"),
-        central(&upstream, "$share/central/bucketd/+/deltas"),
-    ];
-    let gateways = [
-        mqtt_gateway(&broker, &upstream, "gw-s1", 0x5A1),
-        mqtt_gateway(&broker, &upstream, "gw-s2", 0x5A2),
-    ];
-    let daemons: Vec<(Daemon, String)> = gateways.iter().map(|g| restart(&g.config)).collect();
-    for g in &gateways {
-        publish_all(&broker, &g.work.messages, 1).await;
-    }
-    let total: i64 = gateways.iter().map(|g| g.work.readings.len() as i64).sum();
-    until_metric("the centrals together have every reading", async || {
-        metric(&centrals[0].addr, "bucketd_readings_ingested_total").await
-            + metric(&centrals[1].addr, "bucketd_readings_ingested_total").await
-            >= total as f64
-    })
-    .await;
-    let each = [
-        metric(&centrals[0].addr, "bucketd_readings_ingested_total").await,
-        metric(&centrals[1].addr, "bucketd_readings_ingested_total").await,
-    ];
-    assert!(
-        each[0] > 0.0 && each[1] > 0.0,
-        "both centrals took a share: {each:?}"
-    );
-    for (d, _) in daemons {
-        assert!(d.terminate().0.success());
-    }
-    let mut dbs = Vec::new();
-    let mut dirs = Vec::new();
-    for c in centrals {
-        assert!(c.daemon.terminate().0.success());
-        dbs.push(c.db);
-        dirs.push(c._dir);
-    }
-    let docs = merged(&dbs);
-    assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), total);
-    let want = fleet_truth(&[
-        (&gateways[0].id, &gateways[0].work),
-        (&gateways[1].id, &gateways[1].work),
-    ]);
-    assert_matches_truth(&docs, &want);
-}
-
-/// The central keeps, per gateway, the last (sequence number, part) it applied, in its redb
-/// file with the buckets: a copy is recognised however late it comes, after the central's
-/// restart too; a gateway whose database was replaced numbers from the start again, and those
-/// entries are new.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_central_applies_each_gateway_entry_once_however_late_the_copy() {
     let broker = Broker::hermetic();
