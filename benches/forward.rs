@@ -20,37 +20,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+#[path = "shared/pg.rs"]
+mod pg;
+use pg::{admin_conninfo, connect, env_or};
+
 use bucketd::batcher::Batcher;
 use bucketd::config::{Durability, UpstreamConfig, UpstreamTarget};
 use bucketd::fleet::forwarder::Forwarder;
 use bucketd::reading::Timestamp;
 use bucketd::stats::Stats;
 use bucketd::store::{Store, StoreSettings};
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn admin_conninfo() -> String {
-    std::env::var("BENCH_POSTGRES").unwrap_or_else(|_| {
-        let user = std::env::var("USER")
-            .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| "root".into());
-        format!("host=/var/run/postgresql user={user} dbname=postgres")
-    })
-}
-
-async fn connect(conninfo: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {conninfo:?}: {e}"));
-    tokio::spawn(conn);
-    client
-}
 
 #[path = "../tests/shared/own_mosquitto.rs"]
 mod own_mosquitto;
@@ -92,12 +71,7 @@ async fn create_db(admin: &tokio_postgres::Client, name: &str) -> String {
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .await
         .unwrap();
-    let base: Vec<String> = admin_conninfo()
-        .split_whitespace()
-        .filter(|kv| !kv.starts_with("dbname="))
-        .map(str::to_owned)
-        .collect();
-    format!("{} dbname={name}", base.join(" "))
+    pg::conninfo_of(name)
 }
 
 /// One run to MQTT: fills an outbox, forwards it, returns (seconds, deltas, readings).

@@ -14,42 +14,13 @@
 
 use std::time::{Duration, Instant};
 
+#[path = "shared/pg.rs"]
+mod pg;
+use pg::conninfo_of;
+use pg::{admin_conninfo, connect, env_or};
+
 use bucketd::sketch::SketchParams;
 use bucketd::summary::Summary;
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn admin_conninfo() -> String {
-    std::env::var("BENCH_POSTGRES").unwrap_or_else(|_| {
-        let user = std::env::var("USER")
-            .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| "root".into());
-        format!("host=/var/run/postgresql user={user} dbname=postgres")
-    })
-}
-
-fn conninfo_of(db: &str) -> String {
-    let base: Vec<String> = admin_conninfo()
-        .split_whitespace()
-        .filter(|kv| !kv.starts_with("dbname="))
-        .map(str::to_owned)
-        .collect();
-    format!("{} dbname={db}", base.join(" "))
-}
-
-async fn connect(conninfo: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {conninfo:?}: {e}"));
-    tokio::spawn(conn);
-    client
-}
 
 const DB: &str = "bucketd_bench_query_node";
 

@@ -94,12 +94,7 @@ fn start_over(
     let state_dir = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
     let store_path = config.resolved_store_path(state_dir.as_deref());
     let credentials = crate::secret::credentials_directory();
-    let secret = |key: &str, file: &Option<PathBuf>| {
-        file.as_deref()
-            .map(|f| crate::secret::read(key, f, credentials.as_deref()))
-            .transpose()
-            .map_err(StartError::Config)
-    };
+    let secret = secret_files(credentials.clone());
     let password = match &config.mqtt.credentials {
         Some((_, file)) => secret("mqtt.password_file", file)?,
         None => None,
@@ -360,6 +355,19 @@ fn start_over(
     })
 }
 
+/// Reads the secret in the file a config key names (`None` when it names none), relative
+/// names in `credentials` (systemd's `$CREDENTIALS_DIRECTORY`).
+fn secret_files(
+    credentials: Option<PathBuf>,
+) -> impl Fn(&str, &Option<PathBuf>) -> Result<Option<crate::secret::Secret>, StartError> {
+    move |key, file| {
+        file.as_deref()
+            .map(|f| crate::secret::read(key, f, credentials.as_deref()))
+            .transpose()
+            .map_err(StartError::Config)
+    }
+}
+
 /// The HTTP layer's state: what it reads (`source`), the counters it shows and the tokens that
 /// guard it, with `[http]`'s bounds.
 fn api_state(
@@ -454,13 +462,7 @@ pub fn start_query_node(config: &Config) -> Result<QueryNode, StartError> {
                 .into(),
         ));
     }
-    let credentials = crate::secret::credentials_directory();
-    let secret = |key: &str, file: &Option<PathBuf>| {
-        file.as_deref()
-            .map(|f| crate::secret::read(key, f, credentials.as_deref()))
-            .transpose()
-            .map_err(StartError::Config)
-    };
+    let secret = secret_files(crate::secret::credentials_directory());
     let password = secret("query_node.password_file", &node.password_file)?;
     let api_token = secret("http.token_file", &config.http.token_file)?;
     let metrics_token = secret("http.metrics_token_file", &config.http.metrics_token_file)?;

@@ -552,7 +552,7 @@ fn a_delta_subscription_names_the_gateway_level_of_its_topic() {
         let template = template.map_or(String::new(), |t| format!("template = \"{t}\"\n"));
         format!("[[subscriptions]]\nfilter = \"{filter}\"\n{template}format = \"delta\"\n")
     };
-    let c = load(&sub("$share/central/bucketd/+/deltas", None)).unwrap();
+    let c = load(&sub("bucketd/+/deltas", None)).unwrap();
     let captured = c.subscriptions[0].template.capture("bucketd/site-1/deltas");
     assert_eq!(captured.and_then(|c| c.gateway), Some("site-1"));
     // One gateway's topic by name.
