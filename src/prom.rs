@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use serde_json::{Value, json};
 
-use crate::promql::{self, Budget, Expr, Field, Grid, SeriesLabels};
+use crate::promql::{self, Budget, Field, Grid, SeriesLabels};
 use crate::source::Source;
 
 /// Largest form body a request may send (a query is at most [`promql::QUERY_BYTES_MAX`]).
@@ -196,9 +196,10 @@ impl Params {
             .iter()
             .filter(|(k, _)| k == "match[]")
             .map(|(_, v)| match promql::parse(v) {
-                Ok(Expr::Vector(promql::VectorExpr {
+                Ok(promql::Expr::Select(promql::Select {
                     selector,
-                    aggregate: None,
+                    range_secs: None,
+                    offset_secs: 0,
                 })) => Ok(selector),
                 Ok(_) => Err(PromError::bad(format!(
                     "parameter `match[]`: `{v}` is not a series selector"
@@ -230,27 +231,30 @@ async fn evaluate(
     query: &str,
     grid: Grid,
 ) -> Result<Result<Vec<promql::Series>, f64>, PromError> {
-    let expr = match promql::parse(query) {
-        Ok(Expr::Scalar(n)) => return Ok(Err(n)),
-        Ok(Expr::Vector(v)) => v,
-        Err(e) => return Err(PromError::bad(format!("invalid parameter \"query\": {e}"))),
-    };
+    let expr = promql::parse(query)
+        .map_err(|e| PromError::bad(format!("invalid parameter \"query\": {e}")))?;
+    if let Some(n) = expr.number() {
+        return Ok(Err(n));
+    }
     let (source, width) = (s.source.clone(), s.bucket_width_secs);
     let budget = Budget {
         max_points: s.max_points,
     };
     read(move || {
         let names = source.series().map_err(PromError::read)?;
-        promql::evaluate(&expr, &names, grid, width, budget, |wanted, from, to| {
+        let value = promql::evaluate(&expr, &names, grid, width, budget, |wanted, from, to| {
             source.buckets_of(wanted, from, to)
         })
         .map_err(|e| match e {
             promql::EvalError::TooLarge(m) => PromError::bad(m),
             promql::EvalError::Read(e) => PromError::read(e),
+        })?;
+        Ok(match value {
+            promql::Value::Vector(series) => Ok(series),
+            promql::Value::Scalar(n) => Err(n),
         })
     })
     .await
-    .map(Ok)
 }
 
 fn point(t: i64, v: f64) -> Value {
@@ -306,14 +310,18 @@ async fn instant_query(s: &PromState, p: &Params) -> Result<Value, PromError> {
 }
 
 /// The stored series that one of `selectors` selects (all when there are none), with the
-/// fields each selector selects.
+/// fields each selector selects; with `start` or `end`, only series with a bucket between them
+/// (as Prometheus answers only series with samples in the range), unless checking that would
+/// read more buckets than `http.max_points_per_query`: then all of them.
 async fn selected(
     s: &PromState,
+    p: &Params,
     selectors: Vec<promql::Selector>,
 ) -> Result<Vec<(String, Vec<Field>)>, PromError> {
+    let (start, end) = (p.time("start")?, p.time("end")?);
     let source = s.source.clone();
     let names = read(move || source.series().map_err(PromError::read)).await?;
-    Ok(names
+    let chosen: Vec<(String, Vec<Field>)> = names
         .into_iter()
         .filter_map(|name| {
             let labels = SeriesLabels::of(&name);
@@ -328,13 +336,53 @@ async fn selected(
             };
             (!fields.is_empty()).then(|| (name.clone(), fields.into_iter().collect()))
         })
+        .collect();
+    if start.is_none() && end.is_none() {
+        return Ok(chosen);
+    }
+    let width = s.bucket_width_secs;
+    let from = start.map_or(i64::MIN / 2, |t| {
+        t.div_euclid(1000).div_euclid(width) * width
+    });
+    let to = end.map_or(i64::MAX / 2, |t| t.div_euclid(1000).saturating_add(1));
+    let buckets = u64::try_from(to.saturating_sub(from) / width + 1).unwrap_or(u64::MAX);
+    if buckets.saturating_mul(chosen.len() as u64) > s.max_points {
+        return Ok(chosen);
+    }
+    let source = s.source.clone();
+    let names: Vec<String> = chosen.iter().map(|(n, _)| n.clone()).collect();
+    let present = read(move || {
+        let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
+        source
+            .buckets_of(&wanted, from, to)
+            .map_err(PromError::read)
+    })
+    .await?;
+    Ok(chosen
+        .into_iter()
+        .filter(|(name, _)| present.get(name).is_some_and(|b| !b.is_empty()))
         .collect())
 }
 
+/// The `limit` parameter: at most this many results; none, or 0, for all.
+fn limit(p: &Params) -> Result<usize, PromError> {
+    match p.get("limit") {
+        None => Ok(usize::MAX),
+        Some(l) => match l.parse::<i64>() {
+            Ok(n) if n > 0 => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+            Ok(_) => Ok(usize::MAX),
+            Err(_) => Err(PromError::bad(format!("limit must be a number, not `{l}`"))),
+        },
+    }
+}
+
 async fn labels(s: &PromState, p: &Params) -> Result<Value, PromError> {
-    let any = !selected(s, p.matches()?).await?.is_empty();
+    let any = !selected(s, p, p.matches()?).await?.is_empty();
     let names: Vec<&str> = if any {
-        std::iter::once("__name__").chain(promql::LABELS).collect()
+        std::iter::once("__name__")
+            .chain(promql::LABELS)
+            .take(limit(p)?)
+            .collect()
     } else {
         Vec::new()
     };
@@ -342,8 +390,12 @@ async fn labels(s: &PromState, p: &Params) -> Result<Value, PromError> {
 }
 
 async fn label_values(s: &PromState, name: &str, p: &Params) -> Result<Value, PromError> {
-    let selected = selected(s, p.matches()?).await?;
-    let values: BTreeSet<String> = selected
+    let selectors = p.matches()?;
+    // The readings' metric is a name too (for range functions), where the selectors take it.
+    let readings = name == "__name__"
+        && (selectors.is_empty() || selectors.iter().any(promql::Selector::selects_readings));
+    let selected = selected(s, p, selectors).await?;
+    let mut values: BTreeSet<String> = selected
         .iter()
         .flat_map(|(series, fields)| {
             let labels = SeriesLabels::of(series);
@@ -360,6 +412,10 @@ async fn label_values(s: &PromState, name: &str, p: &Params) -> Result<Value, Pr
             one.into_iter().chain(names).map(str::to_owned)
         })
         .collect();
+    if readings && !selected.is_empty() {
+        values.insert(promql::READINGS.to_owned());
+    }
+    let values: Vec<String> = values.into_iter().take(limit(p)?).collect();
     Ok(json!(values))
 }
 
@@ -368,7 +424,7 @@ async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
     if selectors.is_empty() {
         return Err(PromError::bad("no match[] parameter provided"));
     }
-    let selected = selected(s, selectors).await?;
+    let selected = selected(s, p, selectors).await?;
     let total: u64 = selected.iter().map(|(_, f)| f.len() as u64).sum();
     if total > s.max_points {
         return Err(PromError::bad(format!(
@@ -383,29 +439,28 @@ async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
             let labels = SeriesLabels::of(series);
             fields.iter().map(move |f| json!(labels.with_name(*f)))
         })
+        .take(limit(p)?)
         .collect();
     Ok(json!(list))
 }
 
 fn metadata(p: &Params) -> Result<Value, PromError> {
     let only = p.get("metric");
-    let limit = match p.get("limit") {
-        None => usize::MAX,
-        Some(l) => match l.parse::<i64>() {
-            Ok(n) if n > 0 => usize::try_from(n).unwrap_or(usize::MAX),
-            Ok(_) => usize::MAX,
-            Err(_) => return Err(PromError::bad(format!("limit must be a number, not `{l}`"))),
-        },
-    };
-    let data: BTreeMap<&str, Value> = Field::ALL
+    let mut data: BTreeMap<&str, Value> = Field::ALL
         .into_iter()
-        .filter(|f| only.is_none_or(|m| m == f.metric_name()))
-        .take(limit)
-        .map(|f| {
-            let meta = json!([{"type": "gauge", "help": f.help(), "unit": ""}]);
-            (f.metric_name(), meta)
-        })
+        .map(|f| (f.metric_name(), f.help()))
+        .chain(std::iter::once((
+            promql::READINGS,
+            "The readings themselves, in range functions over whole buckets: \
+             quantile_over_time(0.99, bucketd_reading{series=\"boiler/temp\"}[1d]).",
+        )))
+        .filter(|(name, _)| only.is_none_or(|m| m == *name))
+        .map(|(name, help)| (name, json!([{"type": "gauge", "help": help, "unit": ""}])))
         .collect();
+    let keep = limit(p)?;
+    while data.len() > keep {
+        data.pop_last();
+    }
     Ok(json!(data))
 }
 

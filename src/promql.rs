@@ -1,20 +1,17 @@
-//! The part of PromQL that bucketd answers, over its buckets: parsing, and evaluating a query at
-//! a grid of times. Pure (the caller reads the buckets).
+//! The part of PromQL that bucketd answers, over its buckets: parsing here, evaluating a query
+//! at a grid of times in [`eval`]. Pure (the caller reads the buckets).
 //!
-//! What is supported (docs/PROMETHEUS.md): a selector of the metrics `bucketd_bucket_<field>`
-//! with the labels `series`, `sensor` and `metric` (`=`, `!=`, `=~`, `!~`); the aggregations
-//! `sum`, `avg`, `min`, `max` and `count`, `by` or `without` labels, over a selector; and number
-//! arithmetic (`1+1`, which Grafana's "Save & test" sends). Anything else is an error that names
-//! what is not supported.
-//!
-//! The value of a series at time `t` is its bucket that contains `t`; with a step coarser than
-//! the bucket width, the window of that step (aligned as [`rollup::window_start`] aligns it)
-//! that contains `t`, the buckets in it merged exactly, not sampled.
+//! What is supported (docs/PROMETHEUS.md): selectors of the metrics `bucketd_bucket_<field>`
+//! with the labels `series`, `sensor` and `metric` (`=`, `!=`, `=~`, `!~`), with `offset`; the
+//! readings themselves as `bucketd_reading` inside range functions; the `*_over_time` functions
+//! over a whole number of buckets, `absent` and `absent_over_time`; the aggregations `sum`,
+//! `avg`, `min`, `max`, `count`, `stddev`, `stdvar`, `quantile`, `topk` and `bottomk` with `by`
+//! or `without`; arithmetic (`+ - * / % ^`) and comparisons (`== != < > <= >=`, with `bool`)
+//! between numbers and series or between series (one to one, `on` / `ignoring`). Anything else
+//! is an error that names what is not supported.
 
 use std::collections::BTreeMap;
 
-use crate::doc::BucketDoc;
-use crate::rollup;
 use crate::summary::Summary;
 
 /// Longest query text.
@@ -209,7 +206,34 @@ impl<'a> SeriesLabels<'a> {
     }
 }
 
+/// The metric whose samples are the readings themselves: only inside a range function, where
+/// the buckets of the range merge exactly (`quantile_over_time(0.99, bucketd_reading{..}[1d])`
+/// is the p99 of the day's readings).
+pub const READINGS: &str = "bucketd_reading";
+
 impl Selector {
+    /// Whether the `__name__` matchers accept [`READINGS`].
+    pub fn selects_readings(&self) -> bool {
+        self.matchers
+            .iter()
+            .filter(|m| m.label == "__name__")
+            .all(|m| m.matches(READINGS))
+    }
+
+    /// Whether it selects [`READINGS`] and no bucket field.
+    pub fn only_readings(&self) -> bool {
+        self.selects_readings() && self.fields().is_empty()
+    }
+
+    /// The labels its `=` matchers name (not `__name__`): what `absent` answers with.
+    pub fn equal_labels(&self) -> BTreeMap<String, String> {
+        self.matchers
+            .iter()
+            .filter(|m| m.op == MatchOp::Equal && m.label != "__name__")
+            .map(|m| (m.label.clone(), m.value.clone()))
+            .collect()
+    }
+
     /// The fields whose metric name the selector's `__name__` matchers accept.
     pub fn fields(&self) -> Vec<Field> {
         Field::ALL
@@ -232,6 +256,7 @@ impl Selector {
     }
 }
 
+/// An aggregation operator: `sum by (sensor) (...)`, `topk(3, ...)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AggOp {
     Sum,
@@ -239,6 +264,35 @@ pub enum AggOp {
     Min,
     Max,
     Count,
+    Stddev,
+    Stdvar,
+    /// `quantile(φ, v)`: the φ-quantile of each group, interpolated as type 7.
+    Quantile,
+    Topk,
+    Bottomk,
+}
+
+impl AggOp {
+    fn of(name: &str) -> Option<AggOp> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "sum" => AggOp::Sum,
+            "avg" => AggOp::Avg,
+            "min" => AggOp::Min,
+            "max" => AggOp::Max,
+            "count" => AggOp::Count,
+            "stddev" => AggOp::Stddev,
+            "stdvar" => AggOp::Stdvar,
+            "quantile" => AggOp::Quantile,
+            "topk" => AggOp::Topk,
+            "bottomk" => AggOp::Bottomk,
+            _ => return None,
+        })
+    }
+
+    /// Whether it takes a number before the vector.
+    fn takes_parameter(self) -> bool {
+        matches!(self, AggOp::Quantile | AggOp::Topk | AggOp::Bottomk)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,19 +301,186 @@ pub enum Grouping {
     Without(Vec<String>),
 }
 
-/// A selector, aggregated or not.
+/// A function of a range of buckets at each time (`avg_over_time(v[1h])`), or of a vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Func {
+    AvgOverTime,
+    MinOverTime,
+    MaxOverTime,
+    SumOverTime,
+    CountOverTime,
+    LastOverTime,
+    QuantileOverTime,
+    StddevOverTime,
+    StdvarOverTime,
+    PresentOverTime,
+    AbsentOverTime,
+    /// `absent(v)`: 1 at each time `v` has no series.
+    Absent,
+}
+
+impl Func {
+    fn of(name: &str) -> Option<Func> {
+        Some(match name {
+            "avg_over_time" => Func::AvgOverTime,
+            "min_over_time" => Func::MinOverTime,
+            "max_over_time" => Func::MaxOverTime,
+            "sum_over_time" => Func::SumOverTime,
+            "count_over_time" => Func::CountOverTime,
+            "last_over_time" => Func::LastOverTime,
+            "quantile_over_time" => Func::QuantileOverTime,
+            "stddev_over_time" => Func::StddevOverTime,
+            "stdvar_over_time" => Func::StdvarOverTime,
+            "present_over_time" => Func::PresentOverTime,
+            "absent_over_time" => Func::AbsentOverTime,
+            "absent" => Func::Absent,
+            _ => return None,
+        })
+    }
+
+    /// Whether its (last) argument is a range selector.
+    pub fn over_time(self) -> bool {
+        self != Func::Absent
+    }
+}
+
+/// A binary operator, by PromQL's precedence from `^` (highest) to the comparisons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinOp {
+    Pow,
+    Mul,
+    Div,
+    Mod,
+    Add,
+    Sub,
+    Eq,
+    Ne,
+    Lt,
+    Gt,
+    Le,
+    Ge,
+}
+
+impl BinOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Gt | BinOp::Le | BinOp::Ge
+        )
+    }
+
+    /// `a op b`: the value, or for a comparison 1 (true) or 0 (false).
+    pub fn apply(self, a: f64, b: f64) -> f64 {
+        let truth = |t: bool| if t { 1.0 } else { 0.0 };
+        match self {
+            BinOp::Pow => a.powf(b),
+            BinOp::Mul => a * b,
+            BinOp::Div => a / b,
+            BinOp::Mod => a % b,
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::Eq => truth(a == b),
+            BinOp::Ne => truth(a != b),
+            BinOp::Lt => truth(a < b),
+            BinOp::Gt => truth(a > b),
+            BinOp::Le => truth(a <= b),
+            BinOp::Ge => truth(a >= b),
+        }
+    }
+}
+
+/// How two vectors' series pair up: by every label but `__name__`, or `on (..)` / `ignoring (..)`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Matching {
+    #[default]
+    All,
+    On(Vec<String>),
+    Ignoring(Vec<String>),
+}
+
+/// A series selector with what PromQL puts after it: a range (`[1h]`, seconds) and an offset
+/// (seconds, positive into the past).
 #[derive(Debug, Clone)]
-pub struct VectorExpr {
+pub struct Select {
     pub selector: Selector,
-    pub aggregate: Option<(AggOp, Grouping)>,
+    pub range_secs: Option<i64>,
+    pub offset_secs: i64,
 }
 
 /// A parsed query.
 #[derive(Debug, Clone)]
 pub enum Expr {
-    /// Number arithmetic, already computed.
-    Scalar(f64),
-    Vector(VectorExpr),
+    Number(f64),
+    Select(Select),
+    Call(Func, Vec<Expr>),
+    Aggregate {
+        op: AggOp,
+        parameter: Option<Box<Expr>>,
+        grouping: Grouping,
+        inner: Box<Expr>,
+    },
+    Binary {
+        op: BinOp,
+        /// `bool` after a comparison: 0 or 1 instead of filtering.
+        bool_result: bool,
+        matching: Matching,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+    },
+    Negate(Box<Expr>),
+}
+
+impl Expr {
+    /// The selectors in the query, in order.
+    pub fn selects(&self) -> Vec<&Select> {
+        let mut out = Vec::new();
+        self.walk(&mut |e| {
+            if let Expr::Select(s) = e {
+                out.push(s);
+            }
+        });
+        out
+    }
+
+    fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
+        f(self);
+        match self {
+            Expr::Number(_) | Expr::Select(_) => {}
+            Expr::Call(_, args) => args.iter().for_each(|a| a.walk(f)),
+            Expr::Aggregate {
+                parameter, inner, ..
+            } => {
+                if let Some(p) = parameter {
+                    p.walk(f);
+                }
+                inner.walk(f);
+            }
+            Expr::Binary { lhs, rhs, .. } => {
+                lhs.walk(f);
+                rhs.walk(f);
+            }
+            Expr::Negate(e) => e.walk(f),
+        }
+    }
+
+    /// The value of a query of numbers alone (`1+1`, Grafana's health check); `None` when it
+    /// selects series.
+    pub fn number(&self) -> Option<f64> {
+        match self {
+            Expr::Number(n) => Some(*n),
+            Expr::Negate(e) => e.number().map(|n| -n),
+            Expr::Binary {
+                op,
+                lhs,
+                rhs,
+                bool_result,
+                ..
+            } if !op.is_comparison() || *bool_result => {
+                Some(op.apply(lhs.number()?, rhs.number()?))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Parses `text`. The error says what is wrong or not supported, for a `bad_data` answer.
@@ -273,10 +494,88 @@ pub fn parse(text: &str) -> Result<Expr, String> {
         at: 0,
         depth: 0,
     };
-    let expr = p.sum()?;
-    match p.peek() {
-        None => Ok(expr),
-        Some(t) => Err(format!("unexpected {} after the expression", t.describe())),
+    let expr = p.expr()?;
+    if let Some(t) = p.peek() {
+        return Err(format!("unexpected {} after the expression", t.describe()));
+    }
+    check(&expr, false)?;
+    Ok(expr)
+}
+
+/// What PromQL's types allow: a range selector only as a range function's argument, a range
+/// function's argument a range selector of its own, parameters numbers, a comparison of two
+/// numbers only with `bool`.
+fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
+    match expr {
+        Expr::Number(_) => Ok(()),
+        Expr::Select(s) => match (s.range_secs.is_some(), range_allowed) {
+            (true, false) => Err("a range selector ([1h]) goes inside a range function like \
+                 avg_over_time(bucketd_reading{series=\"boiler/temp\"}[1h])"
+                .into()),
+            (false, true) => Err("this function takes a range selector, like x[1h]".into()),
+            _ if s.selector.only_readings() && s.range_secs.is_none() => Err(
+                "bucketd_reading is the readings themselves: use it in a range function, like \
+                 avg_over_time(bucketd_reading{series=\"boiler/temp\"}[1h])"
+                    .into(),
+            ),
+            _ => Ok(()),
+        },
+        Expr::Call(func, args) => {
+            let want = if *func == Func::QuantileOverTime {
+                2
+            } else {
+                1
+            };
+            if args.len() != want {
+                return Err(format!(
+                    "the function takes {want} argument(s), got {}",
+                    args.len()
+                ));
+            }
+            if *func == Func::QuantileOverTime && args[0].number().is_none() {
+                return Err("quantile_over_time's first argument must be a number".into());
+            }
+            check(&args[want - 1], func.over_time())
+        }
+        Expr::Aggregate {
+            op,
+            parameter,
+            inner,
+            ..
+        } => {
+            if op.takes_parameter() != parameter.is_some() {
+                return Err(format!(
+                    "{op:?} takes {} parameter",
+                    if op.takes_parameter() { "a" } else { "no" }
+                )
+                .to_lowercase());
+            }
+            if parameter.as_ref().is_some_and(|p| p.number().is_none()) {
+                return Err("an aggregation's parameter must be a number".into());
+            }
+            if inner.number().is_some() {
+                return Err("an aggregation takes series, not a number".into());
+            }
+            check(inner, false)
+        }
+        Expr::Binary {
+            op,
+            bool_result,
+            lhs,
+            rhs,
+            ..
+        } => {
+            if op.is_comparison()
+                && !bool_result
+                && lhs.number().is_some()
+                && rhs.number().is_some()
+            {
+                return Err("comparisons between numbers must use the bool modifier".into());
+            }
+            check(lhs, false)?;
+            check(rhs, false)
+        }
+        Expr::Negate(e) => check(e, false),
     }
 }
 
@@ -284,21 +583,32 @@ pub fn parse(text: &str) -> Result<Expr, String> {
 enum Token {
     Ident(String),
     Number(f64),
+    /// A duration, in milliseconds (`5m`, `1h30m`).
+    Duration(i64),
     Str(String),
     LBrace,
     RBrace,
     LParen,
     RParen,
+    LBracket,
+    RBracket,
     Comma,
     Eq,
+    EqEq,
     Ne,
+    Lt,
+    Gt,
+    Le,
+    Ge,
     ReMatch,
     ReNotMatch,
     Plus,
     Minus,
     Star,
     Slash,
-    /// Anything else PromQL has (`[5m]`, `==`, `^`, `%`, `@`, ...): not supported here.
+    Percent,
+    Caret,
+    /// Anything else PromQL has (`@`, `:` in a subquery, ...): not supported here.
     Unsupported(String),
 }
 
@@ -307,6 +617,7 @@ impl Token {
         match self {
             Token::Ident(s) | Token::Unsupported(s) => format!("`{s}`"),
             Token::Number(n) => format!("number {n}"),
+            Token::Duration(ms) => format!("duration {ms}ms"),
             Token::Str(s) => format!("string {s:?}"),
             other => format!("`{}`", other.symbol()),
         }
@@ -318,17 +629,44 @@ impl Token {
             Token::RBrace => "}",
             Token::LParen => "(",
             Token::RParen => ")",
+            Token::LBracket => "[",
+            Token::RBracket => "]",
             Token::Comma => ",",
             Token::Eq => "=",
+            Token::EqEq => "==",
             Token::Ne => "!=",
+            Token::Lt => "<",
+            Token::Gt => ">",
+            Token::Le => "<=",
+            Token::Ge => ">=",
             Token::ReMatch => "=~",
             Token::ReNotMatch => "!~",
             Token::Plus => "+",
             Token::Minus => "-",
             Token::Star => "*",
             Token::Slash => "/",
+            Token::Percent => "%",
+            Token::Caret => "^",
             _ => "",
         }
+    }
+
+    fn binary(&self) -> Option<BinOp> {
+        Some(match self {
+            Token::Caret => BinOp::Pow,
+            Token::Star => BinOp::Mul,
+            Token::Slash => BinOp::Div,
+            Token::Percent => BinOp::Mod,
+            Token::Plus => BinOp::Add,
+            Token::Minus => BinOp::Sub,
+            Token::EqEq => BinOp::Eq,
+            Token::Ne => BinOp::Ne,
+            Token::Lt => BinOp::Lt,
+            Token::Gt => BinOp::Gt,
+            Token::Le => BinOp::Le,
+            Token::Ge => BinOp::Ge,
+            _ => return None,
+        })
     }
 }
 
@@ -349,16 +687,24 @@ fn lex(text: &str) -> Result<Vec<Token>, String> {
             '}' => (Token::RBrace, 1),
             '(' => (Token::LParen, 1),
             ')' => (Token::RParen, 1),
+            '[' => (Token::LBracket, 1),
+            ']' => (Token::RBracket, 1),
             ',' => (Token::Comma, 1),
             '+' => (Token::Plus, 1),
             '-' => (Token::Minus, 1),
             '*' => (Token::Star, 1),
             '/' => (Token::Slash, 1),
+            '%' => (Token::Percent, 1),
+            '^' => (Token::Caret, 1),
             '=' if next == Some('~') => (Token::ReMatch, 2),
-            '=' if next == Some('=') => (Token::Unsupported("==".into()), 2),
+            '=' if next == Some('=') => (Token::EqEq, 2),
             '=' => (Token::Eq, 1),
             '!' if next == Some('=') => (Token::Ne, 2),
             '!' if next == Some('~') => (Token::ReNotMatch, 2),
+            '<' if next == Some('=') => (Token::Le, 2),
+            '<' => (Token::Lt, 1),
+            '>' if next == Some('=') => (Token::Ge, 2),
+            '>' => (Token::Gt, 1),
             '"' | '\'' | '`' => {
                 let (s, len) = string(&chars[i..])?;
                 (Token::Str(s), len)
@@ -376,10 +722,11 @@ fn lex(text: &str) -> Result<Vec<Token>, String> {
                     })
                     .count();
                 let word: String = chars[i..i + len].iter().collect();
-                // A duration (`5m`, of a range vector or an offset) is not supported.
-                let token = word
-                    .parse::<f64>()
-                    .map_or_else(|_| Token::Unsupported(word), Token::Number);
+                let token = match word.parse::<f64>() {
+                    Ok(n) => Token::Number(n),
+                    Err(_) => parse_duration(&word)
+                        .map_or_else(|_| Token::Unsupported(word), Token::Duration),
+                };
                 (token, len)
             }
             c if c.is_ascii_alphabetic() || c == '_' || c == ':' => {
@@ -439,15 +786,26 @@ fn string(chars: &[char]) -> Result<(String, usize), String> {
 struct Parser {
     tokens: Vec<Token>,
     at: usize,
-    /// Operands being parsed inside each other (parentheses, signs, aggregations).
+    /// Operands being parsed inside each other (parentheses, signs, calls, aggregations: each
+    /// passes through [`Parser::unary`]).
     depth: usize,
 }
 
-/// Something that can be a number or a selection of series, while parsing.
-enum Operand {
-    Number(f64),
-    Vector(VectorExpr),
-}
+/// The binary operators of each precedence level, lowest first; `^` is the last, and binds
+/// to the right.
+const LEVELS: [&[BinOp]; 4] = [
+    &[
+        BinOp::Eq,
+        BinOp::Ne,
+        BinOp::Lt,
+        BinOp::Gt,
+        BinOp::Le,
+        BinOp::Ge,
+    ],
+    &[BinOp::Add, BinOp::Sub],
+    &[BinOp::Mul, BinOp::Div, BinOp::Mod],
+    &[BinOp::Pow],
+];
 
 impl Parser {
     fn peek(&self) -> Option<&Token> {
@@ -458,6 +816,10 @@ impl Parser {
         let t = self.tokens.get(self.at).cloned();
         self.at += 1;
         t
+    }
+
+    fn peek_ident(&self, word: &str) -> bool {
+        matches!(self.peek(), Some(Token::Ident(w)) if w.eq_ignore_ascii_case(word))
     }
 
     fn expect(&mut self, want: &Token) -> Result<(), String> {
@@ -475,126 +837,186 @@ impl Parser {
         }
     }
 
-    fn sum(&mut self) -> Result<Expr, String> {
-        let first = self.product()?;
-        self.binary(first, &[Token::Plus, Token::Minus], Self::product)
-            .map(|o| match o {
-                Operand::Number(n) => Expr::Scalar(n),
-                Operand::Vector(v) => Expr::Vector(v),
-            })
+    fn expr(&mut self) -> Result<Expr, String> {
+        self.level(0)
     }
 
-    fn product(&mut self) -> Result<Operand, String> {
-        let first = self.unary()?;
-        self.binary(first, &[Token::Star, Token::Slash], Self::unary)
-    }
-
-    /// Folds `first (op operand)*` for the operators `ops`: numbers only.
-    fn binary(
-        &mut self,
-        mut acc: Operand,
-        ops: &[Token],
-        mut operand: impl FnMut(&mut Self) -> Result<Operand, String>,
-    ) -> Result<Operand, String> {
-        while let Some(op) = self.peek().filter(|t| ops.contains(t)).cloned() {
+    /// Operands joined by the operators of `LEVELS[level]`, left to right (`^`: right).
+    fn level(&mut self, level: usize) -> Result<Expr, String> {
+        if level == LEVELS.len() - 1 {
+            let base = self.postfix()?;
+            if self.peek().and_then(Token::binary) != Some(BinOp::Pow) {
+                return Ok(base);
+            }
             self.at += 1;
-            let right = operand(self)?;
-            let (Operand::Number(a), Operand::Number(b)) = (&acc, &right) else {
-                return Err(format!(
-                    "the operator `{}` between series is not supported: bucketd answers \
-                     selectors and sum/avg/min/max/count of them",
-                    op.symbol()
-                ));
+            let (bool_result, matching) = self.modifiers(BinOp::Pow)?;
+            let exponent = self.unary()?;
+            return Ok(binary(BinOp::Pow, bool_result, matching, base, exponent));
+        }
+        let mut acc = if level == 2 {
+            self.unary()?
+        } else {
+            self.level(level + 1)?
+        };
+        while let Some(op) = self
+            .peek()
+            .and_then(Token::binary)
+            .filter(|op| LEVELS[level].contains(op))
+        {
+            self.at += 1;
+            let (bool_result, matching) = self.modifiers(op)?;
+            let rhs = if level == 2 {
+                self.unary()?
+            } else {
+                self.level(level + 1)?
             };
-            acc = Operand::Number(match op {
-                Token::Plus => a + b,
-                Token::Minus => a - b,
-                Token::Star => a * b,
-                _ => a / b,
-            });
+            acc = binary(op, bool_result, matching, acc, rhs);
         }
         Ok(acc)
     }
 
+    /// `bool`, then `on (..)` or `ignoring (..)`, after a binary operator.
+    fn modifiers(&mut self, op: BinOp) -> Result<(bool, Matching), String> {
+        let bool_result = self.peek_ident("bool");
+        if bool_result {
+            if !op.is_comparison() {
+                return Err("bool goes only after a comparison operator".into());
+            }
+            self.at += 1;
+        }
+        let matching = if self.peek_ident("on") {
+            self.at += 1;
+            Matching::On(self.labels()?)
+        } else if self.peek_ident("ignoring") {
+            self.at += 1;
+            Matching::Ignoring(self.labels()?)
+        } else {
+            Matching::All
+        };
+        if self.peek_ident("group_left") || self.peek_ident("group_right") {
+            return Err(
+                "group_left and group_right (many-to-one matching) are not supported: bucketd \
+                 matches series one to one"
+                    .into(),
+            );
+        }
+        Ok((bool_result, matching))
+    }
+
     /// Every nesting passes here: the depth is bounded, so that no query can overflow the stack.
-    fn unary(&mut self) -> Result<Operand, String> {
+    fn unary(&mut self) -> Result<Expr, String> {
         if self.depth >= NESTING_MAX {
             return Err(format!("the query nests deeper than {NESTING_MAX} levels"));
         }
         self.depth += 1;
-        let operand = self.unary_unbounded();
-        self.depth -= 1;
-        operand
-    }
-
-    fn unary_unbounded(&mut self) -> Result<Operand, String> {
-        match self.peek() {
+        let operand = match self.peek() {
             Some(Token::Minus) => {
                 self.at += 1;
-                match self.unary()? {
-                    Operand::Number(n) => Ok(Operand::Number(-n)),
-                    Operand::Vector(_) => Err("negating series is not supported".into()),
-                }
+                self.unary().map(|e| Expr::Negate(Box::new(e)))
             }
             Some(Token::Plus) => {
                 self.at += 1;
                 self.unary()
             }
-            _ => self.primary(),
-        }
+            _ => self.level(LEVELS.len() - 1),
+        };
+        self.depth -= 1;
+        operand
     }
 
-    fn primary(&mut self) -> Result<Operand, String> {
-        let operand = match self.next() {
-            Some(Token::Number(n)) => Operand::Number(n),
-            Some(Token::LParen) => {
-                let inner = self.sum()?;
-                self.expect(&Token::RParen)?;
-                match inner {
-                    Expr::Scalar(n) => Operand::Number(n),
-                    Expr::Vector(v) => Operand::Vector(v),
+    /// A primary expression with a range (`[1h]`) and an offset (`offset 1d`) after it.
+    fn postfix(&mut self) -> Result<Expr, String> {
+        let mut expr = self.primary()?;
+        if matches!(self.peek(), Some(Token::LBracket)) {
+            self.at += 1;
+            let ms = match self.next() {
+                Some(Token::Duration(ms)) => ms,
+                Some(Token::Number(n)) => (n * 1000.0) as i64,
+                other => {
+                    return Err(format!(
+                        "expected a duration like 1h in [..], found {}",
+                        other.map_or("the end".into(), |t| t.describe())
+                    ));
                 }
+            };
+            if matches!(self.peek(), Some(Token::Ident(s)) if s.starts_with(':')) {
+                return Err("subqueries ([1h:5m]) are not supported".into());
             }
-            Some(Token::LBrace) => Operand::Vector(VectorExpr {
-                selector: self.selector(None)?,
-                aggregate: None,
-            }),
-            Some(Token::Ident(name)) => self.named(name)?,
-            Some(t) => return Err(format!("unexpected {}", t.describe())),
-            None => return Err("the query is empty or ends too early".into()),
-        };
-        if let Some(t @ Token::Unsupported(_)) = self.peek() {
-            return Err(format!(
-                "{} is not supported: bucketd answers selectors, sum/avg/min/max/count of them \
-                 and number arithmetic (no range vectors, offsets or comparisons)",
-                t.describe()
-            ));
+            self.expect(&Token::RBracket)?;
+            let Expr::Select(s) = &mut expr else {
+                return Err("a range ([1h]) goes after a series selector".into());
+            };
+            if ms <= 0 || ms % 1000 != 0 {
+                return Err("a range must be a positive whole number of seconds".into());
+            }
+            s.range_secs = Some(ms / 1000);
         }
-        Ok(operand)
+        if self.peek_ident("offset") {
+            self.at += 1;
+            let sign = if matches!(self.peek(), Some(Token::Minus)) {
+                self.at += 1;
+                -1
+            } else {
+                1
+            };
+            let ms = match self.next() {
+                Some(Token::Duration(ms)) => ms,
+                other => {
+                    return Err(format!(
+                        "expected a duration after offset, found {}",
+                        other.map_or("the end".into(), |t| t.describe())
+                    ));
+                }
+            };
+            let Expr::Select(s) = &mut expr else {
+                return Err("offset goes after a series selector".into());
+            };
+            if ms % 1000 != 0 {
+                return Err("an offset must be a whole number of seconds".into());
+            }
+            s.offset_secs = sign * ms / 1000;
+        }
+        if let Some(t @ Token::Unsupported(_)) = self.peek() {
+            return Err(format!("{} is not supported here", t.describe()));
+        }
+        Ok(expr)
     }
 
-    /// A metric name, an aggregation, or a function (not supported). Aggregation keywords, as
-    /// `by` and `without`, are case-insensitive (as in Prometheus: `SUM BY (sensor) (...)`).
-    fn named(&mut self, name: String) -> Result<Operand, String> {
-        let agg = match name.to_ascii_lowercase().as_str() {
-            "sum" => Some(AggOp::Sum),
-            "avg" => Some(AggOp::Avg),
-            "min" => Some(AggOp::Min),
-            "max" => Some(AggOp::Max),
-            "count" => Some(AggOp::Count),
-            _ => None,
-        };
+    fn primary(&mut self) -> Result<Expr, String> {
+        match self.next() {
+            Some(Token::Number(n)) => Ok(Expr::Number(n)),
+            Some(Token::LParen) => {
+                let inner = self.expr()?;
+                self.expect(&Token::RParen)?;
+                Ok(inner)
+            }
+            Some(Token::LBrace) => Ok(select(self.selector(None)?)),
+            Some(Token::Ident(name)) => self.named(name),
+            Some(t) => Err(format!("unexpected {}", t.describe())),
+            None => Err("the query is empty or ends too early".into()),
+        }
+    }
+
+    /// A metric name, an aggregation or a function. Aggregation keywords, as `by` and
+    /// `without`, are case-insensitive (as in Prometheus: `SUM BY (sensor) (...)`).
+    fn named(&mut self, name: String) -> Result<Expr, String> {
         let followed_by_group = matches!(self.peek(), Some(Token::LParen))
-            || matches!(self.peek(), Some(Token::Ident(w))
-                if w.eq_ignore_ascii_case("by") || w.eq_ignore_ascii_case("without"));
-        if let Some(op) = agg.filter(|_| followed_by_group) {
-            return self.aggregate(op).map(Operand::Vector);
+            || self.peek_ident("by")
+            || self.peek_ident("without");
+        if let Some(op) = AggOp::of(&name).filter(|_| followed_by_group) {
+            return self.aggregate(op);
         }
         if matches!(self.peek(), Some(Token::LParen)) {
-            return Err(format!(
-                "the function `{name}` is not supported: bucketd answers selectors and \
-                 sum/avg/min/max/count of them"
-            ));
+            let Some(func) = Func::of(&name) else {
+                return Err(format!(
+                    "the function `{name}` is not supported: bucketd answers the *_over_time \
+                     functions (avg, min, max, sum, count, last, quantile, stddev, stdvar, \
+                     present, absent) and absent (docs/PROMETHEUS.md)"
+                ));
+            };
+            self.at += 1;
+            let args = self.arguments()?;
+            return Ok(Expr::Call(func, args));
         }
         let selector = if matches!(self.peek(), Some(Token::LBrace)) {
             self.at += 1;
@@ -605,42 +1027,83 @@ impl Parser {
                 matchers: vec![name_matcher],
             }
         };
-        Ok(Operand::Vector(VectorExpr {
-            selector,
-            aggregate: None,
-        }))
+        Ok(select(selector))
     }
 
-    fn aggregate(&mut self, op: AggOp) -> Result<VectorExpr, String> {
+    /// Comma-separated expressions up to `)` (the `(` taken). Each one passes through
+    /// [`Parser::unary`], which bounds the nesting.
+    fn arguments(&mut self) -> Result<Vec<Expr>, String> {
+        let mut args = Vec::new();
+        let result = loop {
+            if matches!(self.peek(), Some(Token::RParen)) && args.is_empty() {
+                self.at += 1;
+                break Ok(());
+            }
+            match self.expr() {
+                Ok(e) => args.push(e),
+                Err(e) => break Err(e),
+            }
+            match self.next() {
+                Some(Token::Comma) => {}
+                Some(Token::RParen) => break Ok(()),
+                other => {
+                    break Err(format!(
+                        "expected `,` or `)`, found {}",
+                        other.map_or("the end of the query".into(), |t| t.describe())
+                    ));
+                }
+            }
+        };
+        result.map(|()| args)
+    }
+
+    fn aggregate(&mut self, op: AggOp) -> Result<Expr, String> {
         let mut grouping = self.grouping()?;
         self.expect(&Token::LParen)?;
-        let inner = self.sum()?;
-        self.expect(&Token::RParen)?;
+        let mut args = self.arguments()?;
         if grouping.is_none() {
             grouping = self.grouping()?;
         }
-        let Expr::Vector(VectorExpr {
-            selector,
-            aggregate: None,
-        }) = inner
-        else {
-            return Err("an aggregation here takes a series selector, like \
-                        avg by (sensor) (bucketd_bucket_mean{metric=\"temperature\"})"
-                .into());
-        };
-        Ok(VectorExpr {
-            selector,
-            aggregate: Some((op, grouping.unwrap_or(Grouping::By(Vec::new())))),
+        let want = if op.takes_parameter() { 2 } else { 1 };
+        if args.len() != want {
+            return Err(format!(
+                "{} takes {want} argument(s), like {}",
+                format!("{op:?}").to_lowercase(),
+                if op.takes_parameter() {
+                    "topk(3, bucketd_bucket_max)"
+                } else {
+                    "avg by (sensor) (bucketd_bucket_mean{metric=\"temperature\"})"
+                }
+            ));
+        }
+        let inner = args.pop().expect("one argument at least");
+        Ok(Expr::Aggregate {
+            op,
+            parameter: args.pop().map(Box::new),
+            grouping: grouping.unwrap_or(Grouping::By(Vec::new())),
+            inner: Box::new(inner),
         })
     }
 
     fn grouping(&mut self) -> Result<Option<Grouping>, String> {
-        let without = match self.peek() {
-            Some(Token::Ident(w)) if w.eq_ignore_ascii_case("by") => false,
-            Some(Token::Ident(w)) if w.eq_ignore_ascii_case("without") => true,
-            _ => return Ok(None),
+        let without = if self.peek_ident("by") {
+            false
+        } else if self.peek_ident("without") {
+            true
+        } else {
+            return Ok(None);
         };
         self.at += 1;
+        let labels = self.labels()?;
+        Ok(Some(if without {
+            Grouping::Without(labels)
+        } else {
+            Grouping::By(labels)
+        }))
+    }
+
+    /// `(label, ...)`.
+    fn labels(&mut self) -> Result<Vec<String>, String> {
         match self.next() {
             Some(Token::LParen) => {}
             other => return Err(grouping_error(other)),
@@ -660,11 +1123,7 @@ impl Parser {
                 other => return Err(grouping_error(other)),
             }
         }
-        Ok(Some(if without {
-            Grouping::Without(labels)
-        } else {
-            Grouping::By(labels)
-        }))
+        Ok(labels)
     }
 
     /// The matchers after `{`, up to and including `}`.
@@ -717,6 +1176,24 @@ impl Parser {
     }
 }
 
+fn binary(op: BinOp, bool_result: bool, matching: Matching, lhs: Expr, rhs: Expr) -> Expr {
+    Expr::Binary {
+        op,
+        bool_result,
+        matching,
+        lhs: Box::new(lhs),
+        rhs: Box::new(rhs),
+    }
+}
+
+fn select(selector: Selector) -> Expr {
+    Expr::Select(Select {
+        selector,
+        range_secs: None,
+        offset_secs: 0,
+    })
+}
+
 fn matcher_error(found: Option<Token>) -> String {
     let found = found.map_or("the end of the query".into(), |t| t.describe());
     format!("expected a label matcher like sensor=\"boiler\" or `}}`, found {found}")
@@ -725,218 +1202,6 @@ fn matcher_error(found: Option<Token>) -> String {
 fn grouping_error(found: Option<Token>) -> String {
     let found = found.map_or("the end of the query".into(), |t| t.describe());
     format!("expected a label list like by (sensor, metric), found {found}")
-}
-
-/// The times a query is evaluated at: `start + k * step` for `k` in `0..count`, in
-/// milliseconds since the epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grid {
-    pub start_ms: i64,
-    pub step_ms: i64,
-    pub count: u64,
-}
-
-impl Grid {
-    /// The grid of a range query: `start` to `end` (both included) every `step`.
-    pub fn range(start_ms: i64, end_ms: i64, step_ms: i64) -> Result<Grid, String> {
-        if end_ms < start_ms {
-            return Err("end timestamp must not be before start time".into());
-        }
-        if step_ms <= 0 {
-            return Err(
-                "zero or negative query resolution step widths are not accepted. Try a \
-                 positive integer"
-                    .into(),
-            );
-        }
-        let count = (i128::from(end_ms) - i128::from(start_ms)) / i128::from(step_ms) + 1;
-        let count = u64::try_from(count).unwrap_or(u64::MAX);
-        if count > POINTS_PER_SERIES_MAX {
-            return Err(format!(
-                "exceeded maximum resolution of {POINTS_PER_SERIES_MAX} points per timeseries. \
-                 Try decreasing the query resolution (?step=XX)"
-            ));
-        }
-        Ok(Grid {
-            start_ms,
-            step_ms,
-            count,
-        })
-    }
-
-    /// The grid of an instant query.
-    pub fn instant(at_ms: i64) -> Grid {
-        Grid {
-            start_ms: at_ms,
-            step_ms: 1,
-            count: 1,
-        }
-    }
-
-    fn times(&self) -> impl Iterator<Item = i64> + '_ {
-        (0..self.count).map(|k| self.start_ms + k as i64 * self.step_ms)
-    }
-
-    fn last_ms(&self) -> i64 {
-        self.start_ms + (self.count as i64 - 1) * self.step_ms
-    }
-}
-
-/// The window (seconds) whose summary is the value at a time: the bucket width for steps up to
-/// it, else the step itself, which must then be a rollup step ([`rollup::parse_step`]'s rule).
-pub fn window_secs(step_ms: i64, width_secs: i64) -> Result<i64, String> {
-    if step_ms <= width_secs * 1000 {
-        return Ok(width_secs);
-    }
-    if step_ms % 1000 != 0 {
-        return Err(format!(
-            "step {step_ms}ms: a step coarser than the bucket width ({width_secs}s) must be whole \
-             seconds"
-        ));
-    }
-    rollup::parse_step(&format!("{}s", step_ms / 1000), width_secs)
-        .map_err(|e| format!("step: {e}; or use a step up to {width_secs}s"))
-}
-
-/// One series of an answer: its labels and points (time in milliseconds, value).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Series {
-    pub labels: BTreeMap<String, String>,
-    pub points: Vec<(i64, f64)>,
-}
-
-/// Why an evaluation stopped.
-#[derive(Debug)]
-pub enum EvalError<E> {
-    /// The query would read or return more than the limit; the text says what to narrow.
-    TooLarge(String),
-    /// Reading the buckets failed.
-    Read(E),
-}
-
-/// What bounds one evaluation.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    /// Stored buckets read, and points in the answer, each at most this many.
-    pub max_points: u64,
-}
-
-/// Evaluates `expr` at `grid` over the stored series `names`, reading the matched series'
-/// buckets with one `fetch(names, from, to)` (per name, bucket starts in `[from, to)`, seconds,
-/// in time order): the store passes over what it has not folded once for them all.
-pub fn evaluate<E>(
-    expr: &VectorExpr,
-    names: &[String],
-    grid: Grid,
-    width_secs: i64,
-    budget: Budget,
-    fetch: impl FnOnce(&[&str], i64, i64) -> Result<BTreeMap<String, Vec<BucketDoc>>, E>,
-) -> Result<Vec<Series>, EvalError<E>> {
-    let window = window_secs(grid.step_ms, width_secs).map_err(EvalError::TooLarge)?;
-    let fields = expr.selector.fields();
-    let matched: Vec<SeriesLabels> = names
-        .iter()
-        .map(|n| SeriesLabels::of(n))
-        .filter(|l| !fields.is_empty() && expr.selector.matches_series(l))
-        .collect();
-    let from = rollup::window_start(grid.start_ms.div_euclid(1000), window);
-    let to = rollup::window_start(grid.last_ms().div_euclid(1000), window).saturating_add(window);
-    let buckets = u64::try_from(to.saturating_sub(from) / width_secs).unwrap_or(u64::MAX);
-    let reads = buckets.saturating_mul(matched.len() as u64);
-    let points = grid
-        .count
-        .saturating_mul(fields.len() as u64)
-        .saturating_mul(matched.len() as u64);
-    if reads > budget.max_points || points > budget.max_points {
-        return Err(EvalError::TooLarge(format!(
-            "the query selects {} series x {} fields over {buckets} buckets ({} points): more than \
-             http.max_points_per_query ({}); narrow the selector or the range, or use a coarser \
-             step",
-            matched.len(),
-            fields.len(),
-            points.max(reads),
-            budget.max_points
-        )));
-    }
-    let mut out = Vec::new();
-    let wanted: Vec<&str> = matched.iter().map(|l| l.series).collect();
-    let mut read = fetch(&wanted, from, to).map_err(EvalError::Read)?;
-    for labels in matched {
-        let docs = read.remove(labels.series).unwrap_or_default();
-        let windows: BTreeMap<i64, Summary> = rollup::rollup(&docs, window)
-            .into_iter()
-            .map(|w| (w.start, w.summary))
-            .collect();
-        for &field in &fields {
-            let points: Vec<(i64, f64)> = grid
-                .times()
-                .filter_map(|t| {
-                    let s = windows.get(&rollup::window_start(t.div_euclid(1000), window))?;
-                    Some((t, field.value(s)?))
-                })
-                .collect();
-            if !points.is_empty() {
-                out.push(Series {
-                    labels: labels.with_name(field),
-                    points,
-                });
-            }
-        }
-    }
-    Ok(match &expr.aggregate {
-        None => out,
-        Some((op, grouping)) => aggregate(*op, grouping, out),
-    })
-}
-
-/// PromQL's aggregation of `series` into groups: for each time, over the series of the group
-/// that have a point then. `__name__` is dropped, as PromQL drops it.
-fn aggregate(op: AggOp, grouping: &Grouping, series: Vec<Series>) -> Vec<Series> {
-    // Per group: time -> (sum, count, min, max).
-    type Acc = BTreeMap<i64, (f64, u64, f64, f64)>;
-    let mut groups: BTreeMap<BTreeMap<String, String>, Acc> = BTreeMap::new();
-    for s in series {
-        let labels: BTreeMap<String, String> = s
-            .labels
-            .into_iter()
-            .filter(|(k, _)| {
-                k != "__name__"
-                    && match grouping {
-                        Grouping::By(keep) => keep.contains(k),
-                        Grouping::Without(drop) => !drop.contains(k),
-                    }
-            })
-            .collect();
-        let acc = groups.entry(labels).or_default();
-        for (t, v) in s.points {
-            let e = acc
-                .entry(t)
-                .or_insert((0.0, 0, f64::INFINITY, f64::NEG_INFINITY));
-            e.0 += v;
-            e.1 += 1;
-            e.2 = e.2.min(v);
-            e.3 = e.3.max(v);
-        }
-    }
-    groups
-        .into_iter()
-        .map(|(labels, acc)| Series {
-            labels,
-            points: acc
-                .into_iter()
-                .map(|(t, (sum, n, min, max))| {
-                    let v = match op {
-                        AggOp::Sum => sum,
-                        AggOp::Avg => sum / n as f64,
-                        AggOp::Min => min,
-                        AggOp::Max => max,
-                        AggOp::Count => n as f64,
-                    };
-                    (t, v)
-                })
-                .collect(),
-        })
-        .collect()
 }
 
 /// A value as Prometheus writes it in JSON: `"21.5"`, `"NaN"`, `"+Inf"`.
@@ -1023,6 +1288,9 @@ pub fn parse_duration(text: &str) -> Result<i64, String> {
     }
     Ok(total)
 }
+
+mod eval;
+pub use eval::*;
 
 #[cfg(test)]
 mod tests;

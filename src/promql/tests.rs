@@ -1,4 +1,7 @@
 use super::*;
+use crate::doc::BucketDoc;
+use crate::rollup;
+use crate::summary::Summary;
 use std::collections::BTreeMap;
 
 const HOUR: i64 = 3600;
@@ -13,9 +16,22 @@ fn doc(series: &str, start: i64, values: &[f64]) -> BucketDoc {
     BucketDoc::new(series, start, HOUR, &s)
 }
 
-fn vector(text: &str) -> VectorExpr {
+fn select_of(text: &str) -> Select {
     match parse(text) {
-        Ok(Expr::Vector(v)) => v,
+        Ok(Expr::Select(s)) => s,
+        other => panic!("{text}: {other:?}"),
+    }
+}
+
+/// The aggregation at the top of `text`: its operator, grouping and what it aggregates.
+fn aggregation(text: &str) -> (AggOp, Grouping, Expr) {
+    match parse(text) {
+        Ok(Expr::Aggregate {
+            op,
+            grouping,
+            inner,
+            ..
+        }) => (op, grouping, *inner),
         other => panic!("{text}: {other:?}"),
     }
 }
@@ -28,7 +44,7 @@ fn error(text: &str) -> String {
 }
 
 fn selects(text: &str, series: &str) -> Vec<Field> {
-    let v = vector(text);
+    let v = select_of(text);
     if v.selector.matches_series(&SeriesLabels::of(series)) {
         v.selector.fields()
     } else {
@@ -93,59 +109,87 @@ fn numbers_are_computed_for_grafanas_health_check() {
         ("1.5e3", 1500.0),
         ("(2)", 2.0),
     ] {
-        match parse(text) {
-            Ok(Expr::Scalar(n)) => assert_eq!(n, want, "{text}"),
-            other => panic!("{text}: {other:?}"),
-        }
+        assert_eq!(parse(text).unwrap().number(), Some(want), "{text}");
     }
-    assert!(matches!(parse("NaN"), Ok(Expr::Scalar(n)) if n.is_nan()));
+    assert!(parse("NaN").unwrap().number().is_some_and(f64::is_nan));
+    assert_eq!(
+        parse("2 ^ 3 ^ 2").unwrap().number(),
+        Some(512.0),
+        "^ binds right"
+    );
+    assert_eq!(
+        parse("-2 ^ 2").unwrap().number(),
+        Some(-4.0),
+        "^ before the sign"
+    );
+    assert_eq!(parse("7 % 4 + 1").unwrap().number(), Some(4.0));
+    assert_eq!(parse("1 < bool 2").unwrap().number(), Some(1.0));
 }
 
 #[test]
 fn aggregations_parse_with_the_grouping_before_or_after() {
-    let v = vector(r#"sum by (sensor) (bucketd_bucket_count{metric="t"})"#);
+    let (op, grouping, _) = aggregation(r#"sum by (sensor) (bucketd_bucket_count{metric="t"})"#);
     assert_eq!(
-        v.aggregate,
-        Some((AggOp::Sum, Grouping::By(vec!["sensor".into()])))
+        (op, grouping),
+        (AggOp::Sum, Grouping::By(vec!["sensor".into()]))
     );
-    let v = vector(r#"avg(bucketd_bucket_mean{metric="t"}) without (series, sensor)"#);
+    let (op, grouping, _) =
+        aggregation(r#"avg(bucketd_bucket_mean{metric="t"}) without (series, sensor)"#);
     assert_eq!(
-        v.aggregate,
-        Some((
+        (op, grouping),
+        (
             AggOp::Avg,
             Grouping::Without(vec!["series".into(), "sensor".into()])
-        ))
+        )
     );
-    let v = vector("max(bucketd_bucket_max)");
-    assert_eq!(v.aggregate, Some((AggOp::Max, Grouping::By(Vec::new()))));
-    assert_eq!(v.selector.fields(), [Field::Max]);
+    let (op, grouping, inner) = aggregation("max(bucketd_bucket_max)");
+    assert_eq!((op, grouping), (AggOp::Max, Grouping::By(Vec::new())));
+    assert!(matches!(inner, Expr::Select(s) if s.selector.fields() == [Field::Max]));
     // Keywords in any case, as Prometheus takes them (issue 44: `SUM`/`BY` were refused).
-    let v = vector(r#"SUM BY (sensor) (bucketd_bucket_count{metric="t"})"#);
+    let (op, grouping, _) = aggregation(r#"SUM BY (sensor) (bucketd_bucket_count{metric="t"})"#);
     assert_eq!(
-        v.aggregate,
-        Some((AggOp::Sum, Grouping::By(vec!["sensor".into()])))
+        (op, grouping),
+        (AggOp::Sum, Grouping::By(vec!["sensor".into()]))
     );
-    let v = vector("Avg(bucketd_bucket_mean) WITHOUT (series)");
+    let (op, grouping, _) = aggregation("Avg(bucketd_bucket_mean) WITHOUT (series)");
     assert_eq!(
-        v.aggregate,
-        Some((AggOp::Avg, Grouping::Without(vec!["series".into()])))
+        (op, grouping),
+        (AggOp::Avg, Grouping::Without(vec!["series".into()]))
     );
+    let (op, _, _) = aggregation("topk(3, bucketd_bucket_max)");
+    assert_eq!(op, AggOp::Topk);
+    let (op, _, _) = aggregation("quantile by (metric) (0.9, bucketd_bucket_mean)");
+    assert_eq!(op, AggOp::Quantile);
 }
 
 #[test]
 fn what_is_not_supported_is_named_in_the_error() {
     for (text, names) in [
         ("rate(bucketd_bucket_count[5m])", "function `rate`"),
-        ("bucketd_bucket_count[5m]", "`[`"),
-        ("bucketd_bucket_count offset 5m", "`offset`"),
-        ("bucketd_bucket_count == 1", "`==`"),
+        ("bucketd_bucket_count[5m]", "inside a range function"),
         (
-            "bucketd_bucket_sum / bucketd_bucket_count",
-            "operator `/` between series",
+            "avg_over_time(bucketd_bucket_count)",
+            "takes a range selector",
         ),
-        ("-bucketd_bucket_sum", "negating"),
-        ("topk(3, bucketd_bucket_max)", "function `topk`"),
-        ("sum(sum(bucketd_bucket_max))", "takes a series selector"),
+        ("avg_over_time(bucketd_reading[1h:5m])", "subqueries"),
+        ("bucketd_reading", "readings themselves"),
+        ("bucketd_bucket_count @ 100", "`@`"),
+        ("1 == 1", "bool modifier"),
+        ("bucketd_bucket_max + bool 1", "only after a comparison"),
+        (
+            "bucketd_bucket_max * on (sensor) group_left bucketd_bucket_min",
+            "group_left",
+        ),
+        ("topk(bucketd_bucket_max)", "takes 2 argument"),
+        (
+            "topk(bucketd_bucket_max, bucketd_bucket_max)",
+            "parameter must be a number",
+        ),
+        ("sum(1)", "takes series"),
+        (
+            "quantile_over_time(bucketd_reading[1h])",
+            "takes 2 argument",
+        ),
         (r#"{sensor=~".*"}"#, "a selector needs"),
         (r#"{sensor=""}"#, "a selector needs"),
         (r#"bucketd_bucket_max{sensor="a"#, "unterminated string"),
@@ -219,17 +263,23 @@ fn fetch(
 }
 
 fn eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Vec<Series> {
+    match try_eval(text, docs, grid) {
+        Ok(Value::Vector(v)) => v,
+        other => panic!("{text}: {other:?}"),
+    }
+}
+
+fn try_eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Result<Value, EvalError<()>> {
     let mut names: Vec<String> = docs.iter().map(|d| d.series.clone()).collect();
     names.dedup();
     evaluate(
-        &vector(text),
+        &parse(text).unwrap_or_else(|e| panic!("{text}: {e}")),
         &names,
         grid,
         HOUR,
         BUDGET,
         |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
     )
-    .unwrap()
 }
 
 fn hourly_docs() -> Vec<BucketDoc> {
@@ -326,17 +376,18 @@ fn a_step_coarser_than_a_bucket_merges_its_buckets_exactly() {
         .unwrap();
     assert_eq!(count.points[0].1, 48.0);
     assert_eq!(count.points[1].1, 12.0);
-    // A step that is no rollup step is refused, naming the rule.
-    let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + day, 5 * HOUR * 1000).unwrap();
-    let e = evaluate(
-        &vector("bucketd_bucket_max"),
-        &["a/t".into()],
-        grid,
-        HOUR,
-        BUDGET,
-        |_, _, _| Ok::<_, ()>(BTreeMap::new()),
+    // A step that is no whole number of buckets is refused, naming the rule (issue 44: 5h was
+    // refused as not dividing a day; it is five buckets).
+    let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + day, 90 * 60 * 1000).unwrap();
+    let e = try_eval("bucketd_bucket_max", &docs, grid);
+    assert!(
+        matches!(&e, Err(EvalError::TooLarge(m)) if m.contains("whole number of buckets")),
+        "{e:?}"
     );
-    assert!(matches!(e, Err(EvalError::TooLarge(m)) if m.contains("divides a day")));
+    let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + day, 5 * HOUR * 1000).unwrap();
+    let out = eval(r#"bucketd_bucket_count{series="a/t"}"#, &docs, grid);
+    let counts: Vec<f64> = out[0].points.iter().map(|p| p.1).collect();
+    assert_eq!(counts, [10.0; 5], "five buckets of two readings a point");
 }
 
 #[test]
@@ -387,7 +438,7 @@ fn a_query_past_the_budget_is_refused_before_reading() {
     let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + 30 * day, day).unwrap();
     let mut reads = 0;
     let e = evaluate(
-        &vector(r#"bucketd_bucket_mean{metric="t"}"#),
+        &parse(r#"bucketd_bucket_mean{metric="t"}"#).unwrap(),
         &names,
         grid,
         HOUR,
@@ -434,7 +485,7 @@ fn deep_nesting_is_refused_before_it_overflows_the_stack() {
     );
     assert!(error(&regex).contains("bad regular expression"));
     let fine = format!("{}1{}", "(".repeat(60), ")".repeat(60));
-    assert!(matches!(parse(&fine), Ok(Expr::Scalar(n)) if n == 1.0));
+    assert_eq!(parse(&fine).unwrap().number(), Some(1.0));
 }
 
 proptest::proptest! {
@@ -447,18 +498,20 @@ proptest::proptest! {
                 "bucketd_bucket_mean", "sum", "avg", "count", "by", "without", "(", ")", "{", "}",
                 ",", "=", "!=", "=~", "!~", "\"a.*\"", "'t'", "`(`", "sensor", "series",
                 "__name__", "1", "2.5e3", "-", "+", "*", "/", "[5m]", "offset", "rate", "Inf",
-                "NaN", "\"\\", "#", " ", "\u{e9}", "==", "@",
+                "NaN", "\"\\", "#", " ", "\u{e9}", "==", "@", "bucketd_reading", "[1h]", "[2h]",
+                "avg_over_time", "quantile_over_time", "absent", "topk", "bool", "on", "ignoring",
+                ">", "<=", "^", "%", "1h", "0.5",
             ]),
             0..40,
         ),
         step in 1i64..200_000_000,
     ) {
         let text: String = pieces.concat();
-        if let Ok(Expr::Vector(v)) = parse(&text) {
+        if let Ok(e) = parse(&text) {
             let docs = hourly_docs();
             let grid = Grid::range(DAY0 * 1000, (DAY0 + 30 * HOUR) * 1000, step).unwrap();
             let names = vec!["a/t".to_owned(), "b/t".to_owned()];
-            let _ = evaluate(&v, &names, grid, HOUR, BUDGET, |wanted, from, to| {
+            let _ = evaluate(&e, &names, grid, HOUR, BUDGET, |wanted, from, to| {
                 Ok::<_, ()>(fetch(&docs, wanted, from, to))
             });
         }
@@ -511,7 +564,7 @@ fn a_regular_expression_cannot_escape_its_anchors() {
 #[test]
 fn query_nesting_and_length_are_bounded_at_the_limit_and_one_past_it() {
     let parens = |n: usize| format!("{}1{}", "(".repeat(n), ")".repeat(n));
-    assert!(matches!(parse(&parens(NESTING_MAX - 1)), Ok(Expr::Scalar(n)) if n == 1.0));
+    assert_eq!(parse(&parens(NESTING_MAX - 1)).unwrap().number(), Some(1.0));
     assert!(error(&parens(NESTING_MAX)).contains("nests deeper than 64"));
     let signs = |n: usize| format!("{}1", "-".repeat(n));
     assert!(parse(&signs(NESTING_MAX - 1)).is_ok());
@@ -526,4 +579,273 @@ fn query_nesting_and_length_are_bounded_at_the_limit_and_one_past_it() {
     assert_eq!(sized(QUERY_BYTES_MAX).len(), QUERY_BYTES_MAX);
     assert!(parse(&sized(QUERY_BYTES_MAX)).is_ok());
     assert!(error(&sized(QUERY_BYTES_MAX + 1)).contains("longer than"));
+}
+
+/// `t` hours after DAY0, in milliseconds.
+fn at(h: i64) -> i64 {
+    (DAY0 + h * HOUR) * 1000
+}
+
+/// The value of the single series `text` gives at time `t`.
+fn one(text: &str, t: i64) -> Option<f64> {
+    let out = eval(
+        text,
+        &hourly_docs(),
+        Grid::range(t, t, HOUR * 1000).unwrap(),
+    );
+    assert!(out.len() <= 1, "{text}: {out:?}");
+    out.first().and_then(|s| s.points.first()).map(|p| p.1)
+}
+
+/// Issue 44: Grafana aligns a range's start to the step in the browser's time zone; windows
+/// follow the query's own grid (`[t, t + step)`), not UTC midnights. Here UTC-2's midnights.
+#[test]
+fn windows_follow_the_querys_grid() {
+    let docs = hourly_docs();
+    let day = 86_400_000;
+    let grid = Grid::range(at(2), at(2) + day, day).unwrap();
+    let out = eval(
+        r#"{__name__=~"bucketd_bucket_(count|min|max)", series="a/t"}"#,
+        &docs,
+        grid,
+    );
+    let get = |name: &str| {
+        out.iter()
+            .find(|s| s.labels["__name__"] == name)
+            .unwrap()
+            .points
+            .clone()
+    };
+    // a's readings are +h and -h in hour h: hours 2..=25, then 26..=29.
+    assert_eq!(get("bucketd_bucket_count"), [(at(2), 48.0), (at(26), 8.0)]);
+    assert_eq!(get("bucketd_bucket_min"), [(at(2), -25.0), (at(26), -29.0)]);
+    assert_eq!(get("bucketd_bucket_max"), [(at(2), 25.0), (at(26), 29.0)]);
+}
+
+/// Issue 44: an instant query (a stat panel, an alert rule) in the first minutes of an hour
+/// found the new bucket empty and answered nothing; it looks back one bucket. A range query
+/// does not (a gap stays a gap).
+#[test]
+fn an_instant_query_looks_back_one_bucket() {
+    let docs = hourly_docs();
+    let q = r#"bucketd_bucket_max{series="a/t"}"#;
+    let five_past = at(30) + 300_000;
+    let out = eval(q, &docs, Grid::instant(five_past));
+    assert_eq!(out[0].points, [(five_past, 29.0)]);
+    let out = eval(q, &docs, Grid::instant(at(29) + 300_000));
+    assert_eq!(
+        out[0].points,
+        [(at(29) + 300_000, 29.0)],
+        "the current bucket first"
+    );
+    assert!(
+        eval(q, &docs, Grid::instant(at(32))).is_empty(),
+        "one bucket back, no more"
+    );
+    let range = Grid::range(at(30), at(30), HOUR * 1000).unwrap();
+    assert!(eval(q, &docs, range).is_empty());
+}
+
+/// The range functions over the readings: the buckets overlapping `[t - r, t)` merged, checked
+/// against the readings themselves (a's are +h and -h in hour h).
+#[test]
+fn range_functions_over_the_readings_merge_their_buckets() {
+    let readings = |hours: std::ops::Range<i64>| -> Vec<f64> {
+        let mut v: Vec<f64> = hours.flat_map(|h| [h as f64, -(h as f64)]).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let r = readings(6..12);
+    let q = |f: &str| {
+        one(
+            &format!(r#"{f}(bucketd_reading{{series="a/t"}}[6h])"#),
+            at(12),
+        )
+    };
+    assert_eq!(q("count_over_time"), Some(r.len() as f64));
+    assert_eq!(q("min_over_time"), Some(-11.0));
+    assert_eq!(q("max_over_time"), Some(11.0));
+    assert_eq!(q("sum_over_time"), Some(0.0));
+    assert_eq!(q("avg_over_time"), Some(0.0));
+    assert_eq!(q("last_over_time"), Some(-11.0), "hour 11's second reading");
+    let var = r.iter().map(|v| v * v).sum::<f64>() / r.len() as f64;
+    assert!((q("stdvar_over_time").unwrap() - var).abs() < 1e-9);
+    assert!((q("stddev_over_time").unwrap() - var.sqrt()).abs() < 1e-9);
+    // Type 7, computed here from the readings: rank 0.9 * 11 = 9.9 between 9 and 10.
+    let p90 = one(
+        r#"quantile_over_time(0.9, bucketd_reading{series="a/t"}[6h])"#,
+        at(12),
+    )
+    .unwrap();
+    assert!((p90 - 9.9).abs() <= 0.01 * 10.0, "{p90}");
+    // Between bucket boundaries the bucket in progress counts too: hours 6..=12.
+    let mid = one(
+        r#"count_over_time(bucketd_reading{series="a/t"}[6h])"#,
+        at(12) + 1_800_000,
+    );
+    assert_eq!(mid, Some(readings(6..13).len() as f64));
+    // Labels: the series', no metric name.
+    let out = eval(
+        r#"max_over_time(bucketd_reading{sensor="a"}[2h])"#,
+        &hourly_docs(),
+        Grid::instant(at(3)),
+    );
+    assert_eq!(
+        out[0].labels,
+        BTreeMap::from([
+            ("metric".to_owned(), "t".to_owned()),
+            ("sensor".to_owned(), "a".to_owned()),
+            ("series".to_owned(), "a/t".to_owned()),
+        ])
+    );
+    // A range that is not a whole number of buckets is refused, naming the rule.
+    let e = try_eval(
+        r#"avg_over_time(bucketd_reading{series="a/t"}[90m])"#,
+        &hourly_docs(),
+        Grid::instant(at(3)),
+    );
+    assert!(
+        matches!(&e, Err(EvalError::TooLarge(m)) if m.contains("whole number of buckets")),
+        "{e:?}"
+    );
+}
+
+/// Over a field, each bucket is one sample, as Prometheus would take a gauge scraped hourly.
+#[test]
+fn range_functions_over_a_field_take_each_bucket_as_a_sample() {
+    let a = |f: &str| format!(r#"{f}(bucketd_bucket_max{{series="a/t"}}[3h])"#);
+    assert_eq!(one(&a("max_over_time"), at(7)), Some(6.0), "hours 4, 5, 6");
+    assert_eq!(one(&a("avg_over_time"), at(7)), Some(5.0));
+    assert_eq!(one(&a("sum_over_time"), at(7)), Some(15.0));
+    let b = r#"count_over_time(bucketd_bucket_max{series="b/t"}[3h])"#;
+    assert_eq!(one(b, at(7)), Some(2.0), "b has no hour 5");
+    let median = r#"quantile_over_time(0.5, bucketd_bucket_max{series="a/t"}[4h])"#;
+    assert_eq!(one(median, at(8)), Some(5.5), "type 7 of 4, 5, 6, 7");
+}
+
+#[test]
+fn offset_moves_the_time_back() {
+    assert_eq!(
+        one(r#"bucketd_bucket_max{series="a/t"} offset 2h"#, at(10)),
+        Some(8.0)
+    );
+    assert_eq!(
+        one(
+            r#"max_over_time(bucketd_reading{series="a/t"}[1h] offset 1d)"#,
+            at(27)
+        ),
+        Some(2.0)
+    );
+}
+
+#[test]
+fn arithmetic_and_comparisons_follow_promql() {
+    let docs = hourly_docs();
+    // Fahrenheit: the metric name goes, the series' labels stay.
+    let out = eval(
+        r#"bucketd_bucket_max{series="a/t"} * 1.8 + 32"#,
+        &docs,
+        Grid::instant(at(10)),
+    );
+    assert_eq!(out[0].points[0].1, 50.0);
+    assert!(!out[0].labels.contains_key("__name__"));
+    assert_eq!(out[0].labels["series"], "a/t");
+    // A comparison filters and keeps the left side as it is; `bool` gives 0 and 1.
+    let grid = Grid::range(at(19), at(22), HOUR * 1000).unwrap();
+    let out = eval(r#"bucketd_bucket_max{sensor="a"} > 20"#, &docs, grid);
+    assert_eq!(out[0].points, [(at(21), 21.0), (at(22), 22.0)]);
+    assert_eq!(out[0].labels["__name__"], "bucketd_bucket_max");
+    let out = eval(r#"bucketd_bucket_max{sensor="a"} > bool 20"#, &docs, grid);
+    let values: Vec<f64> = out[0].points.iter().map(|p| p.1).collect();
+    assert_eq!(values, [0.0, 0.0, 1.0, 1.0]);
+    let out = eval(r#"20 < bucketd_bucket_max{sensor="a"}"#, &docs, grid);
+    assert_eq!(out[0].points, [(at(21), 21.0), (at(22), 22.0)]);
+    // Between series: one to one by their labels but the name, or on (..).
+    let spread = one(
+        r#"bucketd_bucket_max{sensor="a"} - bucketd_bucket_min{sensor="a"}"#,
+        at(3),
+    );
+    assert_eq!(spread, Some(6.0));
+    let out = eval(
+        r#"bucketd_bucket_max{sensor="b"} - on (metric) bucketd_bucket_max{sensor="a"}"#,
+        &docs,
+        Grid::instant(at(3)),
+    );
+    assert_eq!(out[0].points[0].1, 100.0);
+    assert_eq!(
+        out[0].labels,
+        BTreeMap::from([("metric".to_owned(), "t".to_owned())])
+    );
+    let out = eval(
+        r#"bucketd_bucket_max{sensor="b"} - ignoring (sensor, series) bucketd_bucket_max{sensor="a"}"#,
+        &docs,
+        Grid::instant(at(3)),
+    );
+    assert_eq!(out[0].points[0].1, 100.0);
+    let e = try_eval(
+        "bucketd_bucket_max - on (metric) bucketd_bucket_max",
+        &docs,
+        Grid::instant(at(3)),
+    );
+    assert!(
+        matches!(&e, Err(EvalError::TooLarge(m)) if m.contains("many-to-many")),
+        "{e:?}"
+    );
+    let out = eval(
+        r#"-bucketd_bucket_max{sensor="a"}"#,
+        &docs,
+        Grid::instant(at(3)),
+    );
+    assert_eq!(out[0].points[0].1, -3.0);
+}
+
+/// The "sensor went silent" alert: `absent` gives 1 where nothing is, with the labels its
+/// selector names.
+#[test]
+fn absent_answers_where_nothing_is() {
+    let docs = hourly_docs();
+    let grid = Grid::range(at(4), at(6), HOUR * 1000).unwrap();
+    let out = eval(r#"absent(bucketd_bucket_max{series="b/t"})"#, &docs, grid);
+    assert_eq!(out[0].points, [(at(5), 1.0)], "b has no hour 5");
+    assert_eq!(
+        out[0].labels,
+        BTreeMap::from([("series".to_owned(), "b/t".to_owned())])
+    );
+    let out = eval(
+        r#"absent(bucketd_bucket_max{series="nope/x"})"#,
+        &docs,
+        grid,
+    );
+    assert_eq!(out[0].points.len(), 3);
+    assert!(eval(r#"absent(bucketd_bucket_max{sensor="a"})"#, &docs, grid).is_empty());
+    let silent = r#"absent_over_time(bucketd_reading{series="b/t"}[1h])"#;
+    assert_eq!(one(silent, at(6)), Some(1.0), "hour 5 had nothing");
+    assert_eq!(one(silent, at(7)), None);
+}
+
+#[test]
+fn topk_bottomk_quantile_and_stddev_aggregate_as_promql_does() {
+    let docs = hourly_docs();
+    let grid = Grid::instant(at(4));
+    let out = eval(r#"topk(1, bucketd_bucket_max{metric="t"})"#, &docs, grid);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].labels["series"], "b/t");
+    assert_eq!(
+        out[0].labels["__name__"], "bucketd_bucket_max",
+        "kept as it is"
+    );
+    let out = eval(r#"bottomk(1, bucketd_bucket_max{metric="t"})"#, &docs, grid);
+    assert_eq!(out[0].labels["series"], "a/t");
+    assert_eq!(
+        one(r#"quantile(0.5, bucketd_bucket_max{metric="t"})"#, at(4)),
+        Some(54.0)
+    );
+    assert_eq!(
+        one(r#"stddev(bucketd_bucket_max{metric="t"})"#, at(4)),
+        Some(50.0)
+    );
+    assert_eq!(
+        one(r#"count(bucketd_bucket_max{metric="t"} > 50)"#, at(4)),
+        Some(1.0)
+    );
 }

@@ -370,7 +370,13 @@ async fn grafanas_requests_get_prometheus_answers() {
     let labels = ok(grafana(&d, "POST", "/api/v1/labels", &range).await);
     assert_eq!(labels, json!(["__name__", "metric", "sensor", "series"]));
     let names = ok(grafana(&d, "GET", "/api/v1/label/__name__/values", &range).await);
-    assert_eq!(names.as_array().unwrap().len(), 9, "{names}");
+    assert_eq!(names.as_array().unwrap().len(), 10, "{names}");
+    assert!(
+        names
+            .as_array()
+            .unwrap()
+            .contains(&json!("bucketd_reading"))
+    );
     assert!(
         names
             .as_array()
@@ -429,7 +435,7 @@ async fn grafanas_requests_get_prometheus_answers() {
     assert_eq!(body["status"], "error");
     assert_eq!(body["errorType"], "bad_data");
     assert!(body["error"].as_str().unwrap().contains("step"), "{body}");
-    form.push(("step", "5h".into()));
+    form.push(("step", "90m".into()));
     let (status, body) = grafana(&d, "POST", "/api/v1/query_range", &form).await;
     assert_eq!(
         (status, &body["errorType"]),
@@ -437,7 +443,10 @@ async fn grafanas_requests_get_prometheus_answers() {
         "{body}"
     );
     assert!(
-        body["error"].as_str().unwrap().contains("divides a day"),
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("whole number of buckets"),
         "{body}"
     );
     let (status, body) = grafana(&d, "GET", "/api/v1/series", &[]).await;
@@ -478,5 +487,165 @@ async fn grafanas_requests_get_prometheus_answers() {
         let without = promtool(&d, &query, false).unwrap().unwrap_err();
         assert!(without.contains("401"), "{without}");
     }
+    d.stop().await.unwrap();
+}
+
+/// Issue 44: what gauge dashboards and alert rules send, answered from the buckets as
+/// Prometheus would answer from the readings: range functions over a day, arithmetic, the
+/// "went silent" alert, steps of whole buckets, and label endpoints honouring start, end and
+/// limit. Ground truth: the readings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_and_alert_queries_match_the_readings() {
+    let (_dir, d, day, work) = daemon_with_data(true).await;
+    let truth = truth(&work.readings, 3600);
+    let ok = |(status, body): (u16, Value)| {
+        assert_eq!(
+            (status, &body["status"]),
+            (200, &json!("success")),
+            "{body}"
+        );
+        body["data"].clone()
+    };
+    let instant = async |query: &str, at: i64| {
+        let data = ok(grafana(
+            &d,
+            "POST",
+            "/api/v1/query",
+            &[("query", query.to_owned()), ("time", at.to_string())],
+        )
+        .await);
+        let result = data["result"].as_array().unwrap().clone();
+        assert_eq!(result.len(), 1, "{query}: {data}");
+        result[0]["value"][1]
+            .as_str()
+            .unwrap()
+            .parse::<f64>()
+            .unwrap()
+    };
+    let readings = |series: &str| -> Vec<f64> {
+        let mut v: Vec<f64> = work
+            .readings
+            .iter()
+            .filter(|r| r.series == series)
+            .map(|r| r.value)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let end = day + 86_400;
+    let all = readings("day/t");
+    let p99 = instant(
+        r#"quantile_over_time(0.99, bucketd_reading{series="day/t"}[1d])"#,
+        end,
+    )
+    .await;
+    assert!(
+        quantile_close(p99, type7(&all, 0.99)),
+        "{p99} vs {:?}",
+        type7(&all, 0.99)
+    );
+    let max = instant(r#"max_over_time(bucketd_reading{series="day/h"}[1d])"#, end).await;
+    assert_eq!(max, *readings("day/h").last().unwrap());
+    let count = instant(
+        r#"count_over_time(bucketd_reading{series="night/h"}[1d])"#,
+        end,
+    )
+    .await;
+    assert_eq!(count as usize, readings("night/h").len());
+    let mean = instant(r#"avg_over_time(bucketd_reading{series="day/t"}[1d])"#, end).await;
+    let exact = all.iter().sum::<f64>() / all.len() as f64;
+    assert!(close(mean, exact), "{mean} vs {exact}");
+    // An hour's value a day later, shifted back.
+    let shifted = instant(
+        r#"bucketd_bucket_max{series="day/t"} offset 1d"#,
+        end + 3 * 3600,
+    )
+    .await;
+    assert_eq!(
+        shifted,
+        truth[&("day/t".to_owned(), Some(day + 3 * 3600))].max
+    );
+
+    // Fahrenheit, hourly.
+    let form = [
+        (
+            "query",
+            r#"bucketd_bucket_mean{series="day/t"} * 1.8 + 32"#.to_owned(),
+        ),
+        ("start", day.to_string()),
+        ("end", (day + 5 * 3600).to_string()),
+        ("step", "3600".into()),
+    ];
+    let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
+    let values = data["result"][0]["values"].as_array().unwrap();
+    assert_eq!(values.len(), 6);
+    for v in values {
+        let t = v[0].as_i64().unwrap();
+        let got: f64 = v[1].as_str().unwrap().parse().unwrap();
+        let want = truth[&("day/t".to_owned(), Some(t))].mean * 1.8 + 32.0;
+        assert!(close(got, want), "@{t}: {got} vs {want}");
+    }
+    assert!(data["result"][0]["metric"].get("__name__").is_none());
+
+    // The "went silent" alert: night/h has no reading in hour 9.
+    let form = [
+        (
+            "query",
+            r#"absent_over_time(bucketd_reading{series="night/h"}[1h])"#.to_owned(),
+        ),
+        ("start", (day + 9 * 3600).to_string()),
+        ("end", (day + 11 * 3600).to_string()),
+        ("step", "3600".into()),
+    ];
+    let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
+    assert_eq!(
+        data["result"][0]["values"],
+        json!([[day + 10 * 3600, "1"]]),
+        "{data}"
+    );
+    assert_eq!(data["result"][0]["metric"], json!({"series": "night/h"}));
+
+    // A step of five buckets, on the query's own grid (Grafana's, here UTC-3's midnight).
+    let form = [
+        (
+            "query",
+            r#"bucketd_bucket_count{series="day/t"}"#.to_owned(),
+        ),
+        ("start", (day + 3 * 3600).to_string()),
+        ("end", (day + 13 * 3600).to_string()),
+        ("step", "5h".into()),
+    ];
+    let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
+    assert_eq!(
+        data["result"][0]["values"],
+        json!([
+            [day + 3 * 3600, "25"],
+            [day + 8 * 3600, "25"],
+            [day + 13 * 3600, "25"]
+        ])
+    );
+
+    // Label endpoints honour start, end and limit.
+    let later = [
+        ("start", (day + 10 * 86_400).to_string()),
+        ("end", (day + 11 * 86_400).to_string()),
+    ];
+    assert_eq!(
+        ok(grafana(&d, "GET", "/api/v1/labels", &later).await),
+        json!([])
+    );
+    assert_eq!(
+        ok(grafana(&d, "GET", "/api/v1/label/series/values", &later).await),
+        json!([])
+    );
+    let during = [
+        ("start", day.to_string()),
+        ("end", (day + 3600).to_string()),
+        ("limit", "1".into()),
+    ];
+    assert_eq!(
+        ok(grafana(&d, "GET", "/api/v1/label/series/values", &during).await),
+        json!(["day/h"])
+    );
     d.stop().await.unwrap();
 }

@@ -1,0 +1,765 @@
+//! Evaluating a parsed query at a grid of times, over buckets. Pure: the caller reads the
+//! buckets (one `fetch` for every selector of the query).
+//!
+//! What a selector is worth at a time `t` (docs/PROMETHEUS.md, "What a point is"):
+//! - plain, with a step up to the bucket width: the bucket that contains `t`; an instant query
+//!   looks back one bucket when that one has no readings yet (the first minutes of an hour);
+//! - plain, with a coarser step (a whole number of buckets): the window `[t, t + step)` of the
+//!   query's own grid (Grafana's, aligned to its time zone), its buckets merged exactly;
+//! - in a range function `f(v[r])`: the buckets that overlap `[t - r, t)`: at a bucket boundary
+//!   exactly `r` of them, at other times the one in progress as well. Over `bucketd_reading`
+//!   they merge (so `quantile_over_time(0.99, bucketd_reading[1d])` is the day's p99 of the
+//!   readings, interpolated as Prometheus does); over a field each bucket is one sample.
+//!
+//! `offset d` moves `t` back by `d`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{
+    AggOp, BinOp, Expr, Field, Func, Grouping, Matching, POINTS_PER_SERIES_MAX, Select,
+    SeriesLabels,
+};
+use crate::doc::BucketDoc;
+use crate::summary::Summary;
+
+/// The times a query is evaluated at: `start + k * step` for `k` in `0..count`, in
+/// milliseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    pub start_ms: i64,
+    pub step_ms: i64,
+    pub count: u64,
+    /// An instant query: a plain selector looks back one bucket.
+    pub look_back: bool,
+}
+
+impl Grid {
+    /// The grid of a range query: `start` to `end` (both included) every `step`.
+    pub fn range(start_ms: i64, end_ms: i64, step_ms: i64) -> Result<Grid, String> {
+        if end_ms < start_ms {
+            return Err("end timestamp must not be before start time".into());
+        }
+        if step_ms <= 0 {
+            return Err(
+                "zero or negative query resolution step widths are not accepted. Try a \
+                 positive integer"
+                    .into(),
+            );
+        }
+        let count = (i128::from(end_ms) - i128::from(start_ms)) / i128::from(step_ms) + 1;
+        let count = u64::try_from(count).unwrap_or(u64::MAX);
+        if count > POINTS_PER_SERIES_MAX {
+            return Err(format!(
+                "exceeded maximum resolution of {POINTS_PER_SERIES_MAX} points per timeseries. \
+                 Try decreasing the query resolution (?step=XX)"
+            ));
+        }
+        Ok(Grid {
+            start_ms,
+            step_ms,
+            count,
+            look_back: false,
+        })
+    }
+
+    /// The grid of an instant query.
+    pub fn instant(at_ms: i64) -> Grid {
+        Grid {
+            start_ms: at_ms,
+            step_ms: 1,
+            count: 1,
+            look_back: true,
+        }
+    }
+
+    fn times(&self) -> impl Iterator<Item = i64> + '_ {
+        (0..self.count).map(|k| self.start_ms + k as i64 * self.step_ms)
+    }
+
+    fn last_ms(&self) -> i64 {
+        self.start_ms + (self.count as i64 - 1) * self.step_ms
+    }
+}
+
+/// The window (ms) a plain selector's point merges: the bucket for steps up to its width, else
+/// the step, which must then be a whole number of buckets.
+pub fn window_ms(step_ms: i64, width_secs: i64) -> Result<i64, String> {
+    let width_ms = width_secs.saturating_mul(1000);
+    if step_ms <= width_ms {
+        Ok(width_ms)
+    } else if step_ms % width_ms == 0 {
+        Ok(step_ms)
+    } else {
+        let w = crate::rollup::format_step(width_secs);
+        Err(format!(
+            "step {}: a step coarser than the bucket width ({w}) must be a whole number of \
+             buckets (2 x {w}, 5 x {w}, 1d, ...); or use a step up to {w}",
+            format_ms(step_ms)
+        ))
+    }
+}
+
+fn format_ms(ms: i64) -> String {
+    if ms % 1000 == 0 {
+        crate::rollup::format_step(ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// One series of an answer: its labels and points (time in milliseconds, value), in time order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub labels: BTreeMap<String, String>,
+    pub points: Vec<(i64, f64)>,
+}
+
+/// What a query gives: a number (the same at every time), or series.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Scalar(f64),
+    Vector(Vec<Series>),
+}
+
+/// Why an evaluation stopped.
+#[derive(Debug)]
+pub enum EvalError<E> {
+    /// The query would read or return more than the limit, or is not one bucketd can answer;
+    /// the text says what to change.
+    TooLarge(String),
+    /// Reading the buckets failed.
+    Read(E),
+}
+
+/// What bounds one evaluation.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Stored buckets read, and points in the answer, each at most this many.
+    pub max_points: u64,
+}
+
+/// The buckets of one stored series, in time order: their starts (ms) and summaries.
+#[derive(Default)]
+struct Stored {
+    starts: Vec<i64>,
+    summaries: Vec<Summary>,
+}
+
+impl Stored {
+    /// The summaries of the buckets starting in `[from, to)` (ms).
+    fn between(&self, from: i64, to: i64) -> &[Summary] {
+        let a = self.starts.partition_point(|&s| s < from);
+        let b = self.starts.partition_point(|&s| s < to);
+        &self.summaries[a..b.max(a)]
+    }
+
+    fn merged(&self, from: i64, to: i64) -> Option<Summary> {
+        let mut found = self.between(from, to).iter();
+        let mut acc = found.next()?.clone();
+        for s in found {
+            acc.merge(s);
+        }
+        Some(acc)
+    }
+}
+
+struct Ctx<'a> {
+    grid: Grid,
+    width_ms: i64,
+    window_ms: i64,
+    names: &'a [String],
+    data: BTreeMap<String, Stored>,
+}
+
+/// The bucket starts (ms, `[from, to)`) a selector needs at `grid`.
+fn needed(s: &Select, grid: Grid, width_ms: i64, window_ms: i64) -> (i64, i64) {
+    let shift = s.offset_secs.saturating_mul(1000);
+    let first = grid.start_ms.saturating_sub(shift);
+    let last = grid.last_ms().saturating_sub(shift);
+    match s.range_secs {
+        Some(r) => (
+            first
+                .saturating_sub(r.saturating_mul(1000))
+                .saturating_sub(width_ms)
+                .saturating_add(1),
+            last,
+        ),
+        None if window_ms == width_ms => {
+            let back = if grid.look_back { width_ms } else { 0 };
+            (
+                first.div_euclid(width_ms) * width_ms - back,
+                last.div_euclid(width_ms) * width_ms + width_ms,
+            )
+        }
+        None => (first, last.saturating_add(window_ms)),
+    }
+}
+
+/// Evaluates `expr` at `grid` over the stored series `names`, reading what its selectors need
+/// with one `fetch(names, from, to)` (per name, bucket starts in `[from, to)`, seconds, in time
+/// order).
+pub fn evaluate<E>(
+    expr: &Expr,
+    names: &[String],
+    grid: Grid,
+    width_secs: i64,
+    budget: Budget,
+    fetch: impl FnOnce(&[&str], i64, i64) -> Result<BTreeMap<String, Vec<BucketDoc>>, E>,
+) -> Result<Value, EvalError<E>> {
+    let width_ms = width_secs.saturating_mul(1000);
+    let window_ms = window_ms(grid.step_ms, width_secs).map_err(EvalError::TooLarge)?;
+    let selects = expr.selects();
+    let mut wanted: BTreeSet<&str> = BTreeSet::new();
+    let (mut from, mut to) = (i64::MAX, i64::MIN);
+    let mut points: u64 = 0;
+    for s in &selects {
+        if let Some(r) = s.range_secs
+            && (r.saturating_mul(1000) % width_ms != 0)
+        {
+            return Err(EvalError::TooLarge(format!(
+                "a range must be a whole number of buckets ({}, {}, ...), not {}",
+                format_ms(width_ms),
+                format_ms(2 * width_ms),
+                format_ms(r.saturating_mul(1000))
+            )));
+        }
+        let sources = s.selector.fields().len() as u64
+            + u64::from(s.range_secs.is_some() && s.selector.selects_readings());
+        let matched: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| sources > 0 && s.selector.matches_series(&SeriesLabels::of(n)))
+            .collect();
+        points = points.saturating_add(
+            grid.count
+                .saturating_mul(sources)
+                .saturating_mul(matched.len() as u64),
+        );
+        if !matched.is_empty() {
+            let (a, b) = needed(s, grid, width_ms, window_ms);
+            from = from.min(a);
+            to = to.max(b);
+            wanted.extend(matched);
+        }
+    }
+    let buckets = if wanted.is_empty() {
+        0
+    } else {
+        u64::try_from(to.saturating_sub(from) / width_ms + 1).unwrap_or(u64::MAX)
+    };
+    let reads = buckets.saturating_mul(wanted.len() as u64);
+    if reads > budget.max_points || points > budget.max_points {
+        return Err(EvalError::TooLarge(format!(
+            "the query selects {} series over {buckets} buckets ({} points): more than \
+             http.max_points_per_query ({}); narrow the selector or the range, or use a \
+             coarser step",
+            wanted.len(),
+            points.max(reads),
+            budget.max_points
+        )));
+    }
+    let mut data = BTreeMap::new();
+    if !wanted.is_empty() {
+        let wanted: Vec<&str> = wanted.into_iter().collect();
+        let read = fetch(
+            &wanted,
+            from.div_euclid(1000),
+            to.div_euclid(1000).saturating_add(1),
+        )
+        .map_err(EvalError::Read)?;
+        for (name, docs) in read {
+            let stored = Stored {
+                starts: docs.iter().map(|d| d.start.saturating_mul(1000)).collect(),
+                summaries: docs.iter().map(BucketDoc::summary).collect(),
+            };
+            data.insert(name, stored);
+        }
+    }
+    let ctx = Ctx {
+        grid,
+        width_ms,
+        window_ms,
+        names,
+        data,
+    };
+    let value = ctx.eval(expr).map_err(EvalError::TooLarge)?;
+    Ok(match value {
+        Value::Vector(series) => Value::Vector(
+            series
+                .into_iter()
+                .filter(|s| !s.points.is_empty())
+                .collect(),
+        ),
+        scalar @ Value::Scalar(_) => scalar,
+    })
+}
+
+type Labels = BTreeMap<String, String>;
+
+/// Labels without `__name__`.
+fn unnamed(mut labels: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    labels.remove("__name__");
+    labels
+}
+
+impl Ctx<'_> {
+    fn eval(&self, expr: &Expr) -> Result<Value, String> {
+        match expr {
+            Expr::Number(n) => Ok(Value::Scalar(*n)),
+            Expr::Select(s) => Ok(Value::Vector(self.plain(s))),
+            Expr::Call(Func::Absent, args) => {
+                let inner = self.vector(&args[0])?;
+                let labels = match &args[0] {
+                    Expr::Select(s) => s.selector.equal_labels(),
+                    _ => BTreeMap::new(),
+                };
+                Ok(Value::Vector(vec![self.absent(&inner, labels)]))
+            }
+            Expr::Call(func, args) => {
+                let Some(Expr::Select(s)) = args.last() else {
+                    return Err("a range function takes a range selector".into());
+                };
+                let q = args.first().and_then(Expr::number).unwrap_or(f64::NAN);
+                if *func == Func::AbsentOverTime {
+                    let present = self.over_time(Func::PresentOverTime, q, s)?;
+                    return Ok(Value::Vector(vec![
+                        self.absent(&present, s.selector.equal_labels()),
+                    ]));
+                }
+                self.over_time(*func, q, s).map(Value::Vector)
+            }
+            Expr::Aggregate {
+                op,
+                parameter,
+                grouping,
+                inner,
+            } => {
+                let param = parameter.as_ref().and_then(|p| p.number());
+                Ok(Value::Vector(aggregate(
+                    *op,
+                    param.unwrap_or(f64::NAN),
+                    grouping,
+                    self.vector(inner)?,
+                )))
+            }
+            Expr::Binary {
+                op,
+                bool_result,
+                matching,
+                lhs,
+                rhs,
+            } => binary(
+                *op,
+                *bool_result,
+                matching,
+                self.eval(lhs)?,
+                self.eval(rhs)?,
+            ),
+            Expr::Negate(e) => Ok(match self.eval(e)? {
+                Value::Scalar(n) => Value::Scalar(-n),
+                Value::Vector(series) => Value::Vector(
+                    series
+                        .into_iter()
+                        .map(|s| Series {
+                            labels: unnamed(s.labels),
+                            points: s.points.into_iter().map(|(t, v)| (t, -v)).collect(),
+                        })
+                        .collect(),
+                ),
+            }),
+        }
+    }
+
+    fn vector(&self, expr: &Expr) -> Result<Vec<Series>, String> {
+        match self.eval(expr)? {
+            Value::Vector(v) => Ok(v),
+            Value::Scalar(_) => Err("expected series, found a number".into()),
+        }
+    }
+
+    /// The stored series a selector matches, with their buckets (none read: empty).
+    fn matched<'s>(&'s self, s: &'s Select) -> impl Iterator<Item = (&'s str, &'s Stored)> + 's {
+        static EMPTY: std::sync::OnceLock<Stored> = std::sync::OnceLock::new();
+        let empty = EMPTY.get_or_init(Stored::default);
+        self.names
+            .iter()
+            .filter(|n| s.selector.matches_series(&SeriesLabels::of(n)))
+            .map(move |n| (n.as_str(), self.data.get(n).unwrap_or(empty)))
+    }
+
+    /// A plain selector: each matched series' fields at each time.
+    fn plain(&self, s: &Select) -> Vec<Series> {
+        let shift = s.offset_secs.saturating_mul(1000);
+        let w = self.width_ms;
+        let mut out = Vec::new();
+        let fields = s.selector.fields();
+        for (name, stored) in self.matched(s) {
+            let at: Vec<(i64, Option<Summary>)> = self
+                .grid
+                .times()
+                .map(|t| {
+                    let t0 = t.saturating_sub(shift);
+                    let summary = if self.window_ms == w {
+                        let start = t0.div_euclid(w) * w;
+                        stored.merged(start, start + w).or_else(|| {
+                            self.grid
+                                .look_back
+                                .then(|| stored.merged(start - w, start))
+                                .flatten()
+                        })
+                    } else {
+                        stored.merged(t0, t0.saturating_add(self.window_ms))
+                    };
+                    (t, summary)
+                })
+                .collect();
+            for &field in &fields {
+                let points = at
+                    .iter()
+                    .filter_map(|(t, s)| Some((*t, field.value(s.as_ref()?)?)))
+                    .collect();
+                out.push(Series {
+                    labels: SeriesLabels::of(name).with_name(field),
+                    points,
+                });
+            }
+        }
+        out
+    }
+
+    /// A range function over a range selector: per matched series, over the readings (merged)
+    /// and over each field's bucket values (samples).
+    fn over_time(&self, func: Func, q: f64, s: &Select) -> Result<Vec<Series>, String> {
+        let shift = s.offset_secs.saturating_mul(1000);
+        let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
+        let w = self.width_ms;
+        let fields = s.selector.fields();
+        let readings = s.selector.selects_readings();
+        if usize::from(readings) + fields.len() > 1 {
+            return Err(format!(
+                "{func:?}: the selector matches several metrics of each series, which would \
+                 give series with the same labels; name one, like bucketd_reading or \
+                 bucketd_bucket_max"
+            ));
+        }
+        let mut out = Vec::new();
+        for (name, stored) in self.matched(s) {
+            let labels = SeriesLabels::of(name);
+            let in_range = |t: i64| {
+                let t0 = t.saturating_sub(shift);
+                // Buckets overlapping [t0 - range, t0): starting after t0 - range - width.
+                stored.between(
+                    t0.saturating_sub(range).saturating_sub(w).saturating_add(1),
+                    t0,
+                )
+            };
+            if readings {
+                let points = self
+                    .grid
+                    .times()
+                    .filter_map(|t| {
+                        let mut it = in_range(t).iter();
+                        let mut m = it.next()?.clone();
+                        it.for_each(|s| m.merge(s));
+                        Some((t, of_readings(func, q, &m)?))
+                    })
+                    .collect();
+                out.push(Series {
+                    labels: unnamed(labels.with_name(Field::Count)),
+                    points,
+                });
+            }
+            for &field in &fields {
+                let points = self
+                    .grid
+                    .times()
+                    .filter_map(|t| {
+                        let samples: Vec<f64> =
+                            in_range(t).iter().filter_map(|s| field.value(s)).collect();
+                        Some((t, of_samples(func, q, &samples)?))
+                    })
+                    .collect();
+                out.push(Series {
+                    labels: unnamed(labels.with_name(field)),
+                    points,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// 1 at each time no series of `present` has a point, with `labels`.
+    fn absent(&self, present: &[Series], labels: BTreeMap<String, String>) -> Series {
+        let seen: BTreeSet<i64> = present
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .collect();
+        Series {
+            labels,
+            points: self
+                .grid
+                .times()
+                .filter(|t| !seen.contains(t))
+                .map(|t| (t, 1.0))
+                .collect(),
+        }
+    }
+}
+
+/// A range function over the readings of a range, from their merged summary.
+fn of_readings(func: Func, q: f64, m: &Summary) -> Option<f64> {
+    Some(match func {
+        Func::AvgOverTime => m.mean,
+        Func::MinOverTime => m.min,
+        Func::MaxOverTime => m.max,
+        Func::SumOverTime => m.total(),
+        Func::CountOverTime => m.count as f64,
+        Func::LastOverTime => m.last.value,
+        Func::QuantileOverTime => match q {
+            q if q.is_nan() => f64::NAN,
+            q if q < 0.0 => f64::NEG_INFINITY,
+            q if q > 1.0 => f64::INFINITY,
+            q => m.quantile(q)?,
+        },
+        Func::StddevOverTime => m.stddev(),
+        Func::StdvarOverTime => m.variance(),
+        Func::PresentOverTime => 1.0,
+        Func::AbsentOverTime | Func::Absent => return None,
+    })
+}
+
+/// A range function over samples (one value per bucket), as Prometheus computes it.
+fn of_samples(func: Func, q: f64, values: &[f64]) -> Option<f64> {
+    let (&last, n) = (values.last()?, values.len() as f64);
+    let mean = values.iter().sum::<f64>() / n;
+    let variance = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    Some(match func {
+        Func::AvgOverTime => mean,
+        Func::MinOverTime => values.iter().copied().fold(f64::INFINITY, f64::min),
+        Func::MaxOverTime => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        Func::SumOverTime => values.iter().sum(),
+        Func::CountOverTime => n,
+        Func::LastOverTime => last,
+        Func::QuantileOverTime => type7(values, q),
+        Func::StddevOverTime => variance.sqrt(),
+        Func::StdvarOverTime => variance,
+        Func::PresentOverTime => 1.0,
+        Func::AbsentOverTime | Func::Absent => return None,
+    })
+}
+
+/// The φ-quantile of `values` by linear interpolation between closest ranks (Hyndman and
+/// Fan's type 7, as Prometheus's `quantile` and `quantile_over_time`).
+fn type7(values: &[f64], q: f64) -> f64 {
+    if q.is_nan() || values.is_empty() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    let frac = rank - rank.floor();
+    sorted[lo] + (sorted[hi] - sorted[lo]) * frac
+}
+
+/// PromQL's aggregation of `series` into groups, at each time over the series of the group
+/// that have a point then. `__name__` is dropped, except by `topk` and `bottomk`, which keep
+/// the series they pick as they are.
+fn aggregate(op: AggOp, param: f64, grouping: &Grouping, series: Vec<Series>) -> Vec<Series> {
+    let key = |labels: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        labels
+            .iter()
+            .filter(|(k, _)| {
+                *k != "__name__"
+                    && match grouping {
+                        Grouping::By(keep) => keep.contains(k),
+                        Grouping::Without(drop) => !drop.contains(k),
+                    }
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    // Per group, per time: (series index, value).
+    let mut groups: BTreeMap<Labels, BTreeMap<i64, Vec<(usize, f64)>>> = BTreeMap::new();
+    for (i, s) in series.iter().enumerate() {
+        let at = groups.entry(key(&s.labels)).or_default();
+        for &(t, v) in &s.points {
+            at.entry(t).or_default().push((i, v));
+        }
+    }
+    if matches!(op, AggOp::Topk | AggOp::Bottomk) {
+        let k = if param.is_finite() && param >= 1.0 {
+            param as usize
+        } else {
+            0
+        };
+        let mut picked: Vec<Vec<(i64, f64)>> = vec![Vec::new(); series.len()];
+        for at in groups.values() {
+            for (&t, members) in at {
+                let mut members = members.clone();
+                members.sort_by(|a, b| match op {
+                    AggOp::Topk => b.1.total_cmp(&a.1),
+                    _ => a.1.total_cmp(&b.1),
+                });
+                for &(i, v) in members.iter().take(k) {
+                    picked[i].push((t, v));
+                }
+            }
+        }
+        return series
+            .into_iter()
+            .zip(picked)
+            .map(|(s, mut points)| {
+                points.sort_by_key(|p| p.0);
+                Series {
+                    labels: s.labels,
+                    points,
+                }
+            })
+            .collect();
+    }
+    groups
+        .into_iter()
+        .map(|(labels, at)| Series {
+            labels,
+            points: at
+                .into_iter()
+                .map(|(t, members)| {
+                    let values: Vec<f64> = members.iter().map(|m| m.1).collect();
+                    let n = values.len() as f64;
+                    let sum: f64 = values.iter().sum();
+                    let mean = sum / n;
+                    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+                    let v = match op {
+                        AggOp::Sum => sum,
+                        AggOp::Avg => mean,
+                        AggOp::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
+                        AggOp::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                        AggOp::Count => n,
+                        AggOp::Stddev => var.sqrt(),
+                        AggOp::Stdvar => var,
+                        AggOp::Quantile => type7(&values, param),
+                        AggOp::Topk | AggOp::Bottomk => unreachable!("answered above"),
+                    };
+                    (t, v)
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// `lhs op rhs`. Arithmetic drops `__name__`; a comparison keeps the left side's points where
+/// it holds (its value and labels), or with `bool` gives 0 or 1 without `__name__`. Two vectors
+/// pair their series one to one by `matching`.
+fn binary(
+    op: BinOp,
+    bool_result: bool,
+    matching: &Matching,
+    lhs: Value,
+    rhs: Value,
+) -> Result<Value, String> {
+    let filter = op.is_comparison() && !bool_result;
+    // One point: the result's value, or none where a comparison filters it out.
+    let point = |a: f64, b: f64, keep: f64| {
+        let r = op.apply(a, b);
+        if filter {
+            (r == 1.0).then_some(keep)
+        } else {
+            Some(r)
+        }
+    };
+    let labels_of = |labels: BTreeMap<String, String>| {
+        if filter { labels } else { unnamed(labels) }
+    };
+    match (lhs, rhs) {
+        (Value::Scalar(a), Value::Scalar(b)) => Ok(Value::Scalar(op.apply(a, b))),
+        (Value::Vector(v), Value::Scalar(b)) => Ok(Value::Vector(
+            v.into_iter()
+                .map(|s| Series {
+                    points: s
+                        .points
+                        .iter()
+                        .filter_map(|&(t, a)| Some((t, point(a, b, a)?)))
+                        .collect(),
+                    labels: labels_of(s.labels),
+                })
+                .collect(),
+        )),
+        (Value::Scalar(a), Value::Vector(v)) => Ok(Value::Vector(
+            v.into_iter()
+                .map(|s| Series {
+                    points: s
+                        .points
+                        .iter()
+                        .filter_map(|&(t, b)| Some((t, point(a, b, b)?)))
+                        .collect(),
+                    labels: labels_of(s.labels),
+                })
+                .collect(),
+        )),
+        (Value::Vector(l), Value::Vector(r)) => {
+            let key = |labels: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+                labels
+                    .iter()
+                    .filter(|(k, _)| {
+                        *k != "__name__"
+                            && match matching {
+                                Matching::All => true,
+                                Matching::On(on) => on.contains(k),
+                                Matching::Ignoring(ignored) => !ignored.contains(k),
+                            }
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            };
+            let mut right: BTreeMap<BTreeMap<String, String>, &Series> = BTreeMap::new();
+            for s in &r {
+                if right.insert(key(&s.labels), s).is_some() {
+                    return Err(format!(
+                        "many-to-many matching: several series on the right side have the \
+                         labels {:?}; match on fewer labels with on (..) or ignoring (..)",
+                        key(&s.labels)
+                    ));
+                }
+            }
+            let mut seen = BTreeSet::new();
+            let mut out = Vec::new();
+            for s in l {
+                let k = key(&s.labels);
+                if !seen.insert(k.clone()) {
+                    return Err(format!(
+                        "many-to-many matching: several series on the left side have the \
+                         labels {k:?}; match on fewer labels with on (..) or ignoring (..)"
+                    ));
+                }
+                let Some(other) = right.get(&k) else {
+                    continue;
+                };
+                let theirs: BTreeMap<i64, f64> = other.points.iter().copied().collect();
+                let points = s
+                    .points
+                    .iter()
+                    .filter_map(|&(t, a)| Some((t, point(a, *theirs.get(&t)?, a)?)))
+                    .collect();
+                let labels = match (filter, matching) {
+                    (true, _) => s.labels,
+                    (false, Matching::On(_)) => k,
+                    (false, Matching::Ignoring(ignored)) => {
+                        let mut l = unnamed(s.labels);
+                        l.retain(|name, _| !ignored.contains(name));
+                        l
+                    }
+                    (false, Matching::All) => unnamed(s.labels),
+                };
+                out.push(Series { labels, points });
+            }
+            Ok(Value::Vector(out))
+        }
+    }
+}
