@@ -849,3 +849,30 @@ fn topk_bottomk_quantile_and_stddev_aggregate_as_promql_does() {
         Some(1.0)
     );
 }
+
+/// Every query of the example dashboard (`deploy/grafana/bucketd-dashboard.json`, docs/
+/// PROMETHEUS.md) is one bucketd answers, with its series variable filled in.
+#[test]
+fn the_example_dashboards_queries_all_parse() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../deploy/grafana/bucketd-dashboard.json")).unwrap();
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            exprs.push(target["expr"].as_str().unwrap().replace("$series", "a/t"));
+        }
+    }
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    for e in &exprs {
+        let parsed = parse(e).unwrap_or_else(|err| panic!("{e}: {err}"));
+        let out = evaluate(
+            &parsed,
+            &["a/t".to_owned()],
+            Grid::range(at(0), at(29), HOUR * 1000).unwrap(),
+            HOUR,
+            BUDGET,
+            |wanted, from, to| Ok::<_, ()>(fetch(&hourly_docs(), wanted, from, to)),
+        );
+        assert!(out.is_ok(), "{e}: {out:?}");
+    }
+}

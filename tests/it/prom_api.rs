@@ -625,6 +625,41 @@ async fn dashboard_and_alert_queries_match_the_readings() {
         ])
     );
 
+    // A daily panel in a browser at UTC+2: Grafana aligns start and end to the step in the
+    // browser's offset (its `alignRange(start, end, step, utcOffsetSec)`, in
+    // packages/grafana-prometheus/src/datasource.ts: floor((t + offset) / step) * step -
+    // offset), so its points are local midnights, and each day's point is that local day.
+    let align = |t: i64, step: i64, offset: i64| (t + offset).div_euclid(step) * step - offset;
+    let (start, end) = (
+        align(day + 3600, 86_400, 7200),
+        align(day + 86_400, 86_400, 7200),
+    );
+    assert_eq!((start, end), (day - 7200, day + 86_400 - 7200));
+    let form = [
+        (
+            "query",
+            r#"bucketd_bucket_count{series="day/t"}"#.to_owned(),
+        ),
+        ("start", start.to_string()),
+        ("end", end.to_string()),
+        ("step", "86400".into()),
+    ];
+    let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
+    let local_day = |from: i64, to: i64| {
+        work.readings
+            .iter()
+            .filter(|r| r.series == "day/t")
+            .filter(|r| (from * 1_000_000_000..to * 1_000_000_000).contains(&r.ts.unwrap()))
+            .count()
+    };
+    assert_eq!(
+        data["result"][0]["values"],
+        json!([
+            [start, local_day(start, end).to_string()],
+            [end, local_day(end, end + 86_400).to_string()]
+        ])
+    );
+
     // Label endpoints honour start, end and limit.
     let later = [
         ("start", (day + 10 * 86_400).to_string()),
