@@ -376,6 +376,21 @@ async fn the_chart_page_answers_clicks_drags_and_ranges() {
             );
         }
 
+        // The two series at p50, kept as the test's artifact.
+        let shot = page.call(
+            "Page.captureScreenshot",
+            serde_json::json!({"format": "png"}),
+        );
+        let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts");
+        std::fs::create_dir_all(&artifacts).unwrap();
+        let png = artifacts.join("chart-page-two-series.png");
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
+        std::fs::write(&png, bytes).unwrap();
+
         // Drag across the second quarter of the chart: the day's hours 6 to 12, give or take
         // the hour the zoom widens to.
         page.drag_across_chart(0.25, 0.5);
@@ -451,20 +466,6 @@ async fn the_chart_page_answers_clicks_drags_and_ranges() {
             preset["to"].as_i64().unwrap() - preset["from"].as_i64().unwrap(),
             86_400
         );
-
-        let shot = page.call(
-            "Page.captureScreenshot",
-            serde_json::json!({"format": "png"}),
-        );
-        let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("artifacts");
-        std::fs::create_dir_all(&artifacts).unwrap();
-        let png = artifacts.join("chart-page-interactions.png");
-        use base64::Engine;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(shot["data"].as_str().unwrap())
-            .unwrap();
-        assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
-        std::fs::write(&png, bytes).unwrap();
     });
     run.await.unwrap();
     d.stop().await.unwrap();
