@@ -129,6 +129,10 @@ pub const HANDSHAKE_MAX: Duration = Duration::from_secs(1);
 /// The quiet period that proves a stall: longer than a TCP delayed ACK (Linux: 40-200 ms),
 /// which a broker using Nagle's algorithm waits for.
 pub const QUIET_CONFIRM: Duration = Duration::from_millis(250);
+
+/// Confirming quiets ([`QUIET_CONFIRM`]) after a refill that fills a confirmed window too late to
+/// be an echo before it counts as the broker's stall.
+pub const LATE_REFILL_QUIETS: u32 = 4;
 /// With quick ACKs: the shortest quiet that proves the stall of a burst (see the module docs).
 pub const QUIET_FAST_MIN: Duration = Duration::from_millis(20);
 /// With quick ACKs: a burst that began within this time (plus the handshake time) after the
@@ -236,6 +240,9 @@ pub struct Batcher {
     window_floor: usize,
     /// Whether this connection's probe was spent (see the module docs).
     probed: bool,
+    /// A refill that came as an echo of our release has filled the known window on this
+    /// connection: the window is the broker's, not a lull of the publishers taken for one.
+    window_confirmed: bool,
     /// The last QoS 1/2 message's arrival, whichever batch it joined.
     latest_arrival: Option<Instant>,
     /// Whether nothing had arrived for [`Batcher::quiet_fast`] when the last release came: the
@@ -292,6 +299,7 @@ impl Batcher {
             window_seen: None,
             window_floor: 0,
             probed: false,
+            window_confirmed: false,
             latest_arrival: None,
             released_after_quiet: true,
         }
@@ -334,6 +342,7 @@ impl Batcher {
         self.window_seen = None;
         self.window_floor = 0;
         self.probed = false;
+        self.window_confirmed = false;
         // Nothing has come on the new connection yet.
         self.released_after_quiet = true;
     }
@@ -393,6 +402,22 @@ impl Batcher {
                 // messages).
                 return Some((
                     last + self.paced_quiet(first, last),
+                    FlushReason::BrokerWindow,
+                ));
+            }
+            // A refill later than an echo (a broker or a machine under load) that fills a
+            // window an echo has confirmed, in one burst or trickling in: the broker sends
+            // nothing more until we acknowledge, so a quiet after it is a stall. (Without
+            // this, nothing committed it before the interval: a full-suite run under load hung
+            // `ingest::a_strict_broker_window_does_not_stall_a_long_flush_interval`.) A window
+            // learned from one stall and never confirmed may be a lull of publishers (a broker
+            // without a window): their batches wait, as before, for the interval. The quiet
+            // asked is four confirming quiets: publishers that send exactly the window's count
+            // at a steady pace (five every 300 ms) pause for less and commit at the interval as
+            // before; a late refill costs this much, once.
+            if self.window_confirmed {
+                return Some((
+                    self.quiet_from(last) + self.quiet_confirm() * LATE_REFILL_QUIETS,
                     FlushReason::BrokerWindow,
                 ));
             }
@@ -626,6 +651,7 @@ impl Batcher {
         if self.window_seen.is_some_and(|w| *current + committing > w) {
             // The broker sent more without a release: its window is larger.
             self.window_seen = None;
+            self.window_confirmed = false;
         }
     }
 
@@ -698,6 +724,11 @@ impl Batcher {
     /// broker's window: the messages the batch holds are what it sends unacknowledged; a probe
     /// teaches nothing (see the module docs).
     pub fn take_for(&mut self, reason: FlushReason, now: Instant) -> (Batch, Vec<AckToken>) {
+        if reason == FlushReason::BrokerWindow
+            && self.first_arrival.is_some_and(|f| self.is_echo(f))
+        {
+            self.window_confirmed = true;
+        }
         if reason == FlushReason::Stall {
             if self.stall_proven(now) {
                 // A window does not shrink within a connection: a stall at fewer than the

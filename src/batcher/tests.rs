@@ -159,6 +159,9 @@ struct Net {
     /// Sessions on one shared subscription, served in turn as rumqttd and Mosquitto do: the
     /// broker stops when the session whose turn it is has `broker_window` unacknowledged.
     sessions: u16,
+    /// From the `n`-th release on, our acks reach the broker this much later than the round
+    /// trip says (a broker or a machine under load): its refill comes too late to be an echo.
+    late_refills: Option<(u32, Duration)>,
 }
 
 impl Net {
@@ -170,6 +173,7 @@ impl Net {
             qos0_every: None,
             per_message: Duration::from_micros(50),
             sessions: 1,
+            late_refills: None,
         }
     }
 }
@@ -215,6 +219,7 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
     // When the broker's socket last sent, and whether our acks just gave it a TCP ACK.
     let mut last_send = start;
     let mut ack_came = true;
+    let mut releases = 0u32;
     let done = qos1_total - tail;
     while acked < qos1_total {
         // Acknowledgements reach the broker.
@@ -276,7 +281,12 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
             for a in &acks {
                 per_session[usize::from(a.session)] += 1;
             }
-            acks_arriving.push_back((now + half, per_session));
+            releases += 1;
+            let late = net
+                .late_refills
+                .filter(|(from, _)| releases >= *from)
+                .map_or(Duration::ZERO, |(_, d)| d);
+            acks_arriving.push_back((now + half + late, per_session));
             b.released(now);
             continue;
         }
@@ -954,4 +964,44 @@ fn a_burst_right_after_a_release_proves_no_window_smaller_than_the_broker_has_se
         );
     }
     assert_eq!(b.window_seen(), None);
+}
+
+/// `ingest::a_strict_broker_window_does_not_stall_a_long_flush_interval` hung under CPU load
+/// (2 of 2 runs with two busy loops beside it): with the window learned (100), a refill that
+/// came later than an echo filled the window and went quiet, and nothing committed it: the
+/// learned window commits only echoes, and a quiet after a batch that is no echo proved nothing.
+/// A batch that fills a window an echo has confirmed and then goes quiet is committed after
+/// [`LATE_REFILL_QUIETS`] confirming quiets, however late it came.
+#[test]
+fn a_late_refill_of_a_known_window_is_committed_after_a_quiet() {
+    let commit = Duration::from_millis(2);
+    // Refills in one burst (with quick ACKs and without), and trickling in (10 ms a message:
+    // no burst; without quick ACKs, whose probe needs a burst to learn the first window).
+    for (per_message, quick_acks) in [
+        (Duration::from_micros(50), false),
+        (Duration::from_micros(50), true),
+        (Duration::from_millis(10), false),
+    ] {
+        // The daemon's test: a one-hour interval, so that only the window rules commit.
+        let p = FlushPolicy {
+            flush_interval: Duration::from_hours(1),
+            ..learning_policy(quick_acks)
+        };
+        let late = Duration::from_millis(400);
+        let net = Net {
+            late_refills: Some((4, late)),
+            per_message,
+            ..Net::strict(100)
+        };
+        let windows = 30u32;
+        let run = simulate(p, net, &flat_out(windows as usize * 100), commit);
+        let case = format!("{per_message:?} a message, quick acks {quick_acks}: {run:?}");
+        assert_eq!(run.intervals, 0, "{case}");
+        assert!(run.commits <= windows + 2, "{case}");
+        let on_wire = per_message * windows * 100;
+        let limit = (late + QUIET_CONFIRM * LATE_REFILL_QUIETS + commit) * windows
+            + on_wire
+            + Duration::from_secs(1);
+        assert!(run.elapsed <= limit, "{case}: over {limit:?}");
+    }
 }
