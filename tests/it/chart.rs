@@ -31,6 +31,19 @@ fn chromium() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// The browser, or `None` (with a note) where there is none; in CI (`CI` set) it is required.
+fn chromium_or_skip() -> Option<PathBuf> {
+    let found = chromium();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Chromium is required in CI (apt-get install chromium)"
+        );
+        eprintln!("Chromium not found: chart page test not run; CI installs it");
+    }
+    found
+}
+
 /// Runs headless Chromium on `url` with `extra` arguments, with a profile of its own; its stdout.
 /// The virtual time budget lets the page's fetches and drawing finish before the DOM is taken.
 fn headless(browser: &Path, profile: &Path, url: &str, extra: &[&str]) -> String {
@@ -71,12 +84,7 @@ fn element_text<'a>(dom: &'a str, tag: &str, id: &str) -> &'a str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_page_draws_a_series_in_a_real_browser() {
-    let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "Chromium is required in CI (apt-get install chromium)"
-        );
-        eprintln!("Chromium not found: chart page test not run; CI installs it");
+    let Some(browser) = chromium_or_skip() else {
         return;
     };
     let (dir, d, day, work) = daemon_with_data(false).await;
@@ -325,12 +333,7 @@ impl Drop for Page {
 /// The page used as a person uses it, each step's drawing checked against the readings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_page_answers_clicks_drags_and_ranges() {
-    let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "Chromium is required in CI (apt-get install chromium)"
-        );
-        eprintln!("Chromium not found: chart page test not run; CI installs it");
+    let Some(browser) = chromium_or_skip() else {
         return;
     };
     let (dir, d, day, work) = daemon_with_data(false).await;

@@ -280,6 +280,16 @@ async fn promtool_reads_the_buckets_through_the_prometheus_api() {
     d.stop().await.unwrap();
 }
 
+/// A `query_range` form as Grafana posts it: the query, start and end in seconds, the step.
+fn range_form(query: &str, start: i64, end: i64, step: &str) -> [(&'static str, String); 4] {
+    [
+        ("query", query.to_owned()),
+        ("start", start.to_string()),
+        ("end", end.to_string()),
+        ("step", step.to_owned()),
+    ]
+}
+
 /// One request as Grafana's data source makes it to `/prom` + `path`.
 async fn grafana(
     d: &RunningDaemon,
@@ -567,15 +577,12 @@ async fn dashboard_and_alert_queries_match_the_readings() {
     );
 
     // Fahrenheit, hourly.
-    let form = [
-        (
-            "query",
-            r#"bucketd_bucket_mean{series="day/t"} * 1.8 + 32"#.to_owned(),
-        ),
-        ("start", day.to_string()),
-        ("end", (day + 5 * 3600).to_string()),
-        ("step", "3600".into()),
-    ];
+    let form = range_form(
+        r#"bucketd_bucket_mean{series="day/t"} * 1.8 + 32"#,
+        day,
+        day + 5 * 3600,
+        "3600",
+    );
     let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
     let values = data["result"][0]["values"].as_array().unwrap();
     assert_eq!(values.len(), 6);
@@ -588,15 +595,12 @@ async fn dashboard_and_alert_queries_match_the_readings() {
     assert!(data["result"][0]["metric"].get("__name__").is_none());
 
     // The "went silent" alert: night/h has no reading in hour 9.
-    let form = [
-        (
-            "query",
-            r#"absent_over_time(bucketd_reading{series="night/h"}[1h])"#.to_owned(),
-        ),
-        ("start", (day + 9 * 3600).to_string()),
-        ("end", (day + 11 * 3600).to_string()),
-        ("step", "3600".into()),
-    ];
+    let form = range_form(
+        r#"absent_over_time(bucketd_reading{series="night/h"}[1h])"#,
+        day + 9 * 3600,
+        day + 11 * 3600,
+        "3600",
+    );
     let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
     assert_eq!(
         data["result"][0]["values"],
@@ -606,15 +610,12 @@ async fn dashboard_and_alert_queries_match_the_readings() {
     assert_eq!(data["result"][0]["metric"], json!({"series": "night/h"}));
 
     // A step of five buckets, on the query's own grid (Grafana's, here UTC-3's midnight).
-    let form = [
-        (
-            "query",
-            r#"bucketd_bucket_count{series="day/t"}"#.to_owned(),
-        ),
-        ("start", (day + 3 * 3600).to_string()),
-        ("end", (day + 13 * 3600).to_string()),
-        ("step", "5h".into()),
-    ];
+    let form = range_form(
+        r#"bucketd_bucket_count{series="day/t"}"#,
+        day + 3 * 3600,
+        day + 13 * 3600,
+        "5h",
+    );
     let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
     assert_eq!(
         data["result"][0]["values"],
@@ -635,15 +636,12 @@ async fn dashboard_and_alert_queries_match_the_readings() {
         align(day + 86_400, 86_400, 7200),
     );
     assert_eq!((start, end), (day - 7200, day + 86_400 - 7200));
-    let form = [
-        (
-            "query",
-            r#"bucketd_bucket_count{series="day/t"}"#.to_owned(),
-        ),
-        ("start", start.to_string()),
-        ("end", end.to_string()),
-        ("step", "86400".into()),
-    ];
+    let form = range_form(
+        r#"bucketd_bucket_count{series="day/t"}"#,
+        start,
+        end,
+        "86400",
+    );
     let data = ok(grafana(&d, "POST", "/api/v1/query_range", &form).await);
     let local_day = |from: i64, to: i64| {
         work.readings
