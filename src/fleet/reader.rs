@@ -77,14 +77,17 @@ struct Conn {
 
 /// Read access to the fleet's PostgreSQL, for the HTTP layer ([`BucketSource`]). Its calls
 /// block (on the blocking pool) while the runtime it was made in runs the queries.
-pub struct FleetReader {
+pub struct FleetReader(Arc<Reader>);
+
+struct Reader {
     settings: NodeSettings,
     runtime: tokio::runtime::Handle,
     pool: Vec<Arc<tokio::sync::Mutex<Option<Conn>>>>,
     next: AtomicUsize,
     series: std::sync::Mutex<Option<Arc<SeriesList>>>,
-    /// Held while the series list is read again, so that one query reads it, not each.
-    listing: tokio::sync::Mutex<()>,
+    /// Held while the series list is read again, so that one query (or one refresh behind a
+    /// stale list) reads it, not each.
+    listing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl FleetReader {
@@ -94,16 +97,18 @@ impl FleetReader {
         let pool = (0..settings.connections.max(1))
             .map(|_| Arc::new(tokio::sync::Mutex::new(None)))
             .collect();
-        FleetReader {
+        FleetReader(Arc::new(Reader {
             settings,
             runtime: tokio::runtime::Handle::current(),
             pool,
             next: AtomicUsize::new(0),
             series: std::sync::Mutex::new(None),
-            listing: tokio::sync::Mutex::new(()),
-        }
+            listing: Arc::new(tokio::sync::Mutex::new(())),
+        }))
     }
+}
 
+impl Reader {
     /// A free connection (the next one round the pool if none is), connected if it is not.
     async fn conn(&self) -> Result<tokio::sync::OwnedMutexGuard<Option<Conn>>, ReadError> {
         let n = self.pool.len();
@@ -135,20 +140,34 @@ impl FleetReader {
         Ok(slot)
     }
 
-    /// The series list, read again when older than `series_refresh`.
-    async fn series_list(&self) -> Result<Arc<SeriesList>, ReadError> {
-        let fresh = |list: &Option<Arc<SeriesList>>| {
-            list.as_ref()
-                .filter(|l| l.at.elapsed() < self.settings.series_refresh)
-                .cloned()
-        };
-        if let Some(list) = fresh(&self.series.lock().expect("no panic holds it")) {
+    /// The series list. Read at the first query; after that, a list older than
+    /// `series_refresh` is still answered with while one task reads it again behind it (with
+    /// 64,000 series a read takes 0.7 s, which no query should wait for).
+    async fn series_list(self: &Arc<Self>) -> Result<Arc<SeriesList>, ReadError> {
+        let current = self.series.lock().expect("no panic holds it").clone();
+        if let Some(list) = current {
+            if list.at.elapsed() >= self.settings.series_refresh
+                && let Ok(listing) = self.listing.clone().try_lock_owned()
+            {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let _listing = listing;
+                    if let Err(e) = me.read_series().await {
+                        tracing::warn!(error = %e, "Reading the fleet's series list failed; the last one is used.");
+                    }
+                });
+            }
             return Ok(list);
         }
         let _listing = self.listing.lock().await;
-        if let Some(list) = fresh(&self.series.lock().expect("no panic holds it")) {
+        if let Some(list) = self.series.lock().expect("no panic holds it").clone() {
             return Ok(list);
         }
+        self.read_series().await
+    }
+
+    /// Reads the series list from PostgreSQL and keeps it.
+    async fn read_series(&self) -> Result<Arc<SeriesList>, ReadError> {
         let conn = self.conn().await?;
         let client = &conn.as_ref().expect("connected by conn()").client;
         let limit = i64::try_from(self.settings.max_series).unwrap_or(i64::MAX);
@@ -187,7 +206,7 @@ impl FleetReader {
     }
 
     async fn read_buckets(
-        &self,
+        self: &Arc<Self>,
         names: &[&str],
         from: i64,
         to: i64,
@@ -318,13 +337,14 @@ fn decode_row(row: &tokio_postgres::Row) -> Result<(String, i64, Summary), ReadE
 
 impl BucketSource for FleetReader {
     fn series(&self) -> Result<Vec<String>, ReadError> {
-        self.runtime
-            .block_on(self.series_list())
+        self.0
+            .runtime
+            .block_on(self.0.series_list())
             .map(|l| l.names.clone())
     }
 
     fn has_series(&self, series: &str) -> Result<bool, ReadError> {
-        let list = self.runtime.block_on(self.series_list())?;
+        let list = self.0.runtime.block_on(self.0.series_list())?;
         Ok(list
             .names
             .binary_search_by(|n| n.as_str().cmp(series))
@@ -337,7 +357,9 @@ impl BucketSource for FleetReader {
         from: i64,
         to: i64,
     ) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError> {
-        self.runtime.block_on(self.read_buckets(names, from, to))
+        self.0
+            .runtime
+            .block_on(self.0.read_buckets(names, from, to))
     }
 
     fn raw(
@@ -355,11 +377,12 @@ impl BucketSource for FleetReader {
 
     fn reachable(&self) -> Option<bool> {
         let ping = async {
-            let conn = self.conn().await.ok()?;
+            let conn = self.0.conn().await.ok()?;
             let client = &conn.as_ref()?.client;
             client.simple_query("SELECT 1").await.ok()
         };
         let answered = self
+            .0
             .runtime
             .block_on(async { tokio::time::timeout(Duration::from_secs(2), ping).await });
         Some(matches!(answered, Ok(Some(_))))

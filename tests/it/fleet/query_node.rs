@@ -256,6 +256,47 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
         .unwrap_err();
     assert!(format!("{e:?}").contains("permission denied"), "{e:?}");
 
+    // A new gateway's series appear without a query waiting for the list: a stale list is
+    // answered while one read behind it refreshes it (series_refresh 0 s here: always stale).
+    let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
+    raw.query_node.postgres = as_reader.clone();
+    raw.query_node.series_refresh = std::time::Duration::ZERO;
+    raw.http.bind = "127.0.0.1:0".into();
+    let eager = bucketd::daemon::start_query_node(&bucketd::config::Config::try_from(raw).unwrap())
+        .unwrap();
+    let eager_addr = eager.http_addr.to_string();
+    let before = get(&eager_addr, "/api/v1/series", 200).await;
+    assert!(!before.to_string().contains("qn-d:"), "{before}");
+    let mut db = FleetDb::open(&testdb.conninfo(), None, "bucketd qn-d".into())
+        .await
+        .unwrap();
+    let rs = readings(3, 0, 0, first);
+    let doc = BucketDoc::new(SERIES[0], first, HOUR, &summary(&rs));
+    postgres::apply(
+        &mut db,
+        "qn-d",
+        "origin",
+        &[OutboxDoc {
+            seq: 0,
+            created_ns: 0,
+            buckets: vec![doc],
+        }],
+        None,
+    )
+    .await
+    .unwrap();
+    eventually_async(
+        std::time::Duration::from_secs(30),
+        "the new gateway's series to be listed",
+        async || {
+            get(&eager_addr, "/api/v1/series", 200)
+                .await
+                .to_string()
+                .contains("qn-d:boiler/temp")
+        },
+    )
+    .await;
+    eager.stop().await;
     for node in nodes {
         node.stop().await;
     }
