@@ -44,20 +44,22 @@ fn chromium_or_skip() -> Option<PathBuf> {
     found
 }
 
+/// How every test runs Chromium: headless, in a container-friendly way, nothing on screen.
+const HEADLESS: [&str; 6] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--no-first-run",
+    "--hide-scrollbars",
+];
+
 /// Runs headless Chromium on `url` with `extra` arguments, with a profile of its own; its stdout.
 /// The virtual time budget lets the page's fetches and drawing finish before the DOM is taken.
 fn headless(browser: &Path, profile: &Path, url: &str, extra: &[&str]) -> String {
     let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--hide-scrollbars",
-            "--virtual-time-budget=20000",
-            "--window-size=1100,620",
-        ])
+        .args(HEADLESS)
+        .args(["--virtual-time-budget=20000", "--window-size=1100,620"])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(extra)
         .arg(url)
@@ -171,16 +173,8 @@ impl Page {
     fn open(browser: &Path, profile: &Path, tz: &str) -> Page {
         use std::io::BufRead;
         let mut child = Command::new(browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--hide-scrollbars",
-                "--remote-debugging-port=0",
-                "--window-size=1100,700",
-            ])
+            .args(HEADLESS)
+            .args(["--remote-debugging-port=0", "--window-size=1100,700"])
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg("about:blank")
             .env("TZ", tz)

@@ -280,6 +280,16 @@ async fn promtool_reads_the_buckets_through_the_prometheus_api() {
     d.stop().await.unwrap();
 }
 
+/// The `data` of a Prometheus API answer, after checking that it is a success.
+fn success((status, body): (u16, Value)) -> Value {
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &json!("success")),
+        "{body}"
+    );
+    body["data"].clone()
+}
+
 /// A `query_range` form as Grafana posts it: the query, start and end in seconds, the step.
 fn range_form(query: &str, start: i64, end: i64, step: &str) -> [(&'static str, String); 4] {
     [
@@ -345,14 +355,7 @@ async fn request(
 async fn grafanas_requests_get_prometheus_answers() {
     let (_dir, d, day, work) = daemon_with_data(true).await;
     let truth = truth(&work.readings, 3600);
-    let ok = |(status, body): (u16, Value)| {
-        assert_eq!(
-            (status, &body["status"]),
-            (200, &json!("success")),
-            "{body}"
-        );
-        body["data"].clone()
-    };
+    let ok = success;
     let build = ok(grafana(&d, "GET", "/api/v1/status/buildinfo", &[]).await);
     assert!(build["version"].is_string(), "{build}");
     // On load Grafana asks for the rules (its alerting page shows "Errors loading rules" on a
@@ -508,14 +511,7 @@ async fn grafanas_requests_get_prometheus_answers() {
 async fn dashboard_and_alert_queries_match_the_readings() {
     let (_dir, d, day, work) = daemon_with_data(true).await;
     let truth = truth(&work.readings, 3600);
-    let ok = |(status, body): (u16, Value)| {
-        assert_eq!(
-            (status, &body["status"]),
-            (200, &json!("success")),
-            "{body}"
-        );
-        body["data"].clone()
-    };
+    let ok = success;
     let instant = async |query: &str, at: i64| {
         let data = ok(grafana(
             &d,
