@@ -290,8 +290,12 @@ impl Reader {
     }
 }
 
-/// `secs` since the epoch as PostgreSQL's `timestamptz`.
+/// `secs` since the epoch as PostgreSQL's `timestamptz`, clamped to about 30,000 years either
+/// way (within the 4713 BC to 294276 AD it holds): a client's far time must neither overflow
+/// the microseconds tokio-postgres computes nor be refused by the server.
 fn time(secs: i64) -> SystemTime {
+    const FAR: i64 = 1_000_000_000_000;
+    let secs = secs.clamp(-FAR, FAR);
     if secs >= 0 {
         UNIX_EPOCH + Duration::from_secs(secs.unsigned_abs())
     } else {
@@ -386,5 +390,34 @@ impl BucketSource for FleetReader {
             .runtime
             .block_on(async { tokio::time::timeout(Duration::from_secs(2), ping).await });
         Some(matches!(answered, Ok(Some(_))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The far times a query can ask for stay within what tokio-postgres can encode
+    /// (microseconds since 2000 in an i64).
+    #[test]
+    fn far_times_are_clamped_to_what_postgresql_holds() {
+        for secs in [
+            i64::MIN,
+            i64::MIN / 2,
+            -1,
+            0,
+            1_764_547_200,
+            i64::MAX / 2,
+            i64::MAX,
+        ] {
+            let t = time(secs);
+            let micros = match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => d.as_micros(),
+                Err(e) => e.duration().as_micros(),
+            };
+            assert!(micros < i64::MAX as u128 / 2, "{secs}: {micros}");
+        }
+        let now = time(1_764_547_200).duration_since(UNIX_EPOCH).unwrap();
+        assert_eq!(now.as_secs(), 1_764_547_200, "a real time is kept as it is");
     }
 }

@@ -171,6 +171,12 @@ struct Ctx<'a> {
     data: BTreeMap<String, Stored>,
 }
 
+/// The start (ms) of the bucket of width `w` (ms) holding `t`, saturating at the ends of an
+/// i64 (an offset or range from a client can take a time that far).
+fn bucket_of(t: i64, w: i64) -> i64 {
+    t.div_euclid(w).saturating_mul(w)
+}
+
 /// The bucket starts (ms, `[from, to)`) a selector needs at `grid`.
 fn needed(s: &Select, grid: Grid, width_ms: i64, window_ms: i64) -> (i64, i64) {
     let shift = s.offset_secs.saturating_mul(1000);
@@ -187,8 +193,8 @@ fn needed(s: &Select, grid: Grid, width_ms: i64, window_ms: i64) -> (i64, i64) {
         None if window_ms == width_ms => {
             let back = if grid.look_back { width_ms } else { 0 };
             (
-                first.div_euclid(width_ms) * width_ms - back,
-                last.div_euclid(width_ms) * width_ms + width_ms,
+                bucket_of(first, width_ms).saturating_sub(back),
+                bucket_of(last, width_ms).saturating_add(width_ms),
             )
         }
         None => (first, last.saturating_add(window_ms)),
@@ -400,11 +406,11 @@ impl Ctx<'_> {
                 .map(|t| {
                     let t0 = t.saturating_sub(shift);
                     let summary = if self.window_ms == w {
-                        let start = t0.div_euclid(w) * w;
-                        stored.merged(start, start + w).or_else(|| {
+                        let start = bucket_of(t0, w);
+                        stored.merged(start, start.saturating_add(w)).or_else(|| {
                             self.grid
                                 .look_back
-                                .then(|| stored.merged(start - w, start))
+                                .then(|| stored.merged(start.saturating_sub(w), start))
                                 .flatten()
                         })
                     } else {

@@ -876,3 +876,28 @@ fn the_example_dashboards_queries_all_parse() {
         assert!(out.is_ok(), "{e}: {out:?}");
     }
 }
+
+/// An offset or a range as large as a duration can be moves times past what an i64 of
+/// milliseconds holds: the arithmetic saturates, and the query answers (nothing there, or the
+/// budget's refusal) instead of overflowing (a client chooses both).
+#[test]
+fn huge_offsets_and_ranges_saturate() {
+    let docs = hourly_docs();
+    for q in [
+        r#"bucketd_bucket_max{series="a/t"} offset 106751991167d"#,
+        r#"bucketd_bucket_max{series="a/t"} offset -106751991167d"#,
+        r#"max_over_time(bucketd_reading{series="a/t"}[106751991167d])"#,
+        r#"max_over_time(bucketd_reading{series="a/t"}[1h] offset 106751991167d)"#,
+    ] {
+        for grid in [
+            Grid::instant(at(3)),
+            Grid::range(at(0), at(3), HOUR * 1000).unwrap(),
+        ] {
+            match try_eval(q, &docs, grid) {
+                Ok(Value::Vector(v)) => assert!(v.is_empty(), "{q}: {v:?}"),
+                Err(EvalError::TooLarge(_)) => {}
+                other => panic!("{q}: {other:?}"),
+            }
+        }
+    }
+}
