@@ -16,3 +16,32 @@ pub struct AckToken {
     /// 1 or 2.
     pub qos: u8,
 }
+
+/// One of the daemon's MQTT sessions (`mqtt.sessions`, 0-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(u16);
+
+impl SessionId {
+    pub const fn new(n: u16) -> SessionId {
+        SessionId(n)
+    }
+
+    /// The sessions of a daemon with `count` of them. Config validation keeps `count` within
+    /// `config::SESSIONS_MAX` (16), far below `u16::MAX`: the ids beyond are not made.
+    pub fn all(count: usize) -> impl Iterator<Item = SessionId> {
+        (0..u16::try_from(count).unwrap_or(u16::MAX)).map(SessionId)
+    }
+
+    /// The session at `index`, if an id can name it.
+    pub fn from_index(index: usize) -> Option<SessionId> {
+        u16::try_from(index).ok().map(SessionId)
+    }
+
+    pub const fn get(self) -> u16 {
+        self.0
+    }
+
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}

@@ -714,6 +714,14 @@ pub struct StoreConfig {
     pub journal_bytes: u64,
 }
 
+impl StoreConfig {
+    /// `bucket_width` in seconds.
+    pub fn bucket_width_secs(&self) -> i64 {
+        // Validation keeps it a divisor of a day, at most 86,400.
+        i64::try_from(self.bucket_width.as_secs()).unwrap_or(86_400)
+    }
+}
+
 /// When the commit log is folded into the bucket documents, from `[store]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Checkpoint {

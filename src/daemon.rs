@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -15,7 +16,7 @@ use tracing::info;
 use crate::admit::Admitter;
 use crate::batcher::{Batcher, FlushPolicy};
 use crate::config::Config;
-use crate::ingest::{Ingest, Session};
+use crate::ingest::{Core, Ingest, Parts};
 use crate::limits::TASKS_STOP_MAX;
 use crate::metrics::Metrics;
 use crate::mqtt::{Backoff, Mqtt};
@@ -86,191 +87,49 @@ pub fn start_with_faults(
     start_over(config, |settings| Store::open_with_faults(settings, faults))
 }
 
-/// [`start`] over the store that `open` opens.
+/// [`start`] over the store that `open` opens: the start-up's steps, in order. Everything that
+/// can fail does so before the first task starts (a task would be left running).
 fn start_over(
     config: &Config,
     open: impl FnOnce(&StoreSettings) -> Result<Store, StoreOpenError>,
 ) -> Result<RunningDaemon, StartError> {
     let state_dir = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
     let store_path = config.resolved_store_path(state_dir.as_deref());
-    let credentials = crate::secret::credentials_directory();
-    let secret = secret_files(credentials.clone());
-    let password = match &config.mqtt.credentials {
-        Some((_, file)) => secret("mqtt.password_file", file)?,
-        None => None,
-    };
-    #[cfg(feature = "tls")]
-    let tls = config
-        .mqtt
-        .tls
-        .as_ref()
-        .map(|files| {
-            crate::tls::client_config(files, crate::config::MQTT_TLS, credentials.as_deref())
-        })
-        .transpose()
-        .map_err(StartError::Config)?;
-    // Config validation refuses `mqtt.tls` in a build without TLS.
-    #[cfg(not(feature = "tls"))]
-    let tls = None;
-    let api_token = secret("http.token_file", &config.http.token_file)?;
-    let metrics_token = secret("http.metrics_token_file", &config.http.metrics_token_file)?;
-    let upstream_password = match &config.upstream {
-        Some(u) => secret("upstream.password_file", &u.password_file)?,
-        None => None,
-    };
-    let upstream_tls = match config.upstream.as_ref().map(|u| &u.target) {
-        #[cfg(feature = "tls")]
-        Some(crate::config::UpstreamTarget::Mqtt {
-            tls: Some(files), ..
-        }) => Some(
-            crate::tls::client_config(files, crate::config::UPSTREAM_TLS, credentials.as_deref())
-                .map_err(StartError::Config)?,
-        ),
-        _ => None,
-    };
-    if let Some(crate::config::UpstreamTarget::Mqtt {
-        host,
-        username: Some(_),
-        ..
-    }) = config.upstream.as_ref().map(|u| &u.target)
-        && upstream_tls.is_none()
-        && upstream_password.is_some()
-        && !is_loopback(host)
-    {
-        tracing::warn!(
-            host = %host,
-            "The upstream MQTT password goes to the broker unencrypted: set \
-             upstream.mqtt_tls.enabled = true."
-        );
-    }
-    #[cfg(feature = "postgres")]
-    {
-        let upstream = config.upstream.as_ref().and_then(|u| match &u.target {
-            crate::config::UpstreamTarget::Postgres { conninfo } => {
-                Some(("upstream.postgres", conninfo, u.password_file.is_some()))
-            }
-            crate::config::UpstreamTarget::Mqtt { .. } => None,
-        });
-        if let Some((key, conninfo, password_file)) = upstream
-            && let Some(warning) =
-                crate::fleet::postgres::password_exposure(key, conninfo, password_file)
-        {
-            tracing::warn!("{warning}");
-        }
-    }
-    if config.mqtt.credentials.is_some() && tls.is_none() && !is_loopback(&config.mqtt.host) {
-        tracing::warn!(
-            host = %config.mqtt.host,
-            "The MQTT password goes to the broker unencrypted: set mqtt.tls.enabled = true."
-        );
-    }
-    if let Some(warning) = crate::http::exposure_warning(config.http.bind, api_token.is_some()) {
-        tracing::warn!("{warning}");
-    }
-    let width_secs =
-        i64::try_from(config.store.bucket_width.as_secs()).expect("validated to divide a day");
-
-    let store = open(&StoreSettings {
-        path: store_path.clone(),
-        bucket_width_secs: width_secs,
-        durability: config.store.durability,
-        quick_repair: config.store.quick_repair,
-        cache_bytes: config.store.cache_bytes,
-        page_capacity: config.store.page_capacity,
-        dedup_window: config.limits.dedup_window,
-        outbox_max_entries: config.upstream.as_ref().map_or(0, |u| u.outbox_max_entries),
-        journal_bytes: config.store.journal_bytes,
-    })?;
-    let recent = store
-        .recent_fingerprints()
-        .map_err(|source| StoreOpenError::Corrupt {
-            path: store_path.clone(),
-            source,
-        })?;
-    let dedup =
-        crate::dedup::Window::new(config.limits.dedup_window, recent.iter().map(|&(fp, _)| fp));
-    // A reconnect's burst holds at most what the broker may have unacknowledged on a session.
-    let resends = crate::resend::Resends::new(
-        config.mqtt.sessions,
-        config.limits.dedup_window,
-        usize::from(config.mqtt.receive_maximum),
-        recent,
-    );
-    let applied = store
-        .applied_positions()
-        .map_err(|source| StoreOpenError::Corrupt {
-            path: store_path.clone(),
-            source,
-        })?;
-    // Keys with `#` hold the databases a gateway used before (`fleet::applied`).
-    let gateways = applied.iter().filter(|(key, _)| !key.contains('#')).count();
-    #[cfg(feature = "central")]
-    let ledger: Option<Box<dyn crate::admit::DeltaLedger>> =
-        Some(Box::new(crate::fleet::applied::Applied::new(applied)));
-    // Config validation refuses `format = "delta"` in a build without the central.
-    #[cfg(not(feature = "central"))]
-    let ledger = None;
+    let secrets = Secrets::load(config)?;
+    secrets.warn_cleartext(config);
+    let store = open(&store_settings(config, &store_path))?;
+    let recovered = Recovered::from_store(config, &store, &store_path)?;
     let stats = Arc::new(Stats::new(config.limits.dead_letters));
-    let series = SeriesSet::new(
-        config.limits.max_series,
-        config.limits.max_series_per_sensor,
-        store.series_names().cloned(),
-    );
     stats
         .series
-        .store(series.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    info!(
-        path = %store_path.display(),
-        series = series.len(),
-        recent_messages = dedup.len(),
-        gateways,
-        "Opened the store."
-    );
-
-    let policy = FlushPolicy {
-        flush_interval: config.batch.flush_interval,
-        max_pending_readings: config.batch.max_pending_readings,
-        window: config.mqtt.receive_maximum,
-        broker_window: config.mqtt.broker_window,
-        sessions: config.mqtt.sessions,
-        quick_acks: crate::mqtt::QUICK_ACKS,
-    };
+        .store(recovered.series.len() as u64, Ordering::Relaxed);
     let listener = bind_http(config)?;
     let http_addr = listener
         .local_addr()
-        .expect("a bound listener has an address");
+        .expect("a listener bound without error has an address");
     let metrics = Arc::new(Metrics::new());
     let (flush_tx, flush_rx) = tokio::sync::mpsc::channel(FLUSH_REQUESTS_MAX);
     let api = api_state(
         config,
         Arc::new(store.reader()),
         (stats.clone(), metrics.clone()),
-        (api_token, metrics_token),
+        (secrets.api_token, secrets.metrics_token),
         flush_tx,
     );
-    // Read before any task starts: nothing may fail after that (a task would be left running).
-    let origin = store
-        .reader()
-        .created_at()
-        .map_err(|source| StoreOpenError::Corrupt {
-            path: store_path.clone(),
-            source,
-        })?;
+
     let cancel = CancellationToken::new();
     // The background tasks (forwarder, metrics upkeep), joined at shutdown.
     let tasks = TaskTracker::new();
     if let Some(upstream) = &config.upstream {
-        stats
-            .upstream_enabled
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        stats.upstream_enabled.store(true, Ordering::Relaxed);
         let forwarder = crate::fleet::forwarder::Forwarder {
             config: upstream.clone(),
-            password: upstream_password,
+            password: secrets.upstream_password,
             reader: store.reader(),
             outbox: store.outbox(),
             stats: stats.clone(),
-            origin,
-            tls: upstream_tls,
+            origin: recovered.origin.clone(),
+            tls: secrets.upstream_tls,
         };
         tasks.spawn(forwarder.run(cancel.clone()));
     }
@@ -284,51 +143,11 @@ fn start_over(
         },
         cancel.clone(),
     );
-    let sessions = (0..usize::from(config.mqtt.sessions))
-        .map(|i| {
-            Session::new(
-                Mqtt::new(
-                    &config.mqtt,
-                    i,
-                    password.as_ref(),
-                    tls.as_ref(),
-                    &config.subscriptions,
-                ),
-                Backoff::new(
-                    config.mqtt.reconnect_delay_min,
-                    config.mqtt.reconnect_delay_max,
-                ),
-            )
-        })
-        .collect();
-    let ingest = Ingest {
-        sessions,
-        subscriptions: config.subscriptions.len(),
-        admit: Admitter::new(
-            config.subscriptions.clone(),
-            config.limits.clone(),
-            width_secs,
-            series,
-            dedup,
-            resends,
-            ledger,
-        )
-        .with_gateway_limits(config.gateway_limits, config.store.sketch),
-        batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
-        stats: stats.clone(),
-        writer,
-        window: config.mqtt.receive_maximum,
-        flush_requests: flush_rx,
+    let mqtt = MqttLink {
+        password: secrets.mqtt_password.as_ref(),
+        tls: secrets.mqtt_tls.as_ref(),
     };
-    info!(
-        broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
-        client_id = %config.mqtt.client_id,
-        sessions = config.mqtt.sessions,
-        protocol = ?config.mqtt.protocol,
-        tls = config.mqtt.tls.is_some(),
-        window = config.mqtt.receive_maximum,
-        "Starting ingestion."
-    );
+    let ingest = new_ingest(config, &mqtt, recovered, (stats.clone(), writer, flush_rx));
     info!(addr = %http_addr, "Serving /metrics and the query API.");
     let http = tokio::spawn(crate::http::serve(
         listener,
@@ -353,6 +172,273 @@ fn start_over(
         cancel,
         task,
     })
+}
+
+/// The secrets and TLS settings of the daemon's connections, read once at start from the files
+/// the config names (relative names in systemd's `$CREDENTIALS_DIRECTORY`).
+struct Secrets {
+    mqtt_password: Option<crate::secret::Secret>,
+    mqtt_tls: Option<crate::mqtt::TlsClientConfig>,
+    api_token: Option<crate::secret::Secret>,
+    metrics_token: Option<crate::secret::Secret>,
+    upstream_password: Option<crate::secret::Secret>,
+    upstream_tls: Option<crate::mqtt::TlsClientConfig>,
+}
+
+impl Secrets {
+    /// Reads every secret and TLS file the config names; a missing or unreadable one is a
+    /// config error naming its key.
+    fn load(config: &Config) -> Result<Secrets, StartError> {
+        let credentials = crate::secret::credentials_directory();
+        let secret = secret_files(credentials.clone());
+        let mqtt_password = match &config.mqtt.credentials {
+            Some((_, file)) => secret("mqtt.password_file", file)?,
+            None => None,
+        };
+        #[cfg(feature = "tls")]
+        let mqtt_tls = config
+            .mqtt
+            .tls
+            .as_ref()
+            .map(|files| {
+                crate::tls::client_config(files, crate::config::MQTT_TLS, credentials.as_deref())
+            })
+            .transpose()
+            .map_err(StartError::Config)?;
+        // Config validation refuses `mqtt.tls` in a build without TLS.
+        #[cfg(not(feature = "tls"))]
+        let mqtt_tls = None;
+        let upstream_tls = match config.upstream.as_ref().map(|u| &u.target) {
+            #[cfg(feature = "tls")]
+            Some(crate::config::UpstreamTarget::Mqtt {
+                tls: Some(files), ..
+            }) => Some(
+                crate::tls::client_config(
+                    files,
+                    crate::config::UPSTREAM_TLS,
+                    credentials.as_deref(),
+                )
+                .map_err(StartError::Config)?,
+            ),
+            _ => None,
+        };
+        Ok(Secrets {
+            mqtt_password,
+            mqtt_tls,
+            api_token: secret("http.token_file", &config.http.token_file)?,
+            metrics_token: secret("http.metrics_token_file", &config.http.metrics_token_file)?,
+            upstream_password: match &config.upstream {
+                Some(u) => secret("upstream.password_file", &u.password_file)?,
+                None => None,
+            },
+            upstream_tls,
+        })
+    }
+
+    /// Warns about each password that would cross the network in clear text, and an API open
+    /// to the network without a token.
+    fn warn_cleartext(&self, config: &Config) {
+        if let Some(crate::config::UpstreamTarget::Mqtt {
+            host,
+            username: Some(_),
+            ..
+        }) = config.upstream.as_ref().map(|u| &u.target)
+            && self.upstream_tls.is_none()
+            && self.upstream_password.is_some()
+            && !is_loopback(host)
+        {
+            tracing::warn!(
+                host = %host,
+                "The upstream MQTT password goes to the broker unencrypted: set \
+                 upstream.mqtt_tls.enabled = true."
+            );
+        }
+        #[cfg(feature = "postgres")]
+        if let Some(u) = &config.upstream
+            && let crate::config::UpstreamTarget::Postgres { conninfo } = &u.target
+            && let Some(warning) = crate::fleet::postgres::password_exposure(
+                "upstream.postgres",
+                conninfo,
+                u.password_file.is_some(),
+            )
+        {
+            tracing::warn!("{warning}");
+        }
+        if config.mqtt.credentials.is_some()
+            && self.mqtt_tls.is_none()
+            && !is_loopback(&config.mqtt.host)
+        {
+            tracing::warn!(
+                host = %config.mqtt.host,
+                "The MQTT password goes to the broker unencrypted: set mqtt.tls.enabled = true."
+            );
+        }
+        if let Some(warning) =
+            crate::http::exposure_warning(config.http.bind, self.api_token.is_some())
+        {
+            tracing::warn!("{warning}");
+        }
+    }
+}
+
+/// The store's settings from the config.
+fn store_settings(config: &Config, path: &std::path::Path) -> StoreSettings {
+    StoreSettings {
+        path: path.to_path_buf(),
+        bucket_width_secs: config.store.bucket_width_secs(),
+        durability: config.store.durability,
+        quick_repair: config.store.quick_repair,
+        cache_bytes: config.store.cache_bytes,
+        page_capacity: config.store.page_capacity,
+        dedup_window: config.limits.dedup_window,
+        outbox_max_entries: config.upstream.as_ref().map_or(0, |u| u.outbox_max_entries),
+        journal_bytes: config.store.journal_bytes,
+    }
+}
+
+/// What the store remembers of earlier runs that ingestion starts from: the messages counted
+/// lately (copies and resends are told apart by them), the gateways' applied positions (a
+/// central), the series known and when the store was created.
+struct Recovered {
+    dedup: crate::dedup::Window,
+    resends: crate::resend::Resends,
+    ledger: Option<Box<dyn crate::admit::DeltaLedger>>,
+    series: SeriesSet,
+    /// The store's identity (when it was created): the forwarder's origin.
+    origin: String,
+}
+
+impl Recovered {
+    /// Reads it; a table that cannot be read is a corrupt store, named by its path.
+    fn from_store(
+        config: &Config,
+        store: &Store,
+        path: &std::path::Path,
+    ) -> Result<Self, StartError> {
+        let corrupt = |source| StoreOpenError::Corrupt {
+            path: path.to_path_buf(),
+            source,
+        };
+        let recent = store.recent_fingerprints().map_err(corrupt)?;
+        let dedup =
+            crate::dedup::Window::new(config.limits.dedup_window, recent.iter().map(|&(fp, _)| fp));
+        // A reconnect's burst holds at most what the broker may have unacknowledged on a session.
+        let resends = crate::resend::Resends::new(
+            config.mqtt.sessions,
+            config.limits.dedup_window,
+            usize::from(config.mqtt.receive_maximum),
+            recent,
+        );
+        let applied = store.applied_positions().map_err(corrupt)?;
+        // Keys with `#` hold the databases a gateway used before (`fleet::applied`).
+        let gateways = applied.iter().filter(|(key, _)| !key.contains('#')).count();
+        #[cfg(feature = "central")]
+        let ledger: Option<Box<dyn crate::admit::DeltaLedger>> =
+            Some(Box::new(crate::fleet::applied::Applied::new(applied)));
+        // Config validation refuses `format = "delta"` in a build without the central.
+        #[cfg(not(feature = "central"))]
+        let ledger = None;
+        let series = SeriesSet::new(
+            config.limits.max_series,
+            config.limits.max_series_per_sensor,
+            store.series_names().cloned(),
+        );
+        let origin = store.reader().created_at().map_err(corrupt)?;
+        info!(
+            path = %path.display(),
+            series = series.len(),
+            recent_messages = dedup.len(),
+            gateways,
+            "Opened the store."
+        );
+        Ok(Recovered {
+            dedup,
+            resends,
+            ledger,
+            series,
+            origin,
+        })
+    }
+}
+
+/// What the MQTT sessions log in with.
+struct MqttLink<'a> {
+    password: Option<&'a crate::secret::Secret>,
+    tls: Option<&'a crate::mqtt::TlsClientConfig>,
+}
+
+/// The ingest task: the MQTT sessions, the admission of messages from what the store
+/// remembers, the batcher, and the channels to the writer and from `POST /api/v1/flush`.
+fn new_ingest(
+    config: &Config,
+    link: &MqttLink<'_>,
+    recovered: Recovered,
+    (stats, writer, flush_requests): (
+        Arc<Stats>,
+        crate::writer::Writer,
+        tokio::sync::mpsc::Receiver<crate::http::FlushRequest>,
+    ),
+) -> Ingest {
+    let width_secs = config.store.bucket_width_secs();
+    let policy = FlushPolicy {
+        flush_interval: config.batch.flush_interval,
+        max_pending_readings: config.batch.max_pending_readings,
+        window: config.mqtt.receive_maximum,
+        broker_window: config.mqtt.broker_window,
+        sessions: config.mqtt.sessions,
+        quick_acks: crate::mqtt::QUICK_ACKS,
+    };
+    let clients = (0..usize::from(config.mqtt.sessions))
+        .map(|i| {
+            Mqtt::new(
+                &config.mqtt,
+                i,
+                link.password,
+                link.tls,
+                &config.subscriptions,
+            )
+        })
+        .collect();
+    info!(
+        broker = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
+        client_id = %config.mqtt.client_id,
+        sessions = config.mqtt.sessions,
+        protocol = ?config.mqtt.protocol,
+        tls = config.mqtt.tls.is_some(),
+        window = config.mqtt.receive_maximum,
+        "Starting ingestion."
+    );
+    let core = Core::new(
+        Parts {
+            admit: Admitter::new(
+                config.subscriptions.clone(),
+                config.limits.clone(),
+                width_secs,
+                recovered.series,
+                recovered.dedup,
+                recovered.resends,
+                recovered.ledger,
+            )
+            .with_gateway_limits(config.gateway_limits, config.store.sketch),
+            batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
+            stats: stats.clone(),
+            sessions: config.mqtt.sessions,
+            backoff: Backoff::new(
+                config.mqtt.reconnect_delay_min,
+                config.mqtt.reconnect_delay_max,
+            ),
+            subscriptions: config.subscriptions.len(),
+            window: config.mqtt.receive_maximum,
+        },
+        std::time::Instant::now(),
+    );
+    Ingest {
+        core,
+        clients,
+        stats,
+        writer,
+        flush_requests,
+    }
 }
 
 /// Reads the secret in the file a config key names (`None` when it names none), relative
@@ -383,8 +469,7 @@ fn api_state(
         metrics,
         flush,
         flush_slots: Arc::new(tokio::sync::Semaphore::new(FLUSH_REQUESTS_MAX)),
-        bucket_width_secs: i64::try_from(config.store.bucket_width.as_secs())
-            .expect("validated to divide a day"),
+        bucket_width_secs: config.store.bucket_width_secs(),
         max_buckets_per_query: config.http.max_buckets_per_query,
         max_points_per_query: config.http.max_points_per_query,
         max_raw_readings: config.http.max_raw_readings,
@@ -479,8 +564,7 @@ pub fn start_query_node(config: &Config) -> Result<QueryNode, StartError> {
     let reader = crate::fleet::reader::FleetReader::new(crate::fleet::reader::NodeSettings {
         conninfo: node.conninfo.clone(),
         password,
-        width_secs: i64::try_from(config.store.bucket_width.as_secs())
-            .expect("validated to divide a day"),
+        width_secs: config.store.bucket_width_secs(),
         connections: config.http.max_concurrent_queries,
         series_refresh: node.series_refresh,
         max_series: node.max_series,

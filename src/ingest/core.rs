@@ -1,0 +1,1058 @@
+//! The ingest loop's state machine: what each event (a packet from the broker, a commit, a
+//! flush request, time passing) does to the sessions, the open batch and the acks owed, and
+//! what the shell ([`super::Ingest`]) must do about it. No I/O, no Tokio and no clock: time
+//! comes in with each call, actions go out in a list, and acks and pings are taken one at a
+//! time by the shell as its clients have room ([`Core::outgoing`]).
+//!
+//! One owner for each piece of state: a session's link, acks and pings live in its
+//! [`SessionState`]; the batch and the broker windows in the [`Batcher`]; which resends are
+//! copies in [`crate::resend`] (its fingerprints), the held messages' bodies here.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tracing::{debug, error, info, warn};
+
+use crate::ack::{AckToken, SessionId};
+use crate::admit::{Admitted, Admitter, Message, Verdict};
+use crate::batcher::{Batch, Batcher, FlushReason};
+use crate::limits::{PING_QUIET, RESEND_QUIET_MIN};
+use crate::mqtt::{Backoff, MqttEvent, PollError};
+use crate::reading::Timestamp;
+use crate::reject::DecodeError;
+use crate::resend::{BurstEnd, BurstPart};
+use crate::stats::Stats;
+use crate::store::CommitError;
+use crate::writer::Committed;
+
+/// Why ingestion stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("commit failed; nothing of the failed batch was acknowledged: {0}")]
+    Commit(#[from] CommitError),
+    #[error("the writer thread stopped unexpectedly")]
+    WriterGone,
+}
+
+/// The time of a step, on both clocks: `at` orders deadlines, `wall` stamps what arrives.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub at: Instant,
+    pub wall: Timestamp,
+}
+
+/// What happened, as the shell saw it.
+pub enum Event<R> {
+    /// A session's client reported a packet read or written, or the connection's end.
+    Mqtt(SessionId, Result<MqttEvent, PollError>),
+    /// The writer answered the batch in flight.
+    Committed(Result<Committed, CommitError>),
+    /// `POST /api/v1/flush`: answered with the readings committed once what is pending is.
+    Flush(R),
+}
+
+/// What the shell must do.
+#[derive(Debug)]
+pub enum Action<R> {
+    /// Let the session's client connect again (its backoff is over).
+    Resume(SessionId),
+    /// Ask the broker for the session's subscriptions (a new session).
+    Subscribe(SessionId),
+    /// Hand this batch to the writer (nothing else is at the writer).
+    Write(Batch),
+    /// Answer a flush request with the readings its commits held.
+    Answer(R, u64),
+    /// Tell systemd the daemon is ready (once).
+    Ready,
+}
+
+/// What a session has to send next ([`Core::outgoing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outgoing {
+    Ack(AckToken),
+    Ping,
+}
+
+/// Whether the loop takes new messages, or drains what it has at shutdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Running,
+    /// Shutting down: messages still arriving are neither counted nor acknowledged (the broker
+    /// keeps them for the next start).
+    Draining,
+}
+
+/// A session's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// The client is connecting (at start, or resumed after a wait).
+    Connecting,
+    /// Connected; the broker has the session's subscriptions or they were asked for.
+    Up(Subscriptions),
+    /// The connection was lost; the client is resumed at `retry_at`.
+    Waiting { retry_at: Instant },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Subscriptions {
+    Requested,
+    /// The broker has (some of) them on this connection.
+    Granted,
+}
+
+/// One MQTT session (`mqtt.sessions`) and the state of its connection.
+struct SessionState {
+    link: Link,
+    backoff: Backoff,
+    /// Counts CONNACKs; a token from an older connection is never sent.
+    connection: u64,
+    /// The session had its subscriptions at least once (readiness).
+    ever_subscribed: bool,
+    acks: Acks,
+    /// What the broker has confirmed reading ([`Pings`]).
+    pings: Pings,
+    /// Whether the "broker exceeds its window" warning was logged on this connection.
+    warned_window: bool,
+    /// The resends of a reconnect's burst, held until it ends (see the module docs of
+    /// [`super`]).
+    held: Vec<HeldMessage>,
+    /// When the burst began or last grew; with `held`, when it ends.
+    burst_at: Instant,
+    /// The last connection's handshake time.
+    handshake: Duration,
+}
+
+/// A connection's acks released by a commit and not yet on the wire, in arrival order.
+#[derive(Default)]
+struct Acks {
+    /// Taken by the client, not yet written to the socket (arrival numbers; bounded by the
+    /// client's request channel).
+    unwritten: VecDeque<u64>,
+    /// Waiting for room in the client's request channel. rumqttc writes one request per poll,
+    /// so a broker that sends past its window (Mosquitto before 2.0.13 does) can fill the
+    /// channel; nothing is dropped, the rest waits here. Bounded by what the broker sends
+    /// unacknowledged.
+    backlog: VecDeque<AckToken>,
+}
+
+impl Acks {
+    fn owed(&self) -> usize {
+        self.unwritten.len() + self.backlog.len()
+    }
+}
+
+/// A resend held in its burst: what admitting it again needs.
+struct HeldMessage {
+    topic: Bytes,
+    payload: Bytes,
+    pkid: u16,
+    qos: u8,
+    received: Timestamp,
+    /// Its ack token's arrival number.
+    arrival: u64,
+    at: Instant,
+}
+
+/// A connection's pings, which tell which of its acks the broker has read. A broker handles a
+/// connection's packets in order and answers each PINGREQ, so a PINGRESP says it has read every
+/// ack written before the PINGREQ it answers; a message whose ack the broker has read is never
+/// resent, so a later burst of resends cannot hold its copy (`crate::resend`, where this tells
+/// a new message on a reused packet id from a resend when their contents are the same).
+#[derive(Debug, Default)]
+struct Pings {
+    /// The first arrival number of this connection: its acks are those of later arrivals.
+    first_arrival: u64,
+    /// Arrival number of the last ack written on this connection (0: none yet).
+    written_through: u64,
+    /// `written_through` when the last PINGREQ was written.
+    pinged_through: u64,
+    /// `written_through` at each PINGREQ written and not answered yet, oldest first (ours and
+    /// the keep-alive ones; at most a few: one of ours at a time, and rumqttc ends the
+    /// connection when a keep-alive ping goes unanswered until the next).
+    sent: VecDeque<u64>,
+    /// A PINGREQ asked for is in the client's request channel.
+    queued: bool,
+    /// When to ask for one, if the session is still quiet then ([`PING_QUIET`]).
+    due: Option<Instant>,
+}
+
+impl SessionState {
+    fn new(backoff: Backoff, now: Instant) -> SessionState {
+        SessionState {
+            link: Link::Connecting,
+            backoff,
+            connection: 0,
+            ever_subscribed: false,
+            acks: Acks::default(),
+            pings: Pings::default(),
+            warned_window: false,
+            held: Vec::new(),
+            burst_at: now,
+            handshake: Duration::ZERO,
+        }
+    }
+
+    fn is_up(&self) -> bool {
+        matches!(self.link, Link::Up(_))
+    }
+
+    /// When the held burst ends for quiet; `None` with nothing held.
+    fn burst_deadline(&self) -> Option<Instant> {
+        let quiet = RESEND_QUIET_MIN.max(4 * self.handshake);
+        (!self.held.is_empty()).then_some(self.burst_at + quiet)
+    }
+
+    /// The connection began or ended: nothing of it is owed or awaited any more.
+    fn reset_connection(&mut self, first_arrival: u64) {
+        self.acks = Acks::default();
+        self.pings = Pings {
+            first_arrival,
+            ..Pings::default()
+        };
+    }
+}
+
+/// A flush request waiting for the commits that cover what was pending when it came.
+struct FlushWaiter<R> {
+    /// Batch sequence numbers `first..=last` hold what was pending.
+    first: u64,
+    last: u64,
+    committed: u64,
+    reply: R,
+}
+
+/// What the core is built from.
+pub struct Parts {
+    /// Decides what each message becomes ([`crate::admit`]).
+    pub admit: Admitter,
+    pub batcher: Batcher,
+    pub stats: Arc<Stats>,
+    /// `mqtt.sessions`, at least one.
+    pub sessions: u16,
+    /// Each session's reconnect backoff, as configured.
+    pub backoff: Backoff,
+    /// Configured subscriptions, for the log and readiness.
+    pub subscriptions: usize,
+    /// The broker's in-flight window (`mqtt.receive_maximum`), per session.
+    pub window: u16,
+}
+
+/// The ingest loop's state; `R` answers a flush request (a channel's sender in the daemon).
+pub struct Core<R> {
+    sessions: Vec<SessionState>,
+    admit: Admitter,
+    batcher: Batcher,
+    stats: Arc<Stats>,
+    subscriptions: usize,
+    window: u16,
+    mode: Mode,
+    /// Next arrival sequence number.
+    arrival: u64,
+    /// Acks of the batch at the writer, sent when it reports the commit.
+    in_flight: Option<Vec<AckToken>>,
+    /// Sequence number of the last batch sent to the writer.
+    sent_seq: u64,
+    /// Commit the open batch as soon as the writer is idle, whatever the policy says: a flush
+    /// request, or a batch that repeats the messages committed before it (`crate::resend`;
+    /// it wins: it covers the request's batch too).
+    urgent: Option<FlushReason>,
+    flush_waiters: Vec<FlushWaiter<R>>,
+    /// Whether the window learned from a stall was logged since the last connection.
+    told_window: bool,
+    /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
+    ready: bool,
+    /// When a refusal of a gateway's delta message was last logged, per reason.
+    gateway_warned: [Option<Instant>; DecodeError::ALL.len()],
+}
+
+impl<R> Core<R> {
+    pub fn new(parts: Parts, now: Instant) -> Core<R> {
+        Core {
+            sessions: (0..parts.sessions)
+                .map(|_| SessionState::new(parts.backoff.clone(), now))
+                .collect(),
+            admit: parts.admit,
+            batcher: parts.batcher,
+            stats: parts.stats,
+            subscriptions: parts.subscriptions,
+            window: parts.window,
+            mode: Mode::Running,
+            arrival: 0,
+            in_flight: None,
+            sent_seq: 0,
+            urgent: None,
+            flush_waiters: Vec::new(),
+            told_window: false,
+            ready: false,
+            gateway_warned: [None; DecodeError::ALL.len()],
+        }
+    }
+
+    /// The sessions, in order.
+    pub fn session_ids(&self) -> impl Iterator<Item = SessionId> + use<R> {
+        SessionId::all(self.sessions.len())
+    }
+
+    /// Whether the shell should read `session`'s client: not while it waits to reconnect, and
+    /// while draining only a connected one.
+    pub fn polls(&self, session: SessionId) -> bool {
+        let s = &self.sessions[session.index()];
+        match self.mode {
+            Mode::Running => !matches!(s.link, Link::Waiting { .. }),
+            Mode::Draining => s.is_up(),
+        }
+    }
+
+    /// Whether the loop reads from the broker at all: not while the open batch is full and a
+    /// commit runs (backpressure: the broker holds the rest).
+    pub fn reads(&self) -> bool {
+        !self.batcher.is_full() && self.session_ids().any(|s| self.polls(s))
+    }
+
+    /// Whether a batch is at the writer.
+    pub fn committing(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Whether systemd was told the daemon is ready (its watchdog is armed then).
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// When [`Core::tick`] has something to do next: a reconnect, a ping, and while no batch
+    /// is at the writer the end of a burst or a batch falling due.
+    pub fn wake_at(&self) -> Option<Instant> {
+        let reconnect = self.sessions.iter().filter_map(|s| match s.link {
+            Link::Waiting { retry_at } => Some(retry_at),
+            _ => None,
+        });
+        let pings = self.sessions.iter().filter_map(|s| s.pings.due);
+        // While resends are held no batch is handed over: wake when their burst ends.
+        let deadline = self
+            .sessions
+            .iter()
+            .filter_map(SessionState::burst_deadline)
+            .min()
+            .or_else(|| self.batcher.deadline())
+            .filter(|_| self.in_flight.is_none());
+        reconnect.chain(pings).chain(deadline).min()
+    }
+
+    /// Time passed: resumes the sessions whose backoff is over, ends the bursts that have been
+    /// quiet long enough, and hands the open batch to the writer when it is due.
+    pub fn tick(&mut self, now: Now, out: &mut Vec<Action<R>>) {
+        for (id, s) in SessionId::all(self.sessions.len()).zip(&mut self.sessions) {
+            if let Link::Waiting { retry_at } = s.link
+                && retry_at <= now.at
+            {
+                s.link = Link::Connecting;
+                out.push(Action::Resume(id));
+            }
+        }
+        for id in self.session_ids() {
+            if self.sessions[id.index()]
+                .burst_deadline()
+                .is_some_and(|at| at <= now.at)
+            {
+                self.end_burst(id, BurstEnd::Pause);
+            }
+        }
+        // A ping that came due is asked for only if still owed ([`Core::outgoing`]).
+        for id in self.session_ids() {
+            let due = self.sessions[id.index()].pings.due;
+            if due.is_some_and(|at| at <= now.at) && !self.ping_owed(id) {
+                self.sessions[id.index()].pings.due = None;
+            }
+        }
+        self.hand_over_due_batch(now.at, out);
+    }
+
+    /// What `session` has to send next: its released acks in arrival order, then a PINGREQ
+    /// that has come due. The shell offers it to the client and reports with [`Core::taken`].
+    pub fn outgoing(&self, session: SessionId, now: Instant) -> Option<Outgoing> {
+        let s = &self.sessions[session.index()];
+        if let Some(ack) = s.acks.backlog.front() {
+            return Some(Outgoing::Ack(*ack));
+        }
+        s.pings
+            .due
+            .is_some_and(|at| at <= now)
+            .then_some(Outgoing::Ping)
+    }
+
+    /// The client took what [`Core::outgoing`] returned (`taken`), or had no room for it.
+    pub fn taken(&mut self, session: SessionId, what: Outgoing, taken: bool) {
+        let s = &mut self.sessions[session.index()];
+        match what {
+            // Not taken: the client's channel is full; its next AcksSent makes room.
+            Outgoing::Ack(ack) => {
+                if taken {
+                    s.acks.unwritten.push_back(ack.arrival);
+                    s.acks.backlog.pop_front();
+                }
+            }
+            Outgoing::Ping => {
+                s.pings.due = None;
+                s.pings.queued = taken;
+            }
+        }
+    }
+
+    /// Handles one event.
+    pub fn handle(
+        &mut self,
+        event: Event<R>,
+        now: Now,
+        out: &mut Vec<Action<R>>,
+    ) -> Result<(), IngestError> {
+        match event {
+            Event::Mqtt(session, Ok(event)) => self.on_mqtt(session, event, now, out),
+            Event::Mqtt(session, Err(e)) => self.on_connection_lost(session, &e, now.at),
+            Event::Committed(result) => self.on_commit(&result?, now.at, out),
+            Event::Flush(reply) => self.on_flush_request(reply, out),
+        }
+        Ok(())
+    }
+
+    /// Sends the open batch to the writer when it is due, the writer is idle and no resends are
+    /// held (their acks are in the batch, their readings not yet).
+    fn hand_over_due_batch(&mut self, now: Instant, out: &mut Vec<Action<R>>) {
+        if self.in_flight.is_some() || self.sessions.iter().any(|s| !s.held.is_empty()) {
+            return;
+        }
+        if let Some(reason) = self
+            .urgent
+            .take()
+            .or_else(|| self.batcher.flush_reason(now))
+        {
+            self.send_batch(reason, now, out);
+        }
+    }
+
+    fn send_batch(&mut self, reason: FlushReason, now: Instant, out: &mut Vec<Action<R>>) {
+        debug_assert!(
+            self.in_flight.is_none(),
+            "one batch at the writer at a time"
+        );
+        self.stats.flush_started(reason);
+        let learned = self.batcher.window_seen();
+        let (batch, acks) = self.batcher.take_for(reason, now);
+        self.admit.resends().batch_taken();
+        if self.urgent == Some(FlushReason::Replay) {
+            self.urgent = None;
+        }
+        if learned.is_none()
+            && !self.told_window
+            && let Some(window) = self.batcher.window_seen()
+        {
+            // Once per connection. A pause in traffic can look like a stall too (a short
+            // backlog sent at a reconnect, then nothing), so the message advises stating the
+            // broker's configured limit, not the number seen.
+            self.told_window = true;
+            info!(
+                window,
+                "The broker stopped sending at {window} unacknowledged messages: taken as its \
+                 in-flight window (fewer than mqtt.receive_maximum), so a batch is committed \
+                 whenever it holds that many, until more are unacknowledged. A pause in traffic \
+                 looks the same. If the broker enforces a window (MQTT 3.1.1: Mosquitto's \
+                 max_inflight_messages, EMQX's max_inflight), state it in mqtt.broker_window to \
+                 skip learning it on every connection, or raise the broker's limit for fewer, \
+                 larger commits. If ingestion falls behind, mqtt.sessions opens several \
+                 sessions, a window each (README, \"Broker settings\")."
+            );
+        }
+        self.in_flight = Some(acks);
+        self.sent_seq += 1;
+        out.push(Action::Write(batch));
+        self.update_gauges();
+    }
+
+    fn on_commit(&mut self, committed: &Committed, now: Instant, out: &mut Vec<Action<R>>) {
+        let Some(acks) = self.in_flight.take() else {
+            // The shell waits for a result only with a batch at the writer.
+            debug_assert!(false, "a commit result with no batch at the writer");
+            return;
+        };
+        self.answer_flush_waiters(committed.readings as u64, out);
+        for series in &committed.forgotten {
+            if !self.batcher.holds_series(series) {
+                self.admit.forget_series(series);
+            }
+        }
+        debug!(
+            readings = committed.readings,
+            buckets = committed.stats.buckets_written,
+            acks = acks.len(),
+            took_ms = committed.took.as_secs_f64() * 1e3,
+            "Committed batch."
+        );
+        // A packet id from an earlier connection may name another message now; the broker
+        // redelivers those messages instead.
+        for ack in acks {
+            if let Some(s) = self.sessions.get_mut(usize::from(ack.session))
+                && s.is_up()
+                && ack.connection == s.connection
+            {
+                s.acks.backlog.push_back(ack);
+            }
+        }
+        self.batcher.released(now);
+        self.update_gauges();
+    }
+
+    /// `POST /api/v1/flush`: covers the batch at the writer (if any) and the open batch (if
+    /// any, committed as soon as the writer is idle); answered when the last of them commits.
+    fn on_flush_request(&mut self, reply: R, out: &mut Vec<Action<R>>) {
+        let in_flight = self.in_flight.is_some().then_some(self.sent_seq);
+        let open = (!self.batcher.is_empty()).then_some(self.sent_seq + 1);
+        let (Some(first), Some(last)) = (in_flight.or(open), open.or(in_flight)) else {
+            out.push(Action::Answer(reply, 0)); // Nothing pending.
+            return;
+        };
+        if open.is_some() {
+            self.urgent.get_or_insert(FlushReason::Request);
+        }
+        self.flush_waiters.push(FlushWaiter {
+            first,
+            last,
+            committed: 0,
+            reply,
+        });
+    }
+
+    fn answer_flush_waiters(&mut self, readings: u64, out: &mut Vec<Action<R>>) {
+        let seq = self.sent_seq;
+        for w in &mut self.flush_waiters {
+            if (w.first..=w.last).contains(&seq) {
+                w.committed += readings;
+            }
+        }
+        for w in self.flush_waiters.extract_if(.., |w| w.last <= seq) {
+            out.push(Action::Answer(w.reply, w.committed));
+        }
+    }
+
+    fn on_mqtt(
+        &mut self,
+        session: SessionId,
+        event: MqttEvent,
+        now: Now,
+        out: &mut Vec<Action<R>>,
+    ) {
+        let i = session.index();
+        match event {
+            MqttEvent::Publish {
+                topic,
+                payload,
+                pkid,
+                qos,
+                dup,
+            } => {
+                if self.mode == Mode::Running {
+                    self.on_publish(session, &topic, &payload, (pkid, qos, dup), now);
+                }
+            }
+            MqttEvent::AcksSent(n) => {
+                let s = &mut self.sessions[i];
+                let written = s.acks.unwritten.len().min(n);
+                if let Some(&last) = s.acks.unwritten.get(written.wrapping_sub(1)) {
+                    s.pings.written_through = last;
+                }
+                s.acks.unwritten.drain(..written);
+                self.schedule_ping(session, now.at);
+                self.stats.acks_sent.fetch_add(n as u64, Ordering::Relaxed);
+                self.update_gauges();
+            }
+            MqttEvent::Connected {
+                session_present,
+                handshake,
+            } => self.on_connected(session, session_present, handshake, now.at, out),
+            MqttEvent::Subscribed { refused } => {
+                if refused.is_empty() {
+                    info!(
+                        session = i,
+                        filters = self.subscriptions,
+                        "Subscribed to every configured filter."
+                    );
+                    self.on_subscribed(session, out);
+                } else {
+                    error!(
+                        session = i,
+                        refused = ?refused,
+                        "The broker refused subscriptions; check the filters and the broker's ACL."
+                    );
+                    if refused.len() < self.subscriptions {
+                        // Degraded, but ingesting what it may.
+                        self.on_subscribed(session, out);
+                    }
+                }
+            }
+            MqttEvent::PingSent => {
+                let p = &mut self.sessions[i].pings;
+                p.sent.push_back(p.written_through);
+                p.pinged_through = p.written_through;
+                p.queued = false;
+            }
+            MqttEvent::PingAnswered => {
+                let p = &mut self.sessions[i].pings;
+                if let Some(through) = p.sent.pop_front()
+                    && through >= p.first_arrival
+                {
+                    let first = p.first_arrival;
+                    self.admit.resends().confirm(session.get(), first, through);
+                }
+                self.schedule_ping(session, now.at);
+            }
+            MqttEvent::Other | MqttEvent::DisconnectSent => {}
+        }
+    }
+
+    fn on_connected(
+        &mut self,
+        session: SessionId,
+        session_present: bool,
+        handshake: Duration,
+        now: Instant,
+        out: &mut Vec<Action<R>>,
+    ) {
+        let first_arrival = self.arrival + 1;
+        let s = &mut self.sessions[session.index()];
+        s.connection += 1;
+        s.link = Link::Up(Subscriptions::Requested);
+        s.reset_connection(first_arrival);
+        s.warned_window = false;
+        s.backoff.reset();
+        // Held resends of the last connection are resent again on this one.
+        s.held.clear();
+        s.burst_at = now;
+        s.handshake = handshake;
+        self.told_window = false;
+        self.admit
+            .resends()
+            .connected(session.get(), session_present);
+        self.batcher.connected(session.get(), now, handshake);
+        if session_present {
+            info!(
+                session = session.index(),
+                "Connected to the MQTT broker; it kept our session and subscriptions."
+            );
+            self.on_subscribed(session, out);
+        } else {
+            info!(
+                session = session.index(),
+                "Connected to the MQTT broker with a new session; subscribing."
+            );
+            out.push(Action::Subscribe(session));
+        }
+        self.update_link_gauges();
+    }
+
+    /// The broker has (some of) `session`'s subscriptions. Once every session has had them and
+    /// the store is open (the daemon opened it before ingesting): tell systemd, once.
+    fn on_subscribed(&mut self, session: SessionId, out: &mut Vec<Action<R>>) {
+        let s = &mut self.sessions[session.index()];
+        s.link = Link::Up(Subscriptions::Granted);
+        s.ever_subscribed = true;
+        self.update_link_gauges();
+        if !self.ready && self.sessions.iter().all(|s| s.ever_subscribed) {
+            self.ready = true;
+            out.push(Action::Ready);
+        }
+    }
+
+    /// `connected` and `subscribed` (readiness) hold when they hold for every session.
+    fn update_link_gauges(&self) {
+        let all = |f: fn(&SessionState) -> bool| self.sessions.iter().all(f);
+        self.stats
+            .connected
+            .store(all(SessionState::is_up), Ordering::Relaxed);
+        self.stats.subscribed.store(
+            all(|s| s.link == Link::Up(Subscriptions::Granted)),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn on_connection_lost(&mut self, session: SessionId, e: &PollError, now: Instant) {
+        let s = &mut self.sessions[session.index()];
+        let was_connected = s.is_up();
+        s.reset_connection(u64::MAX);
+        // Unacknowledged, the held resends come again with the next connection's burst.
+        s.held.clear();
+        let delay = s.backoff.next_delay();
+        let attempt = s.backoff.attempts;
+        s.link = Link::Waiting {
+            retry_at: now + delay,
+        };
+        self.admit.resends().disconnected(session.get());
+        self.stats.connection_errors.fetch_add(1, Ordering::Relaxed);
+        self.update_link_gauges();
+        if was_connected {
+            self.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        log_connection_lost(session, e, delay, attempt, was_connected);
+    }
+
+    /// A PUBLISH: admitted into the batch (its ack with it), or held in a reconnect's burst.
+    fn on_publish(
+        &mut self,
+        session: SessionId,
+        topic: &Bytes,
+        payload: &Bytes,
+        (pkid, qos, dup): (u16, u8, bool),
+        now: Now,
+    ) {
+        self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
+        let id = session.get();
+        if qos > 0 {
+            self.batcher.arrived(now.at);
+            if !dup && self.admit.resends().in_burst(id) {
+                // The broker has resent everything: the burst is over.
+                self.end_burst(session, BurstEnd::NewMessage);
+            }
+        }
+        let arrival = self.arrival + 1; // Its ack token's, made below.
+        let admitted = self.admit.admit(&Message {
+            topic,
+            payload,
+            pkid,
+            qos,
+            dup,
+            session: id,
+            received: now.wall,
+            burst: None,
+            arrival,
+        });
+        if admitted.verdict == Verdict::Held {
+            let s = &mut self.sessions[session.index()];
+            s.held.push(HeldMessage {
+                topic: topic.clone(),
+                payload: payload.clone(),
+                pkid,
+                qos,
+                received: now.wall,
+                arrival,
+                at: now.at,
+            });
+            s.burst_at = now.at;
+            if self.admit.resends().is_full(id) {
+                self.end_burst(session, BurstEnd::Pause);
+            }
+        } else {
+            let urgent = apply(
+                &mut self.batcher,
+                &self.stats,
+                &mut self.gateway_warned,
+                admitted,
+                (topic, payload),
+                now.at,
+            );
+            if urgent {
+                self.urgent = Some(FlushReason::Replay);
+            }
+        }
+        if qos > 0 {
+            self.warn_past_window(session);
+            self.arrival = arrival;
+            let connection = self.sessions[session.index()].connection;
+            self.batcher.push_ack(
+                AckToken {
+                    arrival,
+                    connection,
+                    session: id,
+                    pkid,
+                    qos,
+                },
+                now.at,
+            );
+        }
+        self.update_gauges();
+    }
+
+    /// Warns, once a connection, when the broker sends past the window we asked for.
+    fn warn_past_window(&mut self, session: SessionId) {
+        let unacked = self.unacked_on(session);
+        let s = &mut self.sessions[session.index()];
+        if !s.warned_window && unacked >= usize::from(self.window) {
+            s.warned_window = true;
+            warn!(
+                session = session.index(),
+                window = self.window,
+                "The broker sent more unacknowledged messages than the in-flight window \
+                 (mqtt.receive_maximum). It does not honour the window (Mosquitto before \
+                 2.0.13 has this bug); bucketd keeps up, but after a crash redeliveries \
+                 beyond limits.dedup_window messages could be counted twice. Upgrade the \
+                 broker or raise limits.dedup_window."
+            );
+        }
+    }
+
+    /// Whether `session` owes the broker a PINGREQ: acks written since its last one, nothing
+    /// else unacknowledged (so that the answer confirms everything), and none queued or awaiting
+    /// its answer.
+    fn ping_owed(&self, session: SessionId) -> bool {
+        let s = &self.sessions[session.index()];
+        let p = &s.pings;
+        s.is_up()
+            && self.batcher.unacked_of(session.index()) == 0
+            && s.acks.owed() == 0
+            && !p.queued
+            && p.sent.is_empty()
+            && p.written_through > p.pinged_through
+    }
+
+    /// After acks were written or a ping answered: asks for a PINGREQ in [`PING_QUIET`] if
+    /// `session` owes one ([`Pings`]). Confirmation is for a sensor slower than that and the
+    /// round trip: the broker answers before its next message, which can then be told from a
+    /// resend even if it is lost on the wire. A busy stream (its next message on its way
+    /// before an answer could come) sends none.
+    fn schedule_ping(&mut self, session: SessionId, now: Instant) {
+        let owed = self.ping_owed(session);
+        self.sessions[session.index()].pings.due = owed.then(|| now + PING_QUIET);
+    }
+
+    /// Ends `session`'s burst of resends and admits what it held, in order, as
+    /// [`crate::resend`] tells them apart. Their acks are in the batch already.
+    fn end_burst(&mut self, session: SessionId, end: BurstEnd) {
+        let parts = self.admit.resends().end_burst(session.get(), end);
+        let held = std::mem::take(&mut self.sessions[session.index()].held);
+        if held.is_empty() {
+            return;
+        }
+        debug_assert_eq!(
+            parts.len(),
+            held.len(),
+            "the bodies held here and the fingerprints held in `resend` are of the same messages"
+        );
+        let count = |part| parts.iter().filter(|p| **p == part).count();
+        info!(
+            session = session.index(),
+            resent = held.len(),
+            copies = count(BurstPart::Copy),
+            reused_ids = count(BurstPart::New),
+            "The broker resent the messages it had not seen acknowledged; those counted already \
+             are skipped (reused_ids: new messages on the packet ids of counted ones)."
+        );
+        for (h, part) in held.into_iter().zip(parts) {
+            let admitted = self.admit.admit(&Message {
+                topic: &h.topic,
+                payload: &h.payload,
+                pkid: h.pkid,
+                qos: h.qos,
+                dup: true,
+                session: session.get(),
+                received: h.received,
+                burst: Some(part),
+                arrival: h.arrival,
+            });
+            let urgent = apply(
+                &mut self.batcher,
+                &self.stats,
+                &mut self.gateway_warned,
+                admitted,
+                (&h.topic, &h.payload),
+                h.at,
+            );
+            if urgent {
+                self.urgent = Some(FlushReason::Replay);
+            }
+        }
+        self.update_gauges();
+    }
+
+    /// Messages received and not yet acknowledged on the wire.
+    fn unacked(&self) -> usize {
+        self.batcher.pending_acks()
+            + self.in_flight.as_ref().map_or(0, Vec::len)
+            + self.sessions.iter().map(|s| s.acks.owed()).sum::<usize>()
+    }
+
+    /// Messages of `session`'s current connection received and not yet acknowledged on the
+    /// wire.
+    fn unacked_on(&self, session: SessionId) -> usize {
+        self.batcher.unacked_of(session.index()) + self.sessions[session.index()].acks.owed()
+    }
+
+    fn update_gauges(&self) {
+        self.stats
+            .pending_readings
+            .store(self.batcher.pending_readings() as u64, Ordering::Relaxed);
+        self.stats
+            .unacked_messages
+            .store(self.unacked() as u64, Ordering::Relaxed);
+    }
+
+    /// Shutdown begins: no new message is taken, and the held resends are admitted (their acks
+    /// are in the batch).
+    pub fn begin_drain(&mut self) {
+        self.mode = Mode::Draining;
+        info!(
+            pending_readings = self.batcher.pending_readings(),
+            "Shutting down: committing pending readings."
+        );
+        for id in self.session_ids() {
+            self.end_burst(id, BurstEnd::Pause);
+        }
+    }
+
+    /// While draining: hands what is pending to the writer when it is idle. `true` once
+    /// everything is committed.
+    pub fn drain(&mut self, now: Instant, out: &mut Vec<Action<R>>) -> bool {
+        if self.in_flight.is_some() {
+            return false;
+        }
+        if self.batcher.is_empty() {
+            return true;
+        }
+        self.send_batch(FlushReason::Request, now, out);
+        false
+    }
+
+    /// Whether `session` is connected and has acks not yet written to the socket.
+    pub fn owes_acks(&self, session: SessionId) -> bool {
+        let s = &self.sessions[session.index()];
+        s.is_up() && s.acks.owed() > 0
+    }
+
+    /// Acks not yet written, over all sessions.
+    pub fn acks_owed(&self) -> usize {
+        self.sessions.iter().map(|s| s.acks.owed()).sum()
+    }
+
+    /// Whether `session` is connected.
+    pub fn is_up(&self, session: SessionId) -> bool {
+        self.sessions[session.index()].is_up()
+    }
+
+    /// The open batch's readings.
+    pub fn pending_readings(&self) -> usize {
+        self.batcher.pending_readings()
+    }
+}
+
+/// What an admitted message's verdict does: readings, buckets and its fingerprint to the
+/// batch, refusals and copies to the counters. `true` when the batch must be committed as soon
+/// as the writer is idle (it repeats messages committed before it: `crate::resend`).
+fn apply(
+    batcher: &mut Batcher,
+    stats: &Stats,
+    gateway_warned: &mut [Option<Instant>],
+    admitted: &mut Admitted,
+    (topic, payload): (&[u8], &[u8]),
+    now: Instant,
+) -> bool {
+    match admitted.verdict {
+        Verdict::Rejected(e) => {
+            debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");
+            stats.reject(e, topic, payload);
+            if let Some(gateway) = &admitted.gateway {
+                warn_gateway(gateway_warned, gateway, e, "message", now);
+            }
+            false
+        }
+        Verdict::Copy => {
+            stats.duplicates.fetch_add(1, Ordering::Relaxed);
+            debug!(topic = %String::from_utf8_lossy(topic), "Skipped a message already counted.");
+            false
+        }
+        Verdict::New => {
+            let raw = admitted.store_raw;
+            for (series, ts, value) in admitted.readings.drain(..) {
+                batcher.push_reading(series, ts, value, raw, now);
+            }
+            for (series, start, summary) in admitted.summaries.drain(..) {
+                batcher.push_summary(series, start, &summary, now);
+            }
+            stats.reject_all(&admitted.rejected, topic, payload);
+            if let Some(gateway) = &admitted.gateway {
+                for e in admitted.rejected.drain(..) {
+                    warn_gateway(gateway_warned, gateway, e, "bucket", now);
+                }
+            }
+            admitted.rejected.clear();
+            if let Some((fp, tag)) = admitted.fingerprint {
+                batcher.push_fingerprint(fp, tag);
+            }
+            for (key, at) in admitted.retired.drain(..) {
+                batcher.push_applied(&key, at);
+            }
+            if let Some((gateway, at)) = admitted.applied.take() {
+                batcher.push_applied(&gateway, at);
+            }
+            admitted.replay
+        }
+        // The caller keeps held messages; nothing of them is applied until their burst ends.
+        Verdict::Held => false,
+    }
+}
+
+/// The log line of a lost (or refused) connection, by what went wrong and how often.
+fn log_connection_lost(
+    session: SessionId,
+    e: &PollError,
+    delay: Duration,
+    attempt: u32,
+    was_connected: bool,
+) {
+    let session = session.index();
+    if e.refused {
+        error!(
+            session,
+            error = %e,
+            retry_in = ?delay,
+            attempt,
+            "The MQTT broker refused the connection; check mqtt.username, the password file \
+             and mqtt.client_id."
+        );
+    } else if e.tls && (attempt == 1 || attempt.is_power_of_two()) {
+        error!(
+            session,
+            error = %e,
+            retry_in = ?delay,
+            attempt,
+            "The TLS connection to the MQTT broker failed; check mqtt.tls.ca_file (the CA \
+             that signed the broker's certificate), that the certificate names mqtt.host, \
+             and mqtt.tls.cert_file/key_file if the broker requires a client certificate."
+        );
+    } else if was_connected || attempt == 1 {
+        warn!(
+            session,
+            error = %e,
+            retry_in = ?delay,
+            "MQTT connection lost; reconnecting. Unacknowledged messages will be redelivered."
+        );
+    } else {
+        warn!(session, error = %e, retry_in = ?delay, attempt, "MQTT broker still unreachable.");
+    }
+}
+
+/// Logs a refusal of a gateway's delta message (or one of its buckets) at a central, at most
+/// once a minute per reason: a gateway that sends the same bad message on every retry must not
+/// flood the log, and the counter (`bucketd_readings_rejected_total`) and the dead letters keep
+/// every one.
+fn warn_gateway(
+    warned: &mut [Option<Instant>],
+    gateway: &str,
+    reason: DecodeError,
+    what: &str,
+    now: Instant,
+) {
+    const EVERY: Duration = Duration::from_mins(1);
+    let last = &mut warned[reason.index()];
+    if last.is_some_and(|t| now.duration_since(t) < EVERY) {
+        return;
+    }
+    *last = Some(now);
+    warn!(
+        gateway,
+        reason = reason.reason(),
+        "A central refused a gateway's delta {what}: {reason}. It is counted in \
+         bucketd_readings_rejected_total and kept in the dead letters (GET /api/v1/rejected); \
+         the same refusal is logged at most once a minute."
+    );
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,447 @@
+//! The core driven by scripted events on a fake clock: no broker, no writer, no Tokio.
+
+use std::time::Duration;
+
+use super::*;
+use crate::config::Limits;
+use crate::decode::{Format, Subscription, Template, TimestampUnit};
+use crate::dedup::Window;
+use crate::resend::Resends;
+use crate::series::SeriesSet;
+
+const S0: SessionId = SessionId::new(0);
+const WINDOW: u16 = 20;
+const INTERVAL: Duration = Duration::from_secs(1);
+
+/// A core of `sessions` sessions over `sensors/{sensor}/{metric}` (numbers as payloads),
+/// flush interval 1 s, a window of 20 (stated), reconnect backoff 1 s to 8 s; and its counters.
+fn core(sessions: u16) -> (Core<u32>, Arc<Stats>) {
+    let subscription = Subscription {
+        filter: "sensors/+/+".into(),
+        qos: 1,
+        template: Template::parse("sensors/{sensor}/{metric}").unwrap(),
+        format: Format::Value,
+        timestamp_field: None,
+        timestamp_unit: TimestampUnit::Auto,
+        sensor_field: None,
+        store_raw: false,
+    };
+    let limits = Limits {
+        max_series: 100,
+        max_series_per_sensor: 100,
+        max_payload_bytes: 65_536,
+        max_age: Duration::from_hours(720),
+        max_future: Duration::from_mins(5),
+        dead_letters: 4,
+        dedup_window: 64,
+    };
+    let admit = Admitter::new(
+        vec![subscription],
+        limits,
+        3600,
+        SeriesSet::new(100, 100, []),
+        Window::new(64, []),
+        Resends::new(sessions, 64, usize::from(WINDOW), []),
+        None,
+    );
+    let policy = crate::batcher::FlushPolicy {
+        flush_interval: INTERVAL,
+        max_pending_readings: 1000,
+        window: WINDOW,
+        // Stated, so that the policy is the interval or half the window (the learning of an
+        // unstated one is the batcher's, tested there and in `sim`).
+        broker_window: Some(WINDOW),
+        sessions,
+        quick_acks: false,
+    };
+    let stats = Arc::new(Stats::new(4));
+    let parts = Parts {
+        admit,
+        batcher: Batcher::new(policy, 3600),
+        stats: stats.clone(),
+        sessions,
+        backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(8)),
+        subscriptions: 1,
+        window: WINDOW,
+    };
+    (Core::new(parts, start()), stats)
+}
+
+fn start() -> Instant {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+/// The fake clock: `ms` after the start.
+fn at(ms: u64) -> Now {
+    Now {
+        at: start() + Duration::from_millis(ms),
+        wall: Timestamp::from_secs(1_763_719_200),
+    }
+}
+
+/// Feeds one event; returns what the core asked for.
+fn feed(c: &mut Core<u32>, event: Event<u32>, now: Now) -> Vec<Action<u32>> {
+    let mut out = Vec::new();
+    c.handle(event, now, &mut out).unwrap();
+    out
+}
+
+fn tick(c: &mut Core<u32>, now: Now) -> Vec<Action<u32>> {
+    let mut out = Vec::new();
+    c.tick(now, &mut out);
+    out
+}
+
+fn mqtt(session: SessionId, event: MqttEvent) -> Event<u32> {
+    Event::Mqtt(session, Ok(event))
+}
+
+fn connected(session_present: bool) -> MqttEvent {
+    MqttEvent::Connected {
+        session_present,
+        handshake: Duration::from_millis(2),
+    }
+}
+
+fn publish(pkid: u16, value: f64, dup: bool) -> MqttEvent {
+    MqttEvent::Publish {
+        topic: Bytes::from_static(b"sensors/a/t"),
+        payload: Bytes::from(value.to_string()),
+        pkid,
+        qos: 1,
+        dup,
+    }
+}
+
+fn lost() -> Event<u32> {
+    Event::Mqtt(
+        S0,
+        Err(PollError {
+            message: "connection reset".into(),
+            refused: false,
+            tls: false,
+        }),
+    )
+}
+
+fn committed(readings: usize) -> Event<u32> {
+    Event::Committed(Ok(Committed {
+        stats: crate::store::CommitStats::default(),
+        readings,
+        took: Duration::from_millis(5),
+        forgotten: Vec::new(),
+    }))
+}
+
+/// The batches handed to the writer among `actions`: their readings.
+fn written(actions: &[Action<u32>]) -> Vec<usize> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Write(b) => Some(b.readings),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Everything `session` has to send at `now`, taken as the client would (room for all).
+fn drain_outgoing(c: &mut Core<u32>, session: SessionId, now: Instant) -> Vec<Outgoing> {
+    let mut sent = Vec::new();
+    while let Some(what) = c.outgoing(session, now) {
+        c.taken(session, what, true);
+        sent.push(what);
+        if what == Outgoing::Ping {
+            break;
+        }
+    }
+    sent
+}
+
+fn pkids(sent: &[Outgoing]) -> Vec<u16> {
+    sent.iter()
+        .filter_map(|o| match o {
+            Outgoing::Ack(a) => Some(a.pkid),
+            Outgoing::Ping => None,
+        })
+        .collect()
+}
+
+/// A core whose one session is connected and subscribed at 0 ms.
+fn connected_core() -> (Core<u32>, Arc<Stats>) {
+    let (mut c, stats) = core(1);
+    let out = feed(&mut c, mqtt(S0, connected(false)), at(0));
+    assert!(matches!(out[..], [Action::Subscribe(S0)]), "{out:?}");
+    let out = feed(
+        &mut c,
+        mqtt(S0, MqttEvent::Subscribed { refused: vec![] }),
+        at(0),
+    );
+    assert!(matches!(out[..], [Action::Ready]), "{out:?}");
+    (c, stats)
+}
+
+#[test]
+fn acks_leave_only_after_their_commit_and_in_arrival_order() {
+    let (mut c, stats) = connected_core();
+    for (pkid, t) in [(7, 10), (3, 20), (9, 30)] {
+        assert!(feed(&mut c, mqtt(S0, publish(pkid, 1.5, false)), at(t)).is_empty());
+    }
+    assert_eq!(
+        c.outgoing(S0, at(30).at),
+        None,
+        "nothing acked before the commit"
+    );
+    // Due by the batcher's policy (a pause after a burst, or the interval from the first).
+    let due = c.wake_at().unwrap();
+    assert!(due > at(30).at && due <= at(1010).at, "{due:?}");
+    assert!(written(&tick(&mut c, at(29))).is_empty());
+    assert_eq!(written(&tick(&mut c, Now { at: due, ..at(0) })), [3]);
+    assert!(c.committing());
+    assert_eq!(c.wake_at(), None, "no deadline while the writer works");
+    assert_eq!(
+        c.outgoing(S0, at(1010).at),
+        None,
+        "still nothing before the commit"
+    );
+    assert!(feed(&mut c, committed(3), at(1020)).is_empty());
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1020).at)), [7, 3, 9]);
+    assert_eq!(stats.messages_received.load(Ordering::Relaxed), 3);
+}
+
+#[test]
+fn an_ack_the_client_has_no_room_for_is_offered_again_first() {
+    let (mut c, _) = connected_core();
+    for pkid in 1..=3 {
+        feed(&mut c, mqtt(S0, publish(pkid, 1.0, false)), at(0));
+    }
+    tick(&mut c, at(1000));
+    feed(&mut c, committed(3), at(1001));
+    let first = c.outgoing(S0, at(1001).at).unwrap();
+    c.taken(S0, first, true);
+    let second = c.outgoing(S0, at(1001).at).unwrap();
+    c.taken(S0, second, false); // The request channel is full.
+    assert_eq!(c.outgoing(S0, at(1001).at), Some(second), "kept, in order");
+    assert!(c.owes_acks(S0));
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1002).at)), [2, 3]);
+}
+
+#[test]
+fn a_reconnect_in_the_middle_of_a_commit_drops_the_old_connections_acks() {
+    let (mut c, stats) = connected_core();
+    feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    feed(&mut c, mqtt(S0, publish(2, 2.0, false)), at(5));
+    assert_eq!(written(&tick(&mut c, at(1000))), [2]);
+    // The connection drops while the writer commits; the session waits out its backoff.
+    assert!(feed(&mut c, lost(), at(1001)).is_empty());
+    assert!(!c.polls(S0), "not read while waiting to reconnect");
+    assert_eq!(c.wake_at(), Some(at(2001).at), "backoff 1 s");
+    assert!(tick(&mut c, at(2000)).is_empty());
+    assert!(matches!(tick(&mut c, at(2001))[..], [Action::Resume(S0)]));
+    assert!(c.polls(S0));
+    // The broker kept the session: no subscribe, ready already told.
+    assert!(feed(&mut c, mqtt(S0, connected(true)), at(2010)).is_empty());
+    // The commit ends on the new connection: its acks name packet ids of the old one, which
+    // may name other messages now; the broker resends those instead.
+    feed(&mut c, committed(2), at(2020));
+    assert_eq!(drain_outgoing(&mut c, S0, at(2020).at), []);
+    assert_eq!(stats.reconnects.load(Ordering::Relaxed), 1);
+    // A message of the new connection is acked on it.
+    feed(&mut c, mqtt(S0, publish(1, 3.0, false)), at(2030));
+    tick(&mut c, at(3030));
+    feed(&mut c, committed(1), at(3031));
+    let sent = drain_outgoing(&mut c, S0, at(3031).at);
+    let [Outgoing::Ack(ack)] = sent[..] else {
+        panic!("{sent:?}")
+    };
+    assert_eq!((ack.pkid, ack.connection), (1, 2));
+}
+
+#[test]
+fn a_reconnects_resends_are_held_until_a_new_message_ends_their_burst() {
+    let (mut c, stats) = connected_core();
+    feed(&mut c, lost(), at(10));
+    tick(&mut c, at(1010));
+    feed(&mut c, mqtt(S0, connected(true)), at(1020));
+    // The broker resends two messages it had not seen acknowledged.
+    feed(&mut c, mqtt(S0, publish(1, 1.0, true)), at(1021));
+    feed(&mut c, mqtt(S0, publish(2, 2.0, true)), at(1022));
+    assert_eq!(c.pending_readings(), 0, "held, not yet in the batch");
+    assert_eq!(
+        c.wake_at(),
+        Some(at(1022).at + RESEND_QUIET_MIN),
+        "the burst ends after a quiet"
+    );
+    // Even past the flush interval nothing is handed over while resends are held.
+    assert!(written(&tick(&mut c, at(1021))).is_empty());
+    // A new message: the burst is over, the held ones join the batch first, in order.
+    feed(&mut c, mqtt(S0, publish(3, 3.0, false)), at(1030));
+    assert_eq!(c.pending_readings(), 3);
+    assert_eq!(written(&tick(&mut c, at(2021))), [3]);
+    feed(&mut c, committed(3), at(2022));
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(2022).at)), [1, 2, 3]);
+    assert_eq!(stats.duplicates.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_burst_of_resends_ends_after_a_quiet_and_copies_are_not_counted_twice() {
+    let (mut c, stats) = connected_core();
+    feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    tick(&mut c, at(1000));
+    feed(&mut c, committed(1), at(1001));
+    // The ack never reaches the broker: the connection drops first, and the message comes
+    // again in the next connection's burst.
+    feed(&mut c, lost(), at(1002));
+    tick(&mut c, at(2002));
+    feed(&mut c, mqtt(S0, connected(true)), at(2010));
+    feed(&mut c, mqtt(S0, publish(1, 1.0, true)), at(2011));
+    assert_eq!(c.pending_readings(), 0);
+    let quiet_end = at(2011).at + RESEND_QUIET_MIN;
+    assert_eq!(c.wake_at(), Some(quiet_end));
+    let ms = u64::try_from((quiet_end - start()).as_millis()).unwrap();
+    let mut batches = written(&tick(&mut c, at(ms)));
+    assert_eq!(stats.duplicates.load(Ordering::Relaxed), 1);
+    // Its ack is still owed on this connection: it rides the next commit (due at once or
+    // later, by the batcher's policy), which adds no reading.
+    if batches.is_empty() {
+        let due = c.wake_at().unwrap();
+        batches = written(&tick(&mut c, Now { at: due, ..at(0) }));
+    }
+    assert_eq!(batches, [0], "a copy of a counted message adds nothing");
+    feed(&mut c, committed(0), at(3012));
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(3012).at)), [1]);
+}
+
+#[test]
+fn a_quiet_session_pings_once_its_acks_are_written() {
+    let (mut c, _) = connected_core();
+    feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    tick(&mut c, at(1000));
+    feed(&mut c, committed(1), at(1001));
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1001).at)), [1]);
+    assert_eq!(c.wake_at(), None, "no ping before the ack is on the wire");
+    feed(&mut c, mqtt(S0, MqttEvent::AcksSent(1)), at(1002));
+    let due = at(1002).at + PING_QUIET;
+    assert_eq!(c.wake_at(), Some(due));
+    assert_eq!(c.outgoing(S0, at(1003).at), None, "not before it is due");
+    tick(&mut c, at(1002 + 50));
+    assert_eq!(c.outgoing(S0, due), Some(Outgoing::Ping));
+    c.taken(S0, Outgoing::Ping, true);
+    assert_eq!(c.wake_at(), None);
+    feed(&mut c, mqtt(S0, MqttEvent::PingSent), at(1060));
+    feed(&mut c, mqtt(S0, MqttEvent::PingAnswered), at(1061));
+    assert_eq!(
+        c.wake_at(),
+        None,
+        "everything written is confirmed: no second ping"
+    );
+    assert_eq!(c.outgoing(S0, at(2000).at), None);
+}
+
+#[test]
+fn a_ping_is_not_asked_for_when_a_message_came_in_meanwhile() {
+    let (mut c, _) = connected_core();
+    feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    tick(&mut c, at(1000));
+    feed(&mut c, committed(1), at(1001));
+    drain_outgoing(&mut c, S0, at(1001).at);
+    feed(&mut c, mqtt(S0, MqttEvent::AcksSent(1)), at(1002));
+    // The next message arrives before the ping is due: its answer would not confirm it.
+    feed(&mut c, mqtt(S0, publish(2, 2.0, false)), at(1010));
+    tick(&mut c, at(1060));
+    assert_eq!(c.outgoing(S0, at(1060).at), None);
+}
+
+#[test]
+fn a_flush_request_commits_at_once_and_is_answered_with_what_it_covered() {
+    let (mut c, _) = connected_core();
+    let out = feed(&mut c, Event::Flush(1), at(0));
+    assert!(
+        matches!(out[..], [Action::Answer(1, 0)]),
+        "nothing pending: {out:?}"
+    );
+    feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    feed(&mut c, mqtt(S0, publish(2, 1.0, false)), at(1));
+    assert!(feed(&mut c, Event::Flush(2), at(2)).is_empty());
+    assert_eq!(
+        written(&tick(&mut c, at(3))),
+        [2],
+        "long before the interval"
+    );
+    // A message during the commit joins the next batch; a second request covers both.
+    feed(&mut c, mqtt(S0, publish(3, 1.0, false)), at(4));
+    assert!(feed(&mut c, Event::Flush(3), at(5)).is_empty());
+    let out = feed(&mut c, committed(2), at(6));
+    assert!(matches!(out[..], [Action::Answer(2, 2)]), "{out:?}");
+    assert_eq!(written(&tick(&mut c, at(7))), [1]);
+    let out = feed(&mut c, committed(1), at(8));
+    assert!(matches!(out[..], [Action::Answer(3, 3)]), "{out:?}");
+}
+
+#[test]
+fn shutdown_commits_what_is_pending_and_takes_nothing_new() {
+    let (mut c, stats) = connected_core();
+    feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    c.begin_drain();
+    let mut out = Vec::new();
+    assert!(!c.drain(at(1).at, &mut out));
+    assert_eq!(
+        written(&out),
+        [1],
+        "committed without waiting for the interval"
+    );
+    // A message arriving meanwhile is neither counted nor acknowledged.
+    feed(&mut c, mqtt(S0, publish(2, 2.0, false)), at(2));
+    assert_eq!(stats.messages_received.load(Ordering::Relaxed), 1);
+    assert!(
+        !c.drain(at(3).at, &mut Vec::new()),
+        "the commit is still running"
+    );
+    feed(&mut c, committed(1), at(4));
+    assert!(c.drain(at(5).at, &mut Vec::new()));
+    assert!(c.owes_acks(S0));
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(5).at)), [1]);
+    assert!(c.owes_acks(S0), "until written to the socket");
+    feed(&mut c, mqtt(S0, MqttEvent::AcksSent(1)), at(6));
+    assert!(!c.owes_acks(S0));
+}
+
+#[test]
+fn a_failed_commit_stops_ingestion_and_acknowledges_nothing() {
+    let (mut c, _) = connected_core();
+    feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    tick(&mut c, at(1000));
+    let err = c
+        .handle(
+            Event::Committed(Err(CommitError::Closed)),
+            at(1001),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, IngestError::Commit(CommitError::Closed)));
+    assert_eq!(c.outgoing(S0, at(1001).at), None);
+}
+
+#[test]
+fn readiness_waits_for_every_session_and_acks_go_back_on_their_own() {
+    let (mut c, stats) = core(2);
+    let s1 = SessionId::new(1);
+    for s in [S0, s1] {
+        feed(&mut c, mqtt(s, connected(false)), at(0));
+    }
+    let ok = || MqttEvent::Subscribed { refused: vec![] };
+    assert!(feed(&mut c, mqtt(S0, ok()), at(1)).is_empty(), "one of two");
+    assert!(!stats.subscribed.load(Ordering::Relaxed));
+    assert!(matches!(
+        feed(&mut c, mqtt(s1, ok()), at(2))[..],
+        [Action::Ready]
+    ));
+    assert!(stats.subscribed.load(Ordering::Relaxed));
+    feed(&mut c, mqtt(S0, publish(5, 1.0, false)), at(3));
+    feed(&mut c, mqtt(s1, publish(5, 1.0, false)), at(4));
+    feed(&mut c, mqtt(S0, publish(6, 1.0, false)), at(5));
+    tick(&mut c, at(1003));
+    feed(&mut c, committed(3), at(1004));
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1004).at)), [5, 6]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, s1, at(1004).at)), [5]);
+}
