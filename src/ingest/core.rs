@@ -1055,4 +1055,6 @@ fn warn_gateway(
 }
 
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;

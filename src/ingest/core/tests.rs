@@ -16,6 +16,24 @@ const INTERVAL: Duration = Duration::from_secs(1);
 /// A core of `sessions` sessions over `sensors/{sensor}/{metric}` (numbers as payloads),
 /// flush interval 1 s, a window of 20 (stated), reconnect backoff 1 s to 8 s; and its counters.
 fn core(sessions: u16) -> (Core<u32>, Arc<Stats>) {
+    let policy = crate::batcher::FlushPolicy {
+        flush_interval: INTERVAL,
+        max_pending_readings: 1000,
+        window: WINDOW,
+        // Stated, so that the policy is the interval or half the window (the learning of an
+        // unstated one is the batcher's, tested there and in `sim`).
+        broker_window: Some(WINDOW),
+        sessions,
+        quick_acks: false,
+    };
+    core_with(policy, start())
+}
+
+/// A core with this flush policy (and as many sessions), started at `now`.
+pub(super) fn core_with(
+    policy: crate::batcher::FlushPolicy,
+    now: Instant,
+) -> (Core<u32>, Arc<Stats>) {
     let subscription = Subscription {
         filter: "sensors/+/+".into(),
         qos: 1,
@@ -41,30 +59,20 @@ fn core(sessions: u16) -> (Core<u32>, Arc<Stats>) {
         3600,
         SeriesSet::new(100, 100, []),
         Window::new(64, []),
-        Resends::new(sessions, 64, usize::from(WINDOW), []),
+        Resends::new(policy.sessions, 64, usize::from(policy.window), []),
         None,
     );
-    let policy = crate::batcher::FlushPolicy {
-        flush_interval: INTERVAL,
-        max_pending_readings: 1000,
-        window: WINDOW,
-        // Stated, so that the policy is the interval or half the window (the learning of an
-        // unstated one is the batcher's, tested there and in `sim`).
-        broker_window: Some(WINDOW),
-        sessions,
-        quick_acks: false,
-    };
     let stats = Arc::new(Stats::new(4));
     let parts = Parts {
         admit,
         batcher: Batcher::new(policy, 3600),
         stats: stats.clone(),
-        sessions,
+        sessions: policy.sessions,
         backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(8)),
         subscriptions: 1,
-        window: WINDOW,
+        window: policy.window,
     };
-    (Core::new(parts, start()), stats)
+    (Core::new(parts, now), stats)
 }
 
 fn start() -> Instant {
@@ -81,7 +89,7 @@ fn at(ms: u64) -> Now {
 }
 
 /// Feeds one event; returns what the core asked for.
-fn feed(c: &mut Core<u32>, event: Event<u32>, now: Now) -> Vec<Action<u32>> {
+pub(super) fn feed(c: &mut Core<u32>, event: Event<u32>, now: Now) -> Vec<Action<u32>> {
     let mut out = Vec::new();
     c.handle(event, now, &mut out).unwrap();
     out
@@ -93,7 +101,7 @@ fn tick(c: &mut Core<u32>, now: Now) -> Vec<Action<u32>> {
     out
 }
 
-fn mqtt(session: SessionId, event: MqttEvent) -> Event<u32> {
+pub(super) fn mqtt(session: SessionId, event: MqttEvent) -> Event<u32> {
     Event::Mqtt(session, Ok(event))
 }
 
@@ -125,7 +133,7 @@ fn lost() -> Event<u32> {
     )
 }
 
-fn committed(readings: usize) -> Event<u32> {
+pub(super) fn committed(readings: usize) -> Event<u32> {
     Event::Committed(Ok(Committed {
         stats: crate::store::CommitStats::default(),
         readings,

@@ -1,0 +1,692 @@
+//! The batcher's flush policy in the ingest loop, against simulated brokers and networks:
+//! strict windows, windows smaller than asked for, several sessions, Nagle and delayed ACKs,
+//! steady, bursty and random publishers, late refills. The loop is the real [`Core`]; the
+//! broker, the network and the writer are simulated on a virtual clock.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::tests::{committed, core_with, feed, mqtt};
+use super::*;
+use crate::batcher::{FlushPolicy, LATE_REFILL_QUIETS, QUIET_CONFIRM, QUIET_FAST_MIN};
+
+#[derive(Debug)]
+struct Run {
+    /// Time until all but a last partial batch was acknowledged (that one waits for the
+    /// interval, and is counted in the commits).
+    elapsed: Duration,
+    commits: u32,
+    stalls: u32,
+    /// Commits of a known window the moment it was full.
+    full: u32,
+    intervals: u32,
+    /// Commits handed over in the first minute.
+    first_minute: u32,
+}
+
+/// A simulated broker and network.
+#[derive(Debug, Clone, Copy)]
+struct Net {
+    /// The most QoS 1 messages the broker has unacknowledged.
+    broker_window: u64,
+    /// Round trip: a message reaches us, and our acks reach the broker, half of it later.
+    rtt: Duration,
+    /// With Nagle's algorithm on towards a receiver that delays its TCP ACKs by this much:
+    /// after a send, the broker holds what becomes available until the delayed ACK comes, or
+    /// until our acknowledgements (which carry the TCP ACK) arrive.
+    delayed_ack: Option<Duration>,
+    /// Every `qos0_every`-th message is QoS 0: the broker sends it whatever its window.
+    qos0_every: Option<u64>,
+    /// The time one message takes on the wire: a burst arrives spread out, not at one instant.
+    per_message: Duration,
+    /// Sessions on one shared subscription, served in turn as rumqttd and Mosquitto do: the
+    /// broker stops when the session whose turn it is has `broker_window` unacknowledged.
+    sessions: u16,
+    /// From the `n`-th release on, our acks reach the broker this much later than the round
+    /// trip says (a broker or a machine under load): its refill comes too late to be an echo.
+    late_refills: Option<(u32, Duration)>,
+}
+
+impl Net {
+    fn strict(broker_window: u64) -> Net {
+        Net {
+            broker_window,
+            rtt: Duration::ZERO,
+            delayed_ack: None,
+            qos0_every: None,
+            per_message: Duration::from_micros(50),
+            sessions: 1,
+            late_refills: None,
+        }
+    }
+}
+
+/// Event-driven simulation of the ingest loop against a broker that never has more than
+/// `broker_window` QoS 1 messages unacknowledged. Messages become available at `schedule` times
+/// (offsets from the start); the broker delivers an available message as soon as its window
+/// has room (a QoS 0 one at once). Commits take `commit`. Runs until every QoS 1 message is
+/// acknowledged. The loop is the real one: every message, commit, ack written and ping goes
+/// through [`Core`], as the shell feeds it; only the broker, the network and the writer are
+/// simulated.
+fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -> Run {
+    let total = schedule.len() as u64;
+    let is_qos0 = |i: u64| net.qos0_every.is_some_and(|k| i % k == k - 1);
+    let qos1_total = (0..total).filter(|&i| !is_qos0(i)).count() as u64;
+    assert_eq!(p.sessions, net.sessions, "the policy knows the sessions");
+    let half = net.rtt / 2;
+    let start = Instant::now();
+    // What the final batch holds when it is not a whole half window or broker window: that
+    // waits for the interval.
+    let tail =
+        qos1_total % (p.ack_threshold() as u64).min(net.broker_window * u64::from(net.sessions));
+    let (mut core, stats) = core_with(p, start);
+    let mut now = start;
+    let ids: Vec<SessionId> = SessionId::all(usize::from(net.sessions)).collect();
+    let at = |now: Instant| Now {
+        at: now,
+        wall: Timestamp::from_secs(1_763_719_200),
+    };
+    for &s in &ids {
+        let handshake = net.rtt;
+        let connected = MqttEvent::Connected {
+            session_present: false,
+            handshake,
+        };
+        feed(&mut core, mqtt(s, connected), at(now));
+        feed(
+            &mut core,
+            mqtt(s, MqttEvent::Subscribed { refused: vec![] }),
+            at(now),
+        );
+    }
+    let turn_of = |i: u64| (i % u64::from(net.sessions)) as usize;
+    let mut sent = 0u64;
+    // Per session: QoS 1 messages the broker sent and has not had acknowledged.
+    let mut unacked = vec![0u64; ids.len()];
+    let mut acked = 0u64;
+    let mut committing: Option<(Instant, usize)> = None;
+    let mut arriving: VecDeque<(Instant, u64)> = VecDeque::new(); // on the way to us
+    // On the way to the broker: acks per session.
+    let mut acks_arriving: VecDeque<(Instant, Vec<u64>)> = VecDeque::new();
+    let mut commits = 0u32;
+    let mut first_minute = 0u32;
+    let mut elapsed = Duration::ZERO;
+    // When the broker's socket last sent, and whether our acks just gave it a TCP ACK.
+    let mut last_send = start;
+    let mut ack_came = true;
+    let mut releases = 0u32;
+    let done = qos1_total - tail;
+    let mut actions = Vec::new();
+    while acked < qos1_total {
+        // Acknowledgements reach the broker.
+        while let Some((at, _)) = acks_arriving.front()
+            && *at <= now
+        {
+            let (_, n) = acks_arriving.pop_front().unwrap();
+            for (u, n) in unacked.iter_mut().zip(n) {
+                *u -= n;
+                acked += n;
+            }
+            ack_came = true;
+        }
+        if acked >= done && elapsed.is_zero() {
+            elapsed = now - start;
+        }
+        if acked == qos1_total {
+            break;
+        }
+        // The broker sends what is available while its window has room (and Nagle lets it).
+        let may_send = ack_came || net.delayed_ack.is_none_or(|d| now >= last_send + d);
+        while may_send
+            && sent < total
+            && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window)
+            && start + schedule[sent as usize] <= now
+        {
+            let on_wire = arriving.back().map_or(now, |a| a.0.max(now));
+            arriving.push_back((on_wire.max(now + half) + net.per_message, sent));
+            unacked[turn_of(sent)] += u64::from(!is_qos0(sent));
+            sent += 1;
+            last_send = now;
+            ack_came = false;
+        }
+        // The ingest loop reads what arrived unless it stops reading (the batch is full).
+        while core.reads() {
+            let Some(&(arrived, i)) = arriving.front() else {
+                break;
+            };
+            if arrived > now {
+                break;
+            }
+            arriving.pop_front();
+            let publish = MqttEvent::Publish {
+                topic: Bytes::from_static(b"sensors/s/m"),
+                // Distinct payloads: a packet id used again is not a copy.
+                payload: Bytes::from(i.to_string()),
+                pkid: (i % 65_535 + 1) as u16,
+                qos: u8::from(!is_qos0(i)),
+                dup: false,
+            };
+            feed(&mut core, mqtt(ids[turn_of(i)], publish), at(now));
+        }
+        // A finished commit releases its acks: the client writes them at once.
+        if let Some((_, readings)) = committing.take_if(|(done_at, _)| *done_at <= now) {
+            assert!(feed(&mut core, committed(readings), at(now)).is_empty());
+            let mut per_session = vec![0u64; ids.len()];
+            for &s in &ids {
+                while let Some(what) = core.outgoing(s, now) {
+                    core.taken(s, what, true);
+                    if let Outgoing::Ack(_) = what {
+                        per_session[s.index()] += 1;
+                    }
+                }
+                let n = per_session[s.index()] as usize;
+                feed(&mut core, mqtt(s, MqttEvent::AcksSent(n)), at(now));
+            }
+            releases += 1;
+            let late = net
+                .late_refills
+                .filter(|(from, _)| releases >= *from)
+                .map_or(Duration::ZERO, |(_, d)| d);
+            acks_arriving.push_back((now + half + late, per_session));
+            continue;
+        }
+        // Time passes in the loop: a due batch goes to the idle writer, due pings out (the
+        // broker answers at once).
+        core.tick(at(now), &mut actions);
+        let mut wrote = false;
+        for a in actions.drain(..) {
+            if let Action::Write(batch) = a {
+                commits += 1;
+                first_minute += u32::from(now < start + Duration::from_mins(1));
+                committing = Some((now + commit, batch.readings));
+                wrote = true;
+            }
+        }
+        for &s in &ids {
+            if core.outgoing(s, now) == Some(Outgoing::Ping) {
+                core.taken(s, Outgoing::Ping, true);
+                feed(&mut core, mqtt(s, MqttEvent::PingSent), at(now));
+                feed(&mut core, mqtt(s, MqttEvent::PingAnswered), at(now));
+            }
+        }
+        if wrote {
+            continue;
+        }
+        // Otherwise time moves to the next event: a commit ending, the loop's next deadline, a
+        // message or acks arriving, or the next message becoming available while the window
+        // has room.
+        let next_message = (sent < total
+            && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window))
+            .then(|| {
+                let available = start + schedule[sent as usize];
+                net.delayed_ack
+                    .filter(|_| !ack_came)
+                    .map_or(available, |d| available.max(last_send + d))
+            });
+        let next_arrival = arriving.front().map(|a| a.0).filter(|_| core.reads());
+        let next = [
+            committing.as_ref().map(|c| c.0),
+            core.wake_at(),
+            next_message,
+            next_arrival,
+            acks_arriving.front().map(|a| a.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or_else(|| {
+            panic!(
+                "with messages outstanding, some event is always ahead: sent {sent}, acked \
+                 {acked}, unacked {unacked:?}, arriving {}, pending {}",
+                arriving.len(),
+                core.pending_readings()
+            )
+        });
+        assert!(next > now, "time must advance");
+        now = next;
+    }
+    Run {
+        elapsed,
+        commits,
+        stalls: stats.flushes_by(FlushReason::Stall) as u32,
+        full: stats.flushes_by(FlushReason::BrokerWindow) as u32,
+        intervals: stats.flushes_by(FlushReason::Interval) as u32,
+        first_minute,
+    }
+}
+
+fn flat_out(n: usize) -> Vec<Duration> {
+    vec![Duration::ZERO; n]
+}
+
+/// One session asking for a window of 4,096, flush interval 1 s, nothing stated: the window,
+/// if any, is the broker's to show.
+fn learning_policy(quick_acks: bool) -> FlushPolicy {
+    FlushPolicy {
+        flush_interval: Duration::from_secs(1),
+        max_pending_readings: 1_000_000,
+        window: 4096,
+        broker_window: None,
+        sessions: 1,
+        quick_acks,
+    }
+}
+
+/// (broker window, flush interval ms, round trip ms, every how many messages one is QoS 0,
+/// quick ACKs): every combination of the windows given with the intervals, round trips, QoS
+/// mixes and ACK modes the window tests cover.
+fn cases(windows: &[u64]) -> Vec<(u64, u64, u64, Option<u64>, bool)> {
+    let mut out = Vec::new();
+    for &w in windows {
+        for flush_ms in [200, 1000, 3_600_000] {
+            for rtt_ms in [0, 150] {
+                for qos0_every in [None, Some(3)] {
+                    for quick_acks in [false, true] {
+                        out.push((w, flush_ms, rtt_ms, qos0_every, quick_acks));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The longest the first window may take to be learned: the long quiet ([`QUIET_CONFIRM`], or
+/// three quarters of a shorter interval), or with quick ACKs and a window of two or more the
+/// short one (twice the handshake time, which the simulation makes the round trip, at least
+/// [`QUIET_FAST_MIN`]).
+fn learning(p: &FlushPolicy, broker_window: u64, rtt: Duration) -> Duration {
+    let long = QUIET_CONFIRM.min(p.flush_interval / 4 * 3);
+    if p.quick_acks && broker_window >= 2 {
+        (rtt * 2).max(QUIET_FAST_MIN).min(long)
+    } else {
+        long
+    }
+}
+
+/// A strict broker whose window is the one configured, with a one-hour flush interval as an
+/// operator might set to save SD writes. Waiting for the interval would take 500 simulated
+/// hours for 10,000 messages through a window of 20; the policy must get them through at the
+/// speed of the commits.
+#[test]
+fn a_strict_broker_window_never_stalls_ingestion() {
+    for window in [1u16, 2, 20, 100, 65_535] {
+        let p = FlushPolicy {
+            flush_interval: Duration::from_hours(1),
+            max_pending_readings: 1_000_000,
+            window,
+            broker_window: None,
+            sessions: 1,
+            quick_acks: false,
+        };
+        let total = (4 * usize::from(window)).max(10_000);
+        let commit = Duration::from_millis(5);
+        let net = Net::strict(u64::from(window));
+        let run = simulate(p, net, &flat_out(total), commit);
+        let commits_needed = total.div_ceil(p.ack_threshold());
+        let on_wire = net.per_message * u32::try_from(total).unwrap();
+        assert!(
+            run.elapsed <= commit * u32::try_from(commits_needed + 1).unwrap() + on_wire,
+            "window {window}: {run:?} for {commits_needed} commits"
+        );
+    }
+}
+
+/// The broker enforces a smaller window than the one asked for (upstream Mosquitto's v3.1.1
+/// default: 20; EMQX: 32; AWS `IoT` Core and rumqttd: 100). The half-window rule never triggers: the
+/// first window is learned from a stall, and from then on every window is committed the moment
+/// it is full. One commit per window (plus the tail), none waiting for the interval, whatever
+/// the interval, the round trip, or QoS 0 messages mixed in; and the time is the physical
+/// limit (a round trip and a commit per window) plus the one learning pause ([`learning`]: with
+/// quick ACKs and a window of two or more, twice the round trip and at least 20 ms, not 250 ms).
+#[test]
+fn a_broker_window_smaller_than_asked_for_commits_once_per_window() {
+    let commit = Duration::from_millis(2);
+    for (broker_window, flush_ms, rtt_ms, qos0_every, quick_acks) in cases(&[1, 2, 20, 32, 100]) {
+        let p = FlushPolicy {
+            flush_interval: Duration::from_millis(flush_ms),
+            max_pending_readings: 1_000_000,
+            window: 4096,
+            broker_window: None,
+            sessions: 1,
+            quick_acks,
+        };
+        let net = Net {
+            rtt: Duration::from_millis(rtt_ms),
+            qos0_every,
+            ..Net::strict(broker_window)
+        };
+        let windows = 50u32;
+        let mut total = u64::from(windows) * broker_window;
+        if let Some(k) = qos0_every {
+            total = total * k / (k - 1);
+        }
+        let run = simulate(p, net, &flat_out(total as usize), commit);
+        let case = format!(
+            "window {broker_window}, flush {flush_ms} ms, rtt {rtt_ms} ms, qos0 \
+             {qos0_every:?}, quick acks {quick_acks}: {run:?}"
+        );
+        assert!(run.intervals == 0, "{case}");
+        assert!(run.commits <= windows + 1, "{case}");
+        // One stall teaches the window; every later window is committed when full.
+        assert!(run.stalls <= 1, "{case}");
+        assert!(run.full + 1 >= windows, "{case}");
+        let learning = learning(&p, broker_window, net.rtt);
+        let on_wire = net.per_message * u32::try_from(total).unwrap();
+        let limit = learning + (net.rtt + commit) * (windows + 1) + on_wire;
+        assert!(run.elapsed <= limit, "{case}: over {limit:?}");
+    }
+}
+
+/// `mqtt.sessions = 4` on a broker that serves a shared group in turn and stops at the window
+/// of the session whose turn it is (rumqttd, Mosquitto): the four windows fill together. After
+/// the one learning pause, every commit takes half of the four windows, so that the other half
+/// arrives while it runs: at most two commits per four windows and none for the interval; and the
+/// time is within four windows per round trip plus two commits (one session: one window).
+#[test]
+fn four_sessions_commit_half_of_their_windows_at_a_time() {
+    let commit = Duration::from_millis(2);
+    let sessions = 4u16;
+    for (broker_window, flush_ms, rtt_ms, qos0_every, quick_acks) in cases(&[1, 20, 32, 100]) {
+        if flush_ms > 1000 {
+            continue;
+        }
+        let p = FlushPolicy {
+            flush_interval: Duration::from_millis(flush_ms),
+            max_pending_readings: 1_000_000,
+            window: 4096,
+            broker_window: None,
+            sessions,
+            quick_acks,
+        };
+        let net = Net {
+            rtt: Duration::from_millis(rtt_ms),
+            qos0_every,
+            sessions,
+            ..Net::strict(broker_window)
+        };
+        let groups = 50u32; // of four windows each
+        let group = broker_window * u64::from(sessions);
+        let mut total = u64::from(groups) * group;
+        if let Some(k) = qos0_every {
+            total = total * k / (k - 1);
+        }
+        let run = simulate(p, net, &flat_out(total as usize), commit);
+        let case = format!(
+            "window {broker_window} x {sessions} sessions, flush {flush_ms} ms, rtt \
+             {rtt_ms} ms, qos0 {qos0_every:?}, quick acks {quick_acks}: {run:?}"
+        );
+        assert!(run.intervals == 0, "{case}");
+        assert!(run.stalls <= 1, "{case}");
+        // A window of 1 is full at every message: what arrives during a commit
+        // is the next batch, however small.
+        let most = if broker_window == 1 { group } else { 2 } * u64::from(groups);
+        assert!(u64::from(run.commits) <= most + 2, "{case}");
+        assert!(run.full + 2 >= run.commits, "{case}");
+        let learning = learning(&p, broker_window, net.rtt);
+        let on_wire = net.per_message * u32::try_from(total).unwrap();
+        let limit = learning + (net.rtt + commit * 2) * (groups + 1) + on_wire;
+        assert!(run.elapsed <= limit, "{case}: over {limit:?}");
+    }
+}
+
+/// The first window of a connection echoes no release: the publishers start two seconds after
+/// the connection. With quick ACKs the connection's probe commits the first burst after the
+/// short quiet and the broker's refill proves the window: learning takes two short quiets, not
+/// the interval (without quick ACKs: two long ones); one commit more at most (the probe), none
+/// for the interval.
+#[test]
+fn the_first_window_of_a_connection_is_learned_from_its_refill() {
+    let commit = Duration::from_millis(2);
+    let late = Duration::from_secs(2);
+    for quick_acks in [false, true] {
+        for broker_window in [2u64, 20, 100] {
+            let p = learning_policy(quick_acks);
+            let net = Net::strict(broker_window);
+            let windows = 50u32;
+            let total = u64::from(windows) * broker_window;
+            let schedule = vec![late; total as usize];
+            let run = simulate(p, net, &schedule, commit);
+            let case = format!("window {broker_window}, quick acks {quick_acks}: {run:?}");
+            assert_eq!(run.intervals, 0, "{case}");
+            assert!(run.commits <= windows + 1, "{case}");
+            let learning = if quick_acks {
+                QUIET_FAST_MIN
+            } else {
+                QUIET_CONFIRM
+            } * 2;
+            let on_wire = net.per_message * u32::try_from(total).unwrap();
+            let limit = late + learning + commit * (windows + 1) + on_wire;
+            assert!(run.elapsed <= limit, "{case}: over {limit:?}");
+        }
+    }
+}
+
+/// A window stated by the operator (`mqtt.broker_window`) needs no learning pause: the first
+/// window already commits the moment it is full.
+#[test]
+fn a_stated_broker_window_commits_from_the_first_window_on() {
+    let commit = Duration::from_millis(2);
+    for broker_window in [1u16, 20] {
+        let p = FlushPolicy {
+            flush_interval: Duration::from_hours(1),
+            max_pending_readings: 1_000_000,
+            window: 4096,
+            broker_window: Some(broker_window),
+            sessions: 1,
+            quick_acks: false,
+        };
+        let windows = 50u32;
+        let total = windows as usize * usize::from(broker_window);
+        let net = Net::strict(broker_window.into());
+        let run = simulate(p, net, &flat_out(total), commit);
+        assert_eq!(run.full, run.commits, "{run:?}");
+        let on_wire = net.per_message * u32::try_from(total).unwrap();
+        assert!(run.elapsed <= commit * windows + on_wire, "{run:?}");
+    }
+}
+
+/// A broker with Nagle's algorithm on (Mosquitto's default) delivers a steady stream in bursts
+/// paced by our TCP delayed ACKs: quiet gaps of 40 ms, each ended at once by our release. That
+/// is not a full window: commits must come at the half window or the interval, not per burst
+/// (with a 10 ms quiet rule: one commit of ~40 messages every 40 ms).
+#[test]
+fn bursts_paced_by_delayed_acks_are_not_stalls() {
+    let p = FlushPolicy {
+        flush_interval: Duration::from_secs(1),
+        max_pending_readings: 1_000_000,
+        window: 1024,
+        broker_window: None,
+        sessions: 1,
+        quick_acks: false,
+    };
+    let seconds = 20u32;
+    let steady: Vec<Duration> = (0..seconds * 1000)
+        .map(|ms| Duration::from_millis(u64::from(ms)))
+        .collect();
+    for delayed_ack in [15, 40, 45] {
+        let delayed_ack = Some(Duration::from_millis(delayed_ack));
+        let net = Net {
+            delayed_ack,
+            ..Net::strict(1024)
+        };
+        let run = simulate(p, net, &steady, Duration::from_millis(2));
+        // At most the end of the stream, a real pause, may count as a stall.
+        assert!(run.stalls <= 1, "{delayed_ack:?}: {run:?}");
+        // 512 messages (half the window) per commit at 1,000 messages/s.
+        assert!(run.commits <= 2 * seconds + 1, "{delayed_ack:?}: {run:?}");
+    }
+}
+
+/// Ordinary traffic must not look like a stall: a steady stream (with jitter) and a bursty one
+/// are committed about once per flush interval, not once per message or per burst, with quick
+/// ACKs (the short quiet) as without.
+#[test]
+fn steady_and_bursty_traffic_do_not_trigger_stall_flushes() {
+    for quick_acks in [false, true] {
+        let p = learning_policy(quick_acks);
+        let commit = Duration::from_millis(5);
+        let seconds = 30u32;
+        // Steady: one message every 30..70 ms.
+        let mut t = Duration::ZERO;
+        let mut x = 12345u64;
+        let mut steady = Vec::new();
+        while t < Duration::from_secs(seconds.into()) {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            t += Duration::from_millis(30 + (x >> 33) % 41);
+            steady.push(t);
+        }
+        let run = simulate(p, Net::strict(4096), &steady, commit);
+        assert!(run.commits <= seconds + 1, "steady, {quick_acks}: {run:?}");
+        // Bursty: five messages 1 ms apart every 300 ms.
+        let bursty: Vec<Duration> = (0..seconds * 1000 / 300)
+            .flat_map(|burst| {
+                (0..5).map(move |i| Duration::from_millis(u64::from(burst * 300 + i)))
+            })
+            .collect();
+        let run = simulate(p, Net::strict(4096), &bursty, commit);
+        assert!(
+            run.commits <= 2 * seconds + 1,
+            "bursty, {quick_acks}: {run:?}"
+        );
+    }
+}
+
+/// Random (Poisson) arrivals at 20, 200 and 2,000 messages/s through a broker that enforces no
+/// window, with quick ACKs: the short quiet rule must not turn chance gaps into commits. About
+/// one commit per flush interval (the half window is never reached), a few more at most.
+#[test]
+fn random_arrivals_are_not_taken_for_a_window_with_quick_acks() {
+    let p = FlushPolicy {
+        flush_interval: Duration::from_secs(1),
+        max_pending_readings: 1_000_000,
+        window: 65_535,
+        broker_window: None,
+        sessions: 1,
+        quick_acks: true,
+    };
+    let seconds = 60u32;
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for rate in [20.0f64, 200.0, 2000.0] {
+        let mut t = 0.0f64;
+        let mut schedule = Vec::new();
+        while t < f64::from(seconds) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            t += -(1.0 - u).ln() / rate;
+            schedule.push(Duration::from_secs_f64(t));
+        }
+        let run = simulate(
+            p,
+            Net::strict(65_535),
+            &schedule,
+            Duration::from_micros(200),
+        );
+        assert!(
+            run.commits <= seconds + seconds / 10,
+            "{rate} messages/s: {run:?}"
+        );
+    }
+}
+
+/// Issue 42: on a broker without an in-flight window (Debian's Mosquitto, MQTT 5), 20 messages
+/// every 100 ms made bucketd learn a "window of 20" from the bursts and commit 10 to 20 times a
+/// second, 4x the bytes an SD card took at one commit a second; a single message and a pause
+/// taught a window of 1 likewise. Whatever the pattern, the round trip or the commit time, a
+/// broker that never stops at a window gets one commit per `flush_interval` (plus the
+/// connection's one probe and the bursts around its first moments), over a minute.
+#[test]
+fn a_broker_without_a_window_gets_one_commit_per_interval_whatever_the_pattern() {
+    // (messages per burst, period): independent devices, one burst a second, 20 every 100 ms...
+    let patterns: [(usize, u64); 8] = [
+        (1, 5),
+        (200, 1000),
+        (20, 100),
+        (5, 50),
+        (20, 250),
+        (1, 300),
+        (3, 700),
+        (1, 1000),
+    ];
+    let commits = |secs: u64, burst: usize, period_ms: u64, p: FlushPolicy, net: Net, commit| {
+        let mut schedule = Vec::new();
+        for k in 0..(secs * 1000 / period_ms) {
+            for j in 0..burst {
+                let at =
+                    Duration::from_millis(k * period_ms) + Duration::from_micros(j as u64 * 30);
+                schedule.push(at);
+            }
+        }
+        simulate(p, net, &schedule, commit)
+    };
+    for quick_acks in [false, true] {
+        for (burst, period_ms) in patterns {
+            for rtt_ms in [0u64, 1, 20] {
+                for commit_us in [100u64, 1_000, 5_000] {
+                    let p = FlushPolicy {
+                        window: 1024,
+                        ..learning_policy(quick_acks)
+                    };
+                    let net = Net {
+                        rtt: Duration::from_millis(rtt_ms),
+                        ..Net::strict(u64::MAX)
+                    };
+                    let commit = Duration::from_micros(commit_us);
+                    let two = commits(120, burst, period_ms, p, net, commit);
+                    let case = format!(
+                        "{burst} every {period_ms} ms, rtt {rtt_ms} ms, commit {commit_us} us, \
+                         quick ACKs {quick_acks}: {two:?}"
+                    );
+                    // The start: the probe, and a window learned by chance and forgotten.
+                    assert!(two.first_minute <= 60 + 6, "{case}");
+                    // Then exactly one commit per interval (and the tail's).
+                    assert!(two.commits - two.first_minute <= 60 + 1, "{case}");
+                }
+            }
+        }
+    }
+}
+
+/// `ingest::a_strict_broker_window_does_not_stall_a_long_flush_interval` hung under CPU load
+/// (2 of 2 runs with two busy loops beside it): with the window learned (100), a refill that
+/// came later than an echo filled the window and went quiet, and nothing committed it: the
+/// learned window commits only echoes, and a quiet after a batch that is no echo proved nothing.
+/// A batch that fills a window an echo has confirmed and then goes quiet is committed after
+/// [`LATE_REFILL_QUIETS`] confirming quiets, however late it came.
+#[test]
+fn a_late_refill_of_a_known_window_is_committed_after_a_quiet() {
+    let commit = Duration::from_millis(2);
+    // Refills in one burst (with quick ACKs and without), and trickling in (10 ms a message:
+    // no burst; without quick ACKs, whose probe needs a burst to learn the first window).
+    for (per_message, quick_acks) in [
+        (Duration::from_micros(50), false),
+        (Duration::from_micros(50), true),
+        (Duration::from_millis(10), false),
+    ] {
+        // The daemon's test: a one-hour interval, so that only the window rules commit.
+        let p = FlushPolicy {
+            flush_interval: Duration::from_hours(1),
+            ..learning_policy(quick_acks)
+        };
+        let late = Duration::from_millis(400);
+        let net = Net {
+            late_refills: Some((4, late)),
+            per_message,
+            ..Net::strict(100)
+        };
+        let windows = 30u32;
+        let run = simulate(p, net, &flat_out(windows as usize * 100), commit);
+        let case = format!("{per_message:?} a message, quick acks {quick_acks}: {run:?}");
+        assert_eq!(run.intervals, 0, "{case}");
+        assert!(run.commits <= windows + 2, "{case}");
+        let on_wire = per_message * windows * 100;
+        let limit = (late + QUIET_CONFIRM * LATE_REFILL_QUIETS + commit) * windows
+            + on_wire
+            + Duration::from_secs(1);
+        assert!(run.elapsed <= limit, "{case}: over {limit:?}");
+    }
+}
