@@ -126,8 +126,6 @@ fn a_window_of_one_flushes_every_message() {
     assert_eq!(policy(u16::MAX).ack_threshold(), 32_767);
 }
 
-/// What a simulated run measured.
-
 /// A broker that honours the window we ask for but sends past a window wrongly learned (a pause
 /// taken for a stall, then a larger burst): the learned window is forgotten as soon as the broker
 /// has more unacknowledged, so commits go back to the half window.

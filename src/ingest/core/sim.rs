@@ -12,6 +12,7 @@ use super::tests::{committed, core_with, feed, mqtt};
 use super::*;
 use crate::batcher::{FlushPolicy, LATE_REFILL_QUIETS, QUIET_CONFIRM, QUIET_FAST_MIN};
 
+/// What a simulated run measured.
 #[derive(Debug)]
 struct Run {
     /// Time until all but a last partial batch was acknowledged (that one waits for the
