@@ -53,6 +53,7 @@ pub mod batcher;
 pub mod chart;
 pub mod commitlog;
 pub mod config;
+pub mod conninfo;
 pub mod daemon;
 pub mod decode;
 pub mod dedup;
