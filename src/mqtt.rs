@@ -304,131 +304,168 @@ impl Driver {
     /// name another message now). They come here before the failure instead: `Other` stands
     /// for the failure until they are taken.
     async fn poll_client(&mut self) -> Result<MqttEvent, PollError> {
-        let attempt = &mut self.attempt;
         let failure = &mut self.failure;
+        let link = Link {
+            attempt: &mut self.attempt,
+            subscriptions: &self.subscriptions,
+            max_packet: (self.max_packet, self.max_packet_to_drop),
+            raised: &mut self.raised,
+        };
         match &mut self.client {
             Client::V4 { eventloop, .. } => {
-                use rumqttc::{Event, Outgoing, Packet};
                 let polled = next_event!(failure, eventloop);
-                match polled {
-                    Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                        if std::mem::take(&mut self.raised) {
-                            // This connection keeps the raised limit; the next one is normal.
-                            let limit = self.max_packet;
-                            eventloop.mqtt_options.set_max_packet_size(limit, limit);
-                        }
-                        Ok(MqttEvent::Connected {
-                            session_present: ack.session_present,
-                            handshake: attempt.take().map_or(Duration::ZERO, |t| t.elapsed()),
-                        })
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
-                        refused: self
-                            .subscriptions
-                            .iter()
-                            .zip(&ack.return_codes)
-                            .filter(|(_, c)| matches!(c, rumqttc::SubscribeReasonCode::Failure))
-                            .map(|((f, _), _)| f.clone())
-                            .collect(),
-                    }),
-                    Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
-                        topic: Bytes::from(p.topic),
-                        payload: p.payload,
-                        pkid: p.pkid,
-                        qos: p.qos as u8,
-                        dup: p.dup,
-                    }),
-                    Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
-                        Ok(MqttEvent::AcksSent(
-                            1 + take_acks_sent(&mut eventloop.state.events, |e| {
-                                matches!(
-                                    e,
-                                    Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))
-                                )
-                            }),
-                        ))
-                    }
-                    Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
-                    Ok(Event::Outgoing(Outgoing::PingReq)) => Ok(MqttEvent::PingSent),
-                    Ok(Event::Incoming(Packet::PingResp)) => Ok(MqttEvent::PingAnswered),
-                    Ok(_) => Ok(MqttEvent::Other),
-                    Err(e) => {
-                        let mut message = e.to_string();
-                        if let rumqttc::ConnectionError::MqttState(
-                            rumqttc::StateError::Deserialization(
-                                rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(size),
-                            ),
-                        ) = &e
-                        {
-                            message = oversized_v4(
-                                &mut eventloop.mqtt_options,
-                                *size,
-                                (self.max_packet, self.max_packet_to_drop),
-                                &mut self.raised,
-                            );
-                        }
-                        let e = PollError {
-                            refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
-                            tls: tls_error_v4(&e),
-                            message,
-                        };
-                        failed(failure, !eventloop.state.events.is_empty(), e)
-                    }
+                let queued = |e: &rumqttc::EventLoop| !e.state.events.is_empty();
+                match link.v4_event(polled, eventloop) {
+                    Err(e) => failed(failure, queued(eventloop), e),
+                    event => event,
                 }
             }
             Client::V5 { eventloop, .. } => {
-                use rumqttc::Outgoing;
-                use rumqttc::v5::Event;
-                use rumqttc::v5::mqttbytes::v5::{Packet, SubscribeReasonCode};
                 let polled = next_event!(failure, eventloop);
-                match polled {
-                    Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
-                        session_present: ack.session_present,
-                        handshake: attempt.take().map_or(Duration::ZERO, |t| t.elapsed()),
-                    }),
-                    Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
-                        refused: self
-                            .subscriptions
-                            .iter()
-                            .zip(&ack.return_codes)
-                            .filter(|(_, c)| !matches!(c, SubscribeReasonCode::Success(_)))
-                            .map(|((f, _), c)| format!("{f} ({c:?})"))
-                            .collect(),
-                    }),
-                    Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
-                        topic: p.topic,
-                        payload: p.payload,
-                        pkid: p.pkid,
-                        qos: p.qos as u8,
-                        dup: p.dup,
-                    }),
-                    Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
-                        Ok(MqttEvent::AcksSent(
-                            1 + take_acks_sent(&mut eventloop.state.events, |e| {
-                                matches!(
-                                    e,
-                                    Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))
-                                )
-                            }),
-                        ))
-                    }
-                    Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
-                    Ok(Event::Outgoing(Outgoing::PingReq)) => Ok(MqttEvent::PingSent),
-                    Ok(Event::Incoming(Packet::PingResp(_))) => Ok(MqttEvent::PingAnswered),
-                    Ok(_) => Ok(MqttEvent::Other),
-                    Err(e) => {
-                        let e = PollError {
-                            refused: matches!(
-                                e,
-                                rumqttc::v5::ConnectionError::ConnectionRefused(_)
-                            ),
-                            tls: tls_error_v5(&e),
-                            message: e.to_string(),
-                        };
-                        failed(failure, !eventloop.state.events.is_empty(), e)
-                    }
+                let queued = |e: &rumqttc::v5::EventLoop| !e.state.events.is_empty();
+                match link.v5_event(polled, eventloop) {
+                    Err(e) => failed(failure, queued(eventloop), e),
+                    event => event,
                 }
             }
+        }
+    }
+}
+
+/// What the normalisers of the two protocols' events read and update of the [`Driver`].
+struct Link<'a> {
+    attempt: &'a mut Option<std::time::Instant>,
+    subscriptions: &'a [(String, u8)],
+    /// `mqtt.max_packet_size` and `mqtt.max_packet_size_to_drop`, in bytes.
+    max_packet: (usize, usize),
+    raised: &'a mut bool,
+}
+
+impl Link<'_> {
+    /// The connection attempt's time until its CONNACK.
+    fn handshake(&mut self) -> Duration {
+        self.attempt.take().map_or(Duration::ZERO, |t| t.elapsed())
+    }
+
+    /// The filters a SUBACK refused, by its return codes in the order subscribed.
+    fn refused<C>(&self, codes: &[C], failed: impl Fn(&C) -> Option<String>) -> Vec<String> {
+        self.subscriptions
+            .iter()
+            .zip(codes)
+            .filter_map(|((f, _), c)| failed(c).map(|why| format!("{f}{why}")))
+            .collect()
+    }
+
+    /// An MQTT 3.1.1 event loop's event as an [`MqttEvent`].
+    fn v4_event(
+        mut self,
+        polled: Result<rumqttc::Event, rumqttc::ConnectionError>,
+        eventloop: &mut rumqttc::EventLoop,
+    ) -> Result<MqttEvent, PollError> {
+        use rumqttc::{Event, Outgoing, Packet};
+        let is_ack = |e: &Event| {
+            matches!(
+                e,
+                Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))
+            )
+        };
+        match polled {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                if std::mem::take(self.raised) {
+                    // This connection keeps the raised limit; the next one is normal.
+                    let limit = self.max_packet.0;
+                    eventloop.mqtt_options.set_max_packet_size(limit, limit);
+                }
+                Ok(MqttEvent::Connected {
+                    session_present: ack.session_present,
+                    handshake: self.handshake(),
+                })
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
+                refused: self.refused(&ack.return_codes, |c| {
+                    matches!(c, rumqttc::SubscribeReasonCode::Failure).then(String::new)
+                }),
+            }),
+            Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
+                topic: Bytes::from(p.topic),
+                payload: p.payload,
+                pkid: p.pkid,
+                qos: p.qos as u8,
+                dup: p.dup,
+            }),
+            Ok(e) if is_ack(&e) => Ok(MqttEvent::AcksSent(
+                1 + take_acks_sent(&mut eventloop.state.events, is_ack),
+            )),
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
+            Ok(Event::Outgoing(Outgoing::PingReq)) => Ok(MqttEvent::PingSent),
+            Ok(Event::Incoming(Packet::PingResp)) => Ok(MqttEvent::PingAnswered),
+            Ok(_) => Ok(MqttEvent::Other),
+            Err(e) => {
+                let mut message = e.to_string();
+                if let rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+                    rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(size),
+                )) = &e
+                {
+                    message = oversized_v4(
+                        &mut eventloop.mqtt_options,
+                        *size,
+                        self.max_packet,
+                        self.raised,
+                    );
+                }
+                Err(PollError {
+                    refused: matches!(e, rumqttc::ConnectionError::ConnectionRefused(_)),
+                    tls: tls_error_v4(&e),
+                    message,
+                })
+            }
+        }
+    }
+
+    /// An MQTT 5 event loop's event as an [`MqttEvent`].
+    fn v5_event(
+        mut self,
+        polled: Result<rumqttc::v5::Event, rumqttc::v5::ConnectionError>,
+        eventloop: &mut rumqttc::v5::EventLoop,
+    ) -> Result<MqttEvent, PollError> {
+        use rumqttc::Outgoing;
+        use rumqttc::v5::Event;
+        use rumqttc::v5::mqttbytes::v5::{Packet, SubscribeReasonCode};
+        let is_ack = |e: &Event| {
+            matches!(
+                e,
+                Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))
+            )
+        };
+        match polled {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => Ok(MqttEvent::Connected {
+                session_present: ack.session_present,
+                handshake: self.handshake(),
+            }),
+            Ok(Event::Incoming(Packet::SubAck(ack))) => Ok(MqttEvent::Subscribed {
+                refused: self.refused(&ack.return_codes, |c| {
+                    (!matches!(c, SubscribeReasonCode::Success(_))).then(|| format!(" ({c:?})"))
+                }),
+            }),
+            Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
+                topic: p.topic,
+                payload: p.payload,
+                pkid: p.pkid,
+                qos: p.qos as u8,
+                dup: p.dup,
+            }),
+            Ok(e) if is_ack(&e) => Ok(MqttEvent::AcksSent(
+                1 + take_acks_sent(&mut eventloop.state.events, is_ack),
+            )),
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(MqttEvent::DisconnectSent),
+            Ok(Event::Outgoing(Outgoing::PingReq)) => Ok(MqttEvent::PingSent),
+            Ok(Event::Incoming(Packet::PingResp(_))) => Ok(MqttEvent::PingAnswered),
+            Ok(_) => Ok(MqttEvent::Other),
+            Err(e) => Err(PollError {
+                refused: matches!(e, rumqttc::v5::ConnectionError::ConnectionRefused(_)),
+                tls: tls_error_v5(&e),
+                message: e.to_string(),
+            }),
         }
     }
 }

@@ -30,6 +30,10 @@ use crate::reading::Timestamp;
 use crate::stats::Stats;
 use crate::store::{CommitError, CommitStats, Store};
 
+mod schedule;
+
+use self::schedule::{Fold, Schedule, Step};
+
 /// The result of one commit.
 #[derive(Debug, Clone)]
 pub struct Committed {
@@ -64,174 +68,168 @@ pub struct Upkeep {
 /// good (see the module docs), and hands the store back when it ends. `cancel` (shutdown) ends
 /// commit retries.
 pub fn spawn(
-    mut store: Store,
+    store: Store,
     stats: Arc<Stats>,
     metrics: Arc<Metrics>,
     upkeep: Upkeep,
     cancel: CancellationToken,
 ) -> (Writer, std::thread::JoinHandle<Store>) {
-    let Upkeep {
-        checkpoint,
-        retention,
-    } = upkeep;
     let (batch_tx, batch_rx) = mpsc::sync_channel::<Batch>(1);
     let (result_tx, result_rx) = tokio::sync::mpsc::channel(1);
+    let mut thread = Thread {
+        store,
+        stats,
+        metrics,
+        retention: upkeep.retention,
+        schedule: Schedule::new(upkeep.checkpoint, upkeep.retention.interval, Instant::now()),
+        cancel,
+    };
     let thread = std::thread::Builder::new()
         .name("bucketd-writer".into())
         .spawn(move || {
-            // The first pass runs soon after start, then every interval (sooner while a pass
-            // leaves work behind).
-            let mut next_pass = Instant::now() + Duration::from_secs(1).min(retention.interval);
-            // The log a previous run left is folded by the first checkpoint, one interval on.
-            let mut next_checkpoint = Instant::now() + checkpoint.interval;
-            // A checkpoint is part-way: fold the next part as soon as no batch waits.
-            let mut folding = false;
-            // After a checkpoint failed: no trigger starts another before then.
-            let mut backoff = Backoff::default();
-            stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
-            loop {
-                let due = folding
-                    || Instant::now() >= next_checkpoint
-                    || store.log_bytes() >= checkpoint.bytes;
-                if due && backoff.allows(Instant::now()) {
-                    // A failed part changes nothing (one transaction): the log stays, reads
-                    // still include it, and the next try waits (every trigger alike).
-                    match run_checkpoint(&mut store, &stats, &metrics) {
-                        Fold::More => folding = true,
-                        Fold::Done => {
-                            folding = false;
-                            backoff = Backoff::default();
-                            next_checkpoint = Instant::now() + checkpoint.interval;
-                        }
-                        Fold::Failed => {
-                            folding = false;
-                            backoff.failed(Instant::now(), checkpoint.interval);
-                            next_checkpoint = Instant::now() + checkpoint.interval;
-                        }
-                        Fold::Damaged => break,
-                    }
-                }
-                let (journal_used, journal_room) = store.journal_use();
-                if journal_used > 0 && journal_used >= journal_room / 4 * 3 && backoff.allows(Instant::now()) {
-                    if store.log_bytes() > 0 {
-                        // What the journal holds is pending: fold it, part by part, which
-                        // frees the records folded.
-                        folding = true;
-                    } else if let Err(e) = store.sync_file() {
-                        // A failure changes nothing: the next commit finds the journal full
-                        // and commits durably in the file, or fails and reopens.
-                        warn!(error = %e, "Could not make the database file durable; retrying later.");
-                    }
-                }
-                let wait = if folding {
-                    Duration::ZERO
-                } else {
-                    next_pass
-                        .min(next_checkpoint.max(backoff.until()))
-                        .saturating_duration_since(Instant::now())
-                };
-                let batch = match batch_rx.recv_timeout(wait) {
-                    Ok(batch) => batch,
-                    Err(RecvTimeoutError::Timeout) if folding || Instant::now() < next_pass => {
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Timeout) => {
-                        // Retention after a checkpoint: a bucket it deletes cannot come back
-                        // from a log entry folded later. The log is folded in parts first,
-                        // with batches between them, and the pass waits until it is.
-                        if !backoff.allows(Instant::now()) {
-                            next_pass = backoff.until();
-                            continue;
-                        }
-                        // Only when the log touches what the pass may delete: otherwise the
-                        // fold would rewrite what the last seconds touched for nothing.
-                        let (raw_before, buckets_before) = retention_cutoffs(retention);
-                        let fold_first = store
-                            .log_reaches_before(raw_before.max(buckets_before))
-                            .unwrap_or_else(|e| {
-                                warn!(error = %e, "Could not read the commit log; folding it first.");
-                                true
-                            });
-                        if fold_first {
-                            match run_checkpoint(&mut store, &stats, &metrics) {
-                                Fold::More => {
-                                    folding = true;
-                                    continue;
-                                }
-                                Fold::Done => backoff = Backoff::default(),
-                                Fold::Failed => {
-                                    backoff.failed(Instant::now(), checkpoint.interval);
-                                    next_pass = backoff.until();
-                                    continue;
-                                }
-                                Fold::Damaged => break,
-                            }
-                            next_checkpoint = Instant::now() + checkpoint.interval;
-                        }
-                        next_pass = match expire(&mut store, &stats, retention) {
-                            Ok(true) => Instant::now(), // more is due: go on after any batch
-                            Ok(false) => Instant::now() + retention.interval,
-                            Err(e) => {
-                                // A failed pass changes nothing; commits go on, and a failing
-                                // store shows up in the next commit.
-                                warn!(error = %e, "Retention pass failed; retrying later.");
-                                Instant::now() + retention.interval
-                            }
-                        };
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => {
-                        // Shutdown: the file alone then holds every commit (for `bucketd export`,
-                        // a copy, a downgrade). On failure the journal keeps them for the next start.
-                        if let Err(e) = store.sync_file() {
-                            warn!(
-                                error = %e,
-                                "Could not make the database file durable at shutdown; the \
-                                 journal keeps every commit and the next start applies them."
-                            );
-                        }
-                        break;
-                    }
-                };
-                let started = Instant::now();
-                let result =
-                    commit_retrying(&mut store, &batch, &stats, &cancel).map(|s| Committed {
-                        stats: s,
-                        readings: batch.readings,
-                        took: started.elapsed(),
-                        forgotten: store.take_forgotten(),
-                    });
-                let failed = result.is_err();
-                if let Ok(c) = &result {
-                    metrics.record_commit(c.took, c.readings);
-                    stats.flushes.fetch_add(1, Ordering::Relaxed);
-                    stats
-                        .buckets_written
-                        .fetch_add(c.stats.buckets_written as u64, Ordering::Relaxed);
-                    stats
-                        .readings_ingested
-                        .fetch_add(c.readings as u64, Ordering::Relaxed);
-                    stats
-                        .series
-                        .store(store.series_count() as u64, Ordering::Relaxed);
-                    stats
-                        .store_bytes
-                        .store(store.file_bytes(), Ordering::Relaxed);
-                    stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
-                }
-                if result_tx.blocking_send(result).is_err() || failed {
-                    // The ingest side is gone, or the batch could not be committed for good.
-                    break;
-                }
-            }
-            store
+            thread.run(&batch_rx, &result_tx);
+            thread.store
         })
-        .expect("spawning the writer thread");
+        // At start, before anything is ingested: the daemon cannot run without its writer.
+        .expect("the OS refused a thread at start (out of memory or threads)");
     let writer = Writer {
         batches: batch_tx,
         results: result_rx,
     };
     (writer, thread)
+}
+
+/// The writer thread's state.
+struct Thread {
+    store: Store,
+    stats: Arc<Stats>,
+    metrics: Arc<Metrics>,
+    retention: Retention,
+    schedule: Schedule,
+    cancel: CancellationToken,
+}
+
+impl Thread {
+    /// Takes batches and does the upkeep between them until the batches end or a commit or a
+    /// checkpoint fails for good.
+    fn run(
+        &mut self,
+        batches: &mpsc::Receiver<Batch>,
+        results: &tokio::sync::mpsc::Sender<Result<Committed, CommitError>>,
+    ) {
+        self.stats
+            .log_bytes
+            .store(self.store.log_bytes(), Ordering::Relaxed);
+        loop {
+            if self
+                .schedule
+                .fold_due(Instant::now(), self.store.log_bytes())
+            {
+                let fold = run_checkpoint(&mut self.store, &self.stats, &self.metrics);
+                if self.schedule.folded(fold, Instant::now()) == Step::Stop {
+                    break;
+                }
+            }
+            let journal = self.store.journal_use();
+            if self
+                .schedule
+                .journal_filling(journal, self.store.log_bytes(), Instant::now())
+                && let Err(e) = self.store.sync_file()
+            {
+                // A failure changes nothing: the next commit finds the journal full and
+                // commits durably in the file, or fails and reopens.
+                warn!(error = %e, "Could not make the database file durable; retrying later.");
+            }
+            let batch = match batches.recv_timeout(self.schedule.wait(Instant::now())) {
+                Ok(batch) => batch,
+                Err(RecvTimeoutError::Timeout) => {
+                    if self.schedule.pass_due(Instant::now()) && self.retention_pass() == Step::Stop
+                    {
+                        break;
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // Shutdown: the file alone then holds every commit (for `bucketd export`,
+                    // a copy, a downgrade). On failure the journal keeps them for the next start.
+                    if let Err(e) = self.store.sync_file() {
+                        warn!(
+                            error = %e,
+                            "Could not make the database file durable at shutdown; the \
+                             journal keeps every commit and the next start applies them."
+                        );
+                    }
+                    break;
+                }
+            };
+            let result = self.commit(&batch);
+            let failed = result.is_err();
+            if results.blocking_send(result).is_err() || failed {
+                // The ingest side is gone, or the batch could not be committed for good.
+                break;
+            }
+        }
+    }
+
+    /// A retention pass, after folding the log first when it touches what the pass may
+    /// delete (otherwise the fold would rewrite what the last seconds touched for nothing).
+    fn retention_pass(&mut self) -> Step {
+        let (raw_before, buckets_before) = retention_cutoffs(self.retention);
+        let fold_first = self
+            .store
+            .log_reaches_before(raw_before.max(buckets_before))
+            .unwrap_or_else(|e| {
+                warn!(error = %e, "Could not read the commit log; folding it first.");
+                true
+            });
+        if fold_first {
+            let fold = run_checkpoint(&mut self.store, &self.stats, &self.metrics);
+            let step = self.schedule.folded_before_pass(fold, Instant::now());
+            if step != Step::Go {
+                return step;
+            }
+        }
+        let more = expire(&mut self.store, &self.stats, self.retention)
+            .inspect_err(|e| {
+                // A failed pass changes nothing; commits go on, and a failing store shows up in
+                // the next commit.
+                warn!(error = %e, "Retention pass failed; retrying later.");
+            })
+            .ok();
+        self.schedule.passed(more, Instant::now());
+        Step::Go
+    }
+
+    /// Commits `batch` (retrying, `commit_retrying`) and updates the counters.
+    fn commit(&mut self, batch: &Batch) -> Result<Committed, CommitError> {
+        let started = Instant::now();
+        let store = &mut self.store;
+        let result = commit_retrying(store, batch, &self.stats, &self.cancel).map(|s| Committed {
+            stats: s,
+            readings: batch.readings,
+            took: started.elapsed(),
+            forgotten: store.take_forgotten(),
+        });
+        if let Ok(c) = &result {
+            let stats = &self.stats;
+            self.metrics.record_commit(c.took, c.readings);
+            stats.flushes.fetch_add(1, Ordering::Relaxed);
+            stats
+                .buckets_written
+                .fetch_add(c.stats.buckets_written as u64, Ordering::Relaxed);
+            stats
+                .readings_ingested
+                .fetch_add(c.readings as u64, Ordering::Relaxed);
+            stats
+                .series
+                .store(store.series_count() as u64, Ordering::Relaxed);
+            stats
+                .store_bytes
+                .store(store.file_bytes(), Ordering::Relaxed);
+            stats.log_bytes.store(store.log_bytes(), Ordering::Relaxed);
+        }
+        result
+    }
 }
 
 /// Commits `batch`; on an I/O error reopens the file and tries again, with a capped backoff,
@@ -329,47 +327,6 @@ fn sleep_unless_cancelled(d: Duration, cancel: &CancellationToken) -> bool {
             return false;
         }
         std::thread::sleep(left.min(STEP));
-    }
-}
-
-/// What a checkpoint part came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fold {
-    /// Nothing is left to fold.
-    Done,
-    /// More is left (the part's time ran out).
-    More,
-    /// It failed and changed nothing (an I/O error: a full disk, a failing card): tried again
-    /// after a [`Backoff`].
-    Failed,
-    /// A stored document or record cannot be read: no later try can fold past it. The writer
-    /// stops (the daemon exits 1, with the damaged key in the log), rather than keep everything
-    /// it cannot fold in memory and retry for ever.
-    Damaged,
-}
-
-/// Waits between failed checkpoints: from 1 s, doubling, up to the checkpoint interval. Every
-/// trigger (interval, bytes, a full journal, retention) waits alike: a checkpoint that keeps
-/// failing was tried before every batch before.
-#[derive(Debug, Default, Clone, Copy)]
-struct Backoff {
-    until: Option<Instant>,
-    delay: Duration,
-}
-
-impl Backoff {
-    fn allows(&self, now: Instant) -> bool {
-        self.until.is_none_or(|t| now >= t)
-    }
-
-    fn until(&self) -> Instant {
-        self.until.unwrap_or_else(Instant::now)
-    }
-
-    fn failed(&mut self, now: Instant, most: Duration) {
-        self.delay =
-            (self.delay * 2).clamp(Duration::from_secs(1), most.max(Duration::from_secs(1)));
-        self.until = Some(now + self.delay);
     }
 }
 
