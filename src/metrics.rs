@@ -133,6 +133,8 @@ impl Metrics {
     }
 }
 
+// A data table (each metric, its unit and help text), read best in one place.
+#[allow(clippy::too_many_lines)]
 fn describe(process: &metrics_process::Collector) {
     describe_counter!(MESSAGES_RECEIVED, Unit::Count, "MQTT messages received.");
     describe_counter!(

@@ -682,46 +682,12 @@ pub(super) fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError>
     })
 }
 
-pub(super) fn validate_subscription(
-    i: usize,
+/// A subscription's template and fields fit its `format`.
+fn validate_format(
     raw: &RawSubscription,
-) -> Result<Subscription, ConfigError> {
-    let key = |k: &str| format!("subscriptions[{i}].{k}");
-    validate_filter(&raw.filter).map_err(|m| invalid(key("filter"), m))?;
-    let topic_filter = strip_share(&raw.filter);
-    let template_text = match (&raw.template, raw.format) {
-        (Some(t), _) => t.as_str(),
-        // A gateway's forwarder publishes to bucketd/<gateway_id>/deltas.
-        (None, Format::Delta) => DELTA_TEMPLATE,
-        (None, _) => topic_filter,
-    };
-    let template = Template::parse(template_text).map_err(|m| invalid(key("template"), m))?;
-    if !template.fits_filter(topic_filter) {
-        return Err(invalid(
-            key("template"),
-            format!(
-                "`{template_text}` does not line up with filter `{}`: give one template level per \
-                 filter level",
-                raw.filter
-            ),
-        ));
-    }
-    if raw.qos > 1 {
-        // QoS 2 deliveries stalled after the broker's in-flight window against Mosquitto 2.0.11
-        // in testing (PUBREC sent after the commit, no further messages); until that is
-        // understood, refuse it rather than stall.
-        return Err(invalid(
-            key("qos"),
-            "must be 0 or 1; QoS 2 is not supported yet (QoS 1 with acknowledgement after the \
-             commit already loses nothing)",
-        ));
-    }
-    if raw.format != Format::Delta && template.has_gateway() {
-        return Err(invalid(
-            key("template"),
-            "{gateway} names a delta message's gateway; it needs format = \"delta\"",
-        ));
-    }
+    template: &Template,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
     match raw.format {
         Format::Value => {
             if !template.has_sensor() || !template.has_metric() {
@@ -783,6 +749,50 @@ pub(super) fn validate_subscription(
             }
         }
     }
+    Ok(())
+}
+
+pub(super) fn validate_subscription(
+    i: usize,
+    raw: &RawSubscription,
+) -> Result<Subscription, ConfigError> {
+    let key = |k: &str| format!("subscriptions[{i}].{k}");
+    validate_filter(&raw.filter).map_err(|m| invalid(key("filter"), m))?;
+    let topic_filter = strip_share(&raw.filter);
+    let template_text = match (&raw.template, raw.format) {
+        (Some(t), _) => t.as_str(),
+        // A gateway's forwarder publishes to bucketd/<gateway_id>/deltas.
+        (None, Format::Delta) => DELTA_TEMPLATE,
+        (None, _) => topic_filter,
+    };
+    let template = Template::parse(template_text).map_err(|m| invalid(key("template"), m))?;
+    if !template.fits_filter(topic_filter) {
+        return Err(invalid(
+            key("template"),
+            format!(
+                "`{template_text}` does not line up with filter `{}`: give one template level per \
+                 filter level",
+                raw.filter
+            ),
+        ));
+    }
+    if raw.qos > 1 {
+        // QoS 2 deliveries stalled after the broker's in-flight window against Mosquitto 2.0.11
+        // in testing (PUBREC sent after the commit, no further messages); until that is
+        // understood, refuse it rather than stall.
+        return Err(invalid(
+            key("qos"),
+            "must be 0 or 1; QoS 2 is not supported yet (QoS 1 with acknowledgement after the \
+             commit already loses nothing)",
+        ));
+    }
+    if raw.format != Format::Delta && template.has_gateway() {
+        return Err(invalid(
+            key("template"),
+            "{gateway} names a delta message's gateway; it needs format = \"delta\"",
+        ));
+    }
+    validate_format(raw, &template, &key)?;
     for (name, field) in [
         ("timestamp_field", &raw.timestamp_field),
         ("sensor_field", &raw.sensor_field),

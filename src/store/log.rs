@@ -17,6 +17,11 @@ use crate::summary::Summary;
 
 pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 
+/// The tables a checkpoint part writes, opened in its transaction.
+type LogTable<'t> = redb::Table<'t, u64, &'static [u8]>;
+type DocTable<'t> = redb::Table<'t, (u64, i64), &'static [u8]>;
+type PageTable<'t> = redb::Table<'t, (u64, i64, u32), &'static [u8]>;
+
 /// What one checkpoint part did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CheckpointStats {
@@ -321,7 +326,7 @@ impl Store {
             .map(|c| &**c)
             .collect();
         let tx = self.durable_tx()?;
-        let mut folded_bytes = 0u64;
+        let folded_bytes;
         let next;
         let trimmed;
         {
@@ -329,79 +334,15 @@ impl Store {
             let mut buckets = tx.open_table(BUCKETS)?;
             let mut pages = tx.open_table(PAGES)?;
             let mut meta = tx.open_table(META)?;
-            // This part's buckets: the `budget` smallest keys the checkpoint has left.
-            let mut keys: BTreeSet<(u64, i64)> = BTreeSet::new();
-            let mut beyond = false;
-            {
-                let mut note = |seq: u64, e: &Entry<'_>| {
-                    let key = (e.series_id, e.start);
-                    if cursor.due(seq, key) && keys.insert(key) && keys.len() > budget {
-                        keys.pop_last();
-                        beyond = true;
-                    }
-                    Ok(())
-                };
-                folded_bytes =
-                    folded_bytes.saturating_add(visit_table(&log, cursor.through, &mut note)?);
-                for commit in &in_fold {
-                    visit_record(commit.seq, &commit.record, &mut note)?;
-                    stats.records += 1;
-                    folded_bytes = folded_bytes.saturating_add(commit.record.len() as u64);
-                }
-            }
-            stats.records += log.range(..=cursor.through)?.count();
-            next = match (beyond, keys.last()) {
-                (true, Some(&last)) => Some(FoldCursor {
-                    through: cursor.through,
-                    from: successor(last),
-                }),
-                _ => None,
-            };
-            let mut folding: BTreeMap<(u64, i64), Folding> = BTreeMap::new();
-            let mut raw = Vec::new();
-            let cap = self.settings.page_capacity;
-            let mut visit = |seq: u64, e: &Entry<'_>| {
-                let key = (e.series_id, e.start);
-                if seq > cursor.through || !keys.contains(&key) {
-                    return Ok(());
-                }
-                let corrupt = |_| {
-                    redb::Error::Corrupted(format!(
-                        "a commit log entry of series id {} is unreadable",
-                        key.0
-                    ))
-                };
-                let delta = e.summary().map_err(corrupt)?;
-                let f = if let Some(f) = folding.get_mut(&key) {
-                    f.summary.merge(&delta);
-                    f
-                } else {
-                    let stored = buckets
-                        .get(key)?
-                        .map(|v| decode_bucket(key, v.value()))
-                        .transpose()?;
-                    let summary = merged_onto(stored.as_ref().map(BucketDoc::summary), &delta);
-                    folding.entry(key).or_insert(Folding {
-                        summary,
-                        pages: stored.as_ref().map_or(0, |d| d.pages),
-                        stored,
-                    })
-                };
-                if e.has_raw() {
-                    raw.clear();
-                    e.raw_into(&mut raw).map_err(corrupt)?;
-                    f.pages =
-                        append_pages(&mut pages, key, f.pages, &raw, cap).map_err(|e| match e {
-                            CommitError::Redb(e) => e,
-                            other => redb::Error::Corrupted(other.to_string()),
-                        })?;
-                }
-                Ok(())
-            };
-            visit_table(&log, cursor.through, &mut visit)?;
-            for commit in &in_fold {
-                visit_record(commit.seq, &commit.record, &mut visit)?;
-            }
+            let (keys, next_part, bytes) = part_keys(&log, &in_fold, cursor, budget, &mut stats)?;
+            folded_bytes = bytes;
+            next = next_part;
+            let folding = fold_entries(
+                (&log, &buckets, &mut pages),
+                &in_fold,
+                (cursor, &keys),
+                self.settings.page_capacity,
+            )?;
             // The pending commits' new series, named before the documents below need them
             // (with every part: a put of the same name and id again writes nothing new).
             let mut by_name = tx.open_table(SERIES_BY_NAME)?;
@@ -416,46 +357,11 @@ impl Store {
                 next.write(&mut meta)?;
                 trimmed = Vec::new();
             } else {
-                // The last part: the folded records go, with what they brought besides.
-                meta.remove(FoldCursor::KEY)?;
-                log.retain_in(..=cursor.through, |_, _| false)?;
-                // Pending commits after the checkpoint are not in the table: none of them is
-                // trimmed (their fingerprints go in when they are folded).
-                let below = pending
-                    .iter()
-                    .find(|c| c.seq > cursor.through)
-                    .map(|c| c.seq);
-                trimmed = self.dedup_trim(below);
-                let mut dedup = tx.open_table(DEDUP)?;
-                for commit in &in_fold {
-                    if trimmed.binary_search(&commit.seq).is_err() {
-                        dedup.insert(commit.seq, commit.fingerprints.as_slice())?;
-                    }
-                }
-                for &old in &trimmed {
-                    dedup.remove(old)?;
-                }
-                let mut applied = tx.open_table(APPLIED)?;
-                for commit in &in_fold {
-                    for (key, at) in &commit.applied {
-                        applied.insert(key.as_str(), at.as_slice())?;
-                    }
-                }
+                trimmed =
+                    self.finish_fold(&tx, (&mut log, &mut meta), &pending, &in_fold, cursor)?;
             }
             let width = self.settings.bucket_width_secs;
-            let mut buf = Vec::with_capacity(512);
-            for ((id, start), f) in folding {
-                stats.buckets_created += usize::from(f.stored.is_none());
-                let mut doc = bucket_doc(f.stored, &f.summary, (id, start), width, |id| {
-                    stored_name(&by_id, id)
-                })?;
-                doc.pages = f.pages;
-                buf.clear();
-                bson::serialize_to_buffer(&doc, &mut buf)
-                    .expect("a BucketDoc has only BSON-representable fields");
-                buckets.insert((id, start), buf.as_slice())?;
-                stats.buckets_written += 1;
-            }
+            write_folded(folding, (&mut buckets, &by_id), width, &mut stats)?;
         }
         tx.commit()?;
         self.fold = next;
@@ -470,6 +376,169 @@ impl Store {
             self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
         }
         Ok(stats)
+    }
+}
+
+/// A checkpoint part's fold: the log entries (table and pending commits) of the part's `keys`
+/// merged onto their stored documents, raw readings appended to their pages.
+fn fold_entries(
+    (log, buckets, pages): (&LogTable<'_>, &DocTable<'_>, &mut PageTable<'_>),
+    in_fold: &[&super::pending::PendingCommit],
+    (cursor, keys): (FoldCursor, &BTreeSet<(u64, i64)>),
+    cap: u32,
+) -> Result<BTreeMap<(u64, i64), Folding>, CommitError> {
+    let mut folding: BTreeMap<(u64, i64), Folding> = BTreeMap::new();
+    let mut raw = Vec::new();
+    let mut visit = |seq: u64, e: &Entry<'_>| {
+        let key = (e.series_id, e.start);
+        if seq > cursor.through || !keys.contains(&key) {
+            return Ok(());
+        }
+        let corrupt = |_| {
+            redb::Error::Corrupted(format!(
+                "a commit log entry of series id {} is unreadable",
+                key.0
+            ))
+        };
+        let delta = e.summary().map_err(corrupt)?;
+        let f = if let Some(f) = folding.get_mut(&key) {
+            f.summary.merge(&delta);
+            f
+        } else {
+            let stored = buckets
+                .get(key)?
+                .map(|v| decode_bucket(key, v.value()))
+                .transpose()?;
+            let summary = merged_onto(stored.as_ref().map(BucketDoc::summary), &delta);
+            folding.entry(key).or_insert(Folding {
+                summary,
+                pages: stored.as_ref().map_or(0, |d| d.pages),
+                stored,
+            })
+        };
+        if e.has_raw() {
+            raw.clear();
+            e.raw_into(&mut raw).map_err(corrupt)?;
+            f.pages = append_pages(pages, key, f.pages, &raw, cap).map_err(|e| match e {
+                CommitError::Redb(e) => e,
+                other => redb::Error::Corrupted(other.to_string()),
+            })?;
+        }
+        Ok(())
+    };
+    visit_table(log, cursor.through, &mut visit)?;
+    for commit in in_fold {
+        visit_record(commit.seq, &commit.record, &mut visit)?;
+    }
+    Ok(folding)
+}
+
+/// Writes the folded documents of a checkpoint part.
+fn write_folded(
+    folding: BTreeMap<(u64, i64), Folding>,
+    (buckets, by_id): (&mut DocTable<'_>, &redb::Table<'_, u64, &'static str>),
+    width: i64,
+    stats: &mut CheckpointStats,
+) -> Result<(), CommitError> {
+    let mut buf = Vec::with_capacity(512);
+    for ((id, start), f) in folding {
+        stats.buckets_created += usize::from(f.stored.is_none());
+        let mut doc = bucket_doc(f.stored, &f.summary, (id, start), width, |id| {
+            stored_name(by_id, id)
+        })?;
+        doc.pages = f.pages;
+        buf.clear();
+        bson::serialize_to_buffer(&doc, &mut buf)
+            .expect("a BucketDoc has only BSON-representable fields");
+        buckets.insert((id, start), buf.as_slice())?;
+        stats.buckets_written += 1;
+    }
+    Ok(())
+}
+
+/// A checkpoint part's bucket keys, where the next part begins, and the log bytes they hold.
+type PartKeys = (BTreeSet<(u64, i64)>, Option<FoldCursor>, u64);
+
+/// A checkpoint part's buckets: the `budget` smallest keys the checkpoint has left in the log
+/// table and the pending commits it folds, where the next part begins (`None`: this part is
+/// the last), and the bytes of log they hold.
+fn part_keys(
+    log: &LogTable<'_>,
+    in_fold: &[&super::pending::PendingCommit],
+    cursor: FoldCursor,
+    budget: usize,
+    stats: &mut CheckpointStats,
+) -> Result<PartKeys, CommitError> {
+    let mut folded_bytes = 0u64;
+    let mut keys: BTreeSet<(u64, i64)> = BTreeSet::new();
+    let mut beyond = false;
+    {
+        let mut note = |seq: u64, e: &Entry<'_>| {
+            let key = (e.series_id, e.start);
+            if cursor.due(seq, key) && keys.insert(key) && keys.len() > budget {
+                keys.pop_last();
+                beyond = true;
+            }
+            Ok(())
+        };
+        folded_bytes = folded_bytes.saturating_add(visit_table(log, cursor.through, &mut note)?);
+        for commit in in_fold {
+            visit_record(commit.seq, &commit.record, &mut note)?;
+            stats.records += 1;
+            folded_bytes = folded_bytes.saturating_add(commit.record.len() as u64);
+        }
+    }
+    stats.records += log.range(..=cursor.through)?.count();
+    let next = match (beyond, keys.last()) {
+        (true, Some(&last)) => Some(FoldCursor {
+            through: cursor.through,
+            from: successor(last),
+        }),
+        _ => None,
+    };
+    Ok((keys, next, folded_bytes))
+}
+
+impl super::Store {
+    /// A checkpoint's last part: the folded records go, with what they brought besides (their
+    /// fingerprints and gateway positions); returns the dedup entries trimmed.
+    fn finish_fold(
+        &self,
+        tx: &redb::WriteTransaction,
+        (log, meta): (
+            &mut LogTable<'_>,
+            &mut redb::Table<'_, &'static str, &'static str>,
+        ),
+        pending: &[std::sync::Arc<super::pending::PendingCommit>],
+        in_fold: &[&super::pending::PendingCommit],
+        cursor: FoldCursor,
+    ) -> Result<Vec<u64>, CommitError> {
+        // The last part: the folded records go, with what they brought besides.
+        meta.remove(FoldCursor::KEY)?;
+        log.retain_in(..=cursor.through, |_, _| false)?;
+        // Pending commits after the checkpoint are not in the table: none of them is
+        // trimmed (their fingerprints go in when they are folded).
+        let below = pending
+            .iter()
+            .find(|c| c.seq > cursor.through)
+            .map(|c| c.seq);
+        let trimmed = self.dedup_trim(below);
+        let mut dedup = tx.open_table(DEDUP)?;
+        for commit in in_fold {
+            if trimmed.binary_search(&commit.seq).is_err() {
+                dedup.insert(commit.seq, commit.fingerprints.as_slice())?;
+            }
+        }
+        for &old in &trimmed {
+            dedup.remove(old)?;
+        }
+        let mut applied = tx.open_table(APPLIED)?;
+        for commit in in_fold {
+            for (key, at) in &commit.applied {
+                applied.insert(key.as_str(), at.as_slice())?;
+            }
+        }
+        Ok(trimmed)
     }
 }
 

@@ -755,6 +755,46 @@ impl Store {
             .expect("a commit that may not wait is made"))
     }
 
+    /// Encodes `batch`'s buckets as a commit log record into `record`, naming the series it
+    /// sees first (ids after the known ones): those, by name and in id order.
+    fn encode_record(
+        &self,
+        batch: &Batch,
+        record: &mut Vec<u8>,
+        stats: &mut CommitStats,
+    ) -> NewSeries {
+        let mut new_series: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut new_in_order: Vec<(u64, Arc<str>)> = Vec::new();
+        let first_new_id = self.next_series_id;
+        let mut entries = Vec::with_capacity(batch.buckets.len());
+        for ((series, start), delta) in &batch.buckets {
+            let id = if let Some(&id) = self.series.get(series).or(new_series.get(series)) {
+                id
+            } else {
+                let id = first_new_id + new_series.len() as u64;
+                new_series.insert(series.clone(), id);
+                new_in_order.push((id, series.clone()));
+                id
+            };
+            entries.push(crate::commitlog::EntryIn {
+                series_id: id,
+                start: *start,
+                summary: delta,
+                raw: batch.raw.get(&(series.clone(), *start)).map(Vec::as_slice),
+            });
+        }
+        entries.sort_unstable_by_key(|e| (e.series_id, e.start));
+        let params = batch
+            .buckets
+            .values()
+            .next()
+            .map_or(crate::sketch::SketchParams::DEFAULT, |s| s.sketch.params());
+        record.clear();
+        crate::commitlog::encode(&entries, params, record);
+        stats.buckets_written = entries.len();
+        (new_series, new_in_order)
+    }
+
     /// [`Store::commit`], once: `None` (nothing written) when the record does not fit in the
     /// journal while commits are pending and `may_wait`.
     fn commit_once(
@@ -773,40 +813,10 @@ impl Store {
         } else {
             None
         };
-        // Series first seen in this batch; joined to `self.series` only once the commit holds.
-        let mut new_series: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut new_in_order: Vec<(u64, Arc<str>)> = Vec::new();
         let fingerprints = crate::dedup::encode(&batch.fingerprints);
         let mut record = std::mem::take(&mut self.record_buf);
-        {
-            let first_new_id = self.next_series_id;
-            let mut entries = Vec::with_capacity(batch.buckets.len());
-            for ((series, start), delta) in &batch.buckets {
-                let id = if let Some(&id) = self.series.get(series).or(new_series.get(series)) {
-                    id
-                } else {
-                    let id = first_new_id + new_series.len() as u64;
-                    new_series.insert(series.clone(), id);
-                    new_in_order.push((id, series.clone()));
-                    id
-                };
-                entries.push(crate::commitlog::EntryIn {
-                    series_id: id,
-                    start: *start,
-                    summary: delta,
-                    raw: batch.raw.get(&(series.clone(), *start)).map(Vec::as_slice),
-                });
-            }
-            entries.sort_unstable_by_key(|e| (e.series_id, e.start));
-            let params = batch
-                .buckets
-                .values()
-                .next()
-                .map_or(crate::sketch::SketchParams::DEFAULT, |s| s.sketch.params());
-            record.clear();
-            crate::commitlog::encode(&entries, params, &mut record);
-            stats.buckets_written = entries.len();
-        }
+        // Series first seen in this batch; joined to `self.series` only once the commit holds.
+        let (new_series, new_in_order) = self.encode_record(batch, &mut record, &mut stats);
         let applied: Vec<(String, Vec<u8>)> = batch
             .applied
             .iter()
@@ -856,35 +866,25 @@ impl Store {
         if journaled {
             // Only the outbox goes to redb now, non-durably (the journal holds it too).
             if let (Some(tx), Some(o)) = (tx.take(), &redo.outbox) {
-                let mut tx = tx;
-                apply_outbox(&tx, o)?;
-                if let Some(w) = &outbox_write {
-                    outbox::note(&tx, &self.outbox, w.key)?;
-                }
-                tx.set_durability(redb::Durability::None)?;
-                tx.commit()?;
+                commit_outbox(tx, o, outbox_write.as_ref(), &self.outbox)?;
             }
         } else {
             debug_assert!(
                 !pending,
                 "pending commits are folded before a durable commit"
             );
-            let mut tx = match tx.take() {
+            let tx = match tx.take() {
                 Some(tx) => tx,
                 None => self.open_db()?.begin_write()?,
             };
-            apply_redo(&tx, seq, &redo)?;
-            if let Some(w) = &outbox_write {
-                outbox::note(&tx, &self.outbox, w.key)?;
-            }
-            tx.set_durability(redb::Durability::Immediate)?;
-            tx.set_two_phase_commit(self.settings.durability == Durability::TwoPhase);
-            tx.set_quick_repair(self.settings.quick_repair);
-            let mut encoded = Vec::new();
-            redo.encode(&mut encoded);
-            self.unconfirmed = Some((seq, encoded));
-            tx.commit()?;
-            self.unconfirmed = None;
+            let settings = (&self.settings, &*self.outbox);
+            commit_durably(
+                tx,
+                (seq, &redo),
+                outbox_write.as_ref(),
+                settings,
+                &mut self.unconfirmed,
+            )?;
         }
         drop(redo);
         drop(gate);
@@ -906,16 +906,22 @@ impl Store {
             self.durable_committed();
         }
         self.record_buf = record;
+        self.committed(seq, new_series, batch.fingerprints.len());
+        Ok(Some(stats))
+    }
+
+    /// Commit `seq` holds: its new series join the known ones, its fingerprints the dedup
+    /// window's count.
+    fn committed(&mut self, seq: u64, new_series: HashMap<Arc<str>, u64>, fingerprints: usize) {
         self.next_series_id += new_series.len() as u64;
         if !self.forgotten.is_empty() {
             // Back in the file: the ingest side must keep counting it.
             self.forgotten.retain(|name| !new_series.contains_key(name));
         }
         self.series.extend(new_series);
-        self.dedup_log.push_back((seq, batch.fingerprints.len()));
-        self.dedup_total += batch.fingerprints.len();
+        self.dedup_log.push_back((seq, fingerprints));
+        self.dedup_total += fingerprints;
         self.next_seq = seq + 1;
-        Ok(Some(stats))
     }
 
     /// The dedup entries a checkpoint deletes, in key order: the oldest ones whose
@@ -1049,6 +1055,52 @@ fn new_journal_id(path: &Path) -> u64 {
     h.update(&std::process::id().to_le_bytes());
     h.update(path.as_os_str().as_encoded_bytes());
     h.digest()
+}
+
+/// The series a commit names first: by name, and in id order.
+type NewSeries = (HashMap<Arc<str>, u64>, Vec<(u64, Arc<str>)>);
+
+/// A journaled commit's outbox write, to redb without waiting for the disk (the journal holds
+/// it durably).
+fn commit_outbox(
+    mut tx: redb::WriteTransaction,
+    o: &journal::OutboxRedo<'_>,
+    outbox_write: Option<&outbox::OutboxWrite>,
+    outbox_state: &OutboxShared,
+) -> Result<(), CommitError> {
+    apply_outbox(&tx, o)?;
+    if let Some(w) = outbox_write {
+        outbox::note(&tx, outbox_state, w.key)?;
+    }
+    tx.set_durability(redb::Durability::None)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// A commit without the journal (or one it has no room for): `redo` applied to redb durably
+/// in `tx`. Its encoding is `unconfirmed` until redb reports the commit (a failure leaves it
+/// there, for the reopen to learn whether it landed).
+fn commit_durably(
+    tx: redb::WriteTransaction,
+    (seq, redo): (u64, &Redo<'_>),
+    outbox_write: Option<&outbox::OutboxWrite>,
+    (settings, outbox_state): (&StoreSettings, &OutboxShared),
+    unconfirmed: &mut Option<(u64, Vec<u8>)>,
+) -> Result<(), CommitError> {
+    let mut tx = tx;
+    apply_redo(&tx, seq, redo)?;
+    if let Some(w) = outbox_write {
+        outbox::note(&tx, outbox_state, w.key)?;
+    }
+    tx.set_durability(redb::Durability::Immediate)?;
+    tx.set_two_phase_commit(settings.durability == Durability::TwoPhase);
+    tx.set_quick_repair(settings.quick_repair);
+    let mut encoded = Vec::new();
+    redo.encode(&mut encoded);
+    *unconfirmed = Some((seq, encoded));
+    tx.commit()?;
+    *unconfirmed = None;
+    Ok(())
 }
 
 /// Writes one commit's [`Redo`] into `tx` under sequence number `seq`: the live commit and a

@@ -2,6 +2,9 @@
 //! tests run against the in-process rumqttd and, when `BUCKETD_TEST_MQTT=host:port` is set,
 //! against that broker too (CI points it at Mosquitto).
 
+// Test scenarios read top to bottom; the 100-line limit (clippy.toml) holds the library.
+#![allow(clippy::too_many_lines)]
+
 /// A Mosquitto of the test's own (shared with the benchmarks).
 #[path = "../shared/own_mosquitto.rs"]
 mod own_mosquitto;
