@@ -120,9 +120,10 @@ impl Position {
 }
 
 /// Builds BSON of any shape for the tests and the fuzzers, without recursion (a serialiser that
-/// recursed would overflow where the decoder must not).
-#[cfg(test)]
-pub(crate) mod shapes {
+/// recursed would overflow where the decoder must not). Public for the fuzzers under `tests/`;
+/// nothing in the daemon calls it, and the linker leaves it out.
+#[doc(hidden)]
+pub mod shapes {
     /// How one level holds the next.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Nest {

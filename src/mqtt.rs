@@ -178,10 +178,13 @@ impl Mqtt {
                     .set_keep_alive(cfg.keep_alive)
                     .set_receive_maximum(Some(cfg.receive_maximum))
                     .set_max_packet_size(Some(
-                        u32::try_from(cfg.max_packet_bytes).expect("validated below 256 MiB"),
+                        u32::try_from(cfg.max_packet_bytes)
+                            .expect("config validation keeps mqtt.max_packet_size below 256 MiB"),
                     ))
                     .set_session_expiry_interval(Some(
-                        u32::try_from(cfg.session_expiry.as_secs()).expect("validated to fit"),
+                        u32::try_from(cfg.session_expiry.as_secs()).expect(
+                            "config validation keeps mqtt.session_expiry within u32 seconds",
+                        ),
                     ))
                     .set_connection_timeout(cfg.connect_timeout.as_secs().max(1))
                     .set_transport(transport());
@@ -548,7 +551,11 @@ impl Mqtt {
         match &self.requests {
             Requests::V4(client) => {
                 let filters = self.subscriptions.iter().map(|(f, q)| {
-                    rumqttc::SubscribeFilter::new(f.clone(), rumqttc::qos(*q).expect("validated"))
+                    rumqttc::SubscribeFilter::new(
+                        f.clone(),
+                        rumqttc::qos(*q)
+                            .expect("config validation keeps a subscription's qos 0 or 1"),
+                    )
                 });
                 client
                     .try_subscribe_many(filters)
@@ -559,7 +566,8 @@ impl Mqtt {
                 let filters = self.subscriptions.iter().map(|(f, q)| {
                     Filter::new(
                         f.clone(),
-                        rumqttc::v5::mqttbytes::qos(*q).expect("validated"),
+                        rumqttc::v5::mqttbytes::qos(*q)
+                            .expect("config validation keeps a subscription's qos 0 or 1"),
                     )
                 });
                 client

@@ -12,8 +12,6 @@
 #[cfg(feature = "central")]
 pub mod applied;
 pub mod forwarder;
-#[cfg(all(test, feature = "central"))]
-mod fuzz;
 #[cfg(all(feature = "postgres", feature = "tls"))]
 pub mod pg_tls;
 #[cfg(feature = "postgres")]

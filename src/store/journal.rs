@@ -369,8 +369,8 @@ impl Journal {
     fn seq_at(&self, at: u64) -> Option<u64> {
         let mut head = [0u8; RECORD_HEADER_BYTES];
         self.file.read_at(at, &mut head).ok()?;
-        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
-        (len > 0).then(|| u64::from_le_bytes(head[4..12].try_into().expect("8 bytes")))
+        let (len, seq, _) = header_fields(head);
+        (len > 0).then_some(seq)
     }
 
     /// How many live records a database whose next commit is `next_seq` and whose journal id
@@ -394,9 +394,8 @@ impl Journal {
             return None;
         }
         self.file.read_at(at, &mut head).ok()?;
-        let len = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")) as usize;
-        let seq = u64::from_le_bytes(head[4..12].try_into().expect("8 bytes"));
-        let sum = u64::from_le_bytes(head[12..20].try_into().expect("8 bytes"));
+        let (len, seq, sum) = header_fields(head);
+        let len = len as usize;
         let body_at = at + RECORD_HEADER_BYTES as u64;
         if len == 0 || body_at + len as u64 > self.capacity {
             return None;
@@ -495,13 +494,13 @@ fn header_bytes(id: u64) -> [u8; 40] {
 
 /// The journal id and format of a header, if it is one of a format this release reads.
 fn parse_header(h: &[u8; 40]) -> Option<(u64, u32)> {
-    let sum = u64::from_le_bytes(h[32..40].try_into().expect("a slice of 8 bytes"));
-    let format = u32::from_le_bytes(h[16..20].try_into().expect("a slice of 4 bytes"));
+    let sum = u64::from_le_bytes(h[32..40].try_into().expect("h is 40 bytes: 32..40 is 8"));
+    let format = u32::from_le_bytes(h[16..20].try_into().expect("h is 40 bytes: 16..20 is 4"));
     (h[0..16] == MAGIC[..]
         && [FORMAT, FORMAT_PACKED].contains(&format)
         && xxhash_rust::xxh3::xxh3_64(&h[0..32]) == sum)
         .then(|| {
-            let id = u64::from_le_bytes(h[24..32].try_into().expect("a slice of 8 bytes"));
+            let id = u64::from_le_bytes(h[24..32].try_into().expect("h is 40 bytes: 24..32 is 8"));
             (id, format)
         })
 }
@@ -656,6 +655,38 @@ fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
 fn get_bytes<'a>(r: &mut &'a [u8]) -> Option<&'a [u8]> {
     let n = usize::try_from(get_varint(r)?).ok()?;
     take(r, n)
+}
+
+/// A record header's fields, little-endian: the body's length, its sequence number and its
+/// checksum (taken apart by pattern: no slice of it can be out of range).
+fn header_fields(head: [u8; RECORD_HEADER_BYTES]) -> (u32, u64, u64) {
+    let [
+        l0,
+        l1,
+        l2,
+        l3,
+        s0,
+        s1,
+        s2,
+        s3,
+        s4,
+        s5,
+        s6,
+        s7,
+        c0,
+        c1,
+        c2,
+        c3,
+        c4,
+        c5,
+        c6,
+        c7,
+    ] = head;
+    (
+        u32::from_le_bytes([l0, l1, l2, l3]),
+        u64::from_le_bytes([s0, s1, s2, s3, s4, s5, s6, s7]),
+        u64::from_le_bytes([c0, c1, c2, c3, c4, c5, c6, c7]),
+    )
 }
 
 #[cfg(test)]

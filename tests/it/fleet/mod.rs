@@ -25,6 +25,9 @@ use crate::own_mosquitto::OwnMosquitto;
 use crate::support::*;
 
 /// Gateways to central instances over an upstream broker.
+/// A central's whole admission path fuzzed with forged and damaged delta messages.
+#[cfg(feature = "central")]
+mod fuzz;
 #[cfg(feature = "central")]
 mod mqtt;
 #[cfg(feature = "postgres")]

@@ -3,25 +3,25 @@
 //! -> the query rollup and its JSON. Nothing a message carries may panic, and what is stored is
 //! exactly what admission let through.
 //!
-//! `cargo test` runs [`CASES_DEFAULT`] cases; `BUCKETD_FUZZ_CASES=N` runs more (the longer run
+//! `cargo test` runs `CASES_DEFAULT` cases; `BUCKETD_FUZZ_CASES=N` runs more (the longer run
 //! in the issue note).
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use crate::admit::{Admitter, Message, Verdict};
-use crate::batcher::{Batcher, FlushPolicy};
-use crate::config::{Durability, GatewayLimits, Limits};
-use crate::decode::{Format, Subscription, Template, TimestampUnit};
-use crate::delta::shapes::{Nest, with_nested};
-use crate::delta::{DeltaMessage, Position};
-use crate::doc::{BucketDoc, PointDoc};
-use crate::reading::Timestamp;
-use crate::series::SeriesSet;
-use crate::sketch::{Sketch, SketchParams};
-use crate::store::{Store, StoreSettings};
-use crate::summary::Summary;
+use bucketd::admit::{Admitter, Message, Verdict};
+use bucketd::batcher::{Batcher, FlushPolicy};
+use bucketd::config::{Durability, GatewayLimits, Limits};
+use bucketd::decode::{Format, Subscription, Template, TimestampUnit};
+use bucketd::delta::shapes::{Nest, with_nested};
+use bucketd::delta::{DeltaMessage, Position};
+use bucketd::doc::{BucketDoc, PointDoc};
+use bucketd::reading::Timestamp;
+use bucketd::series::SeriesSet;
+use bucketd::sketch::{Sketch, SketchParams};
+use bucketd::store::{Store, StoreSettings};
+use bucketd::summary::Summary;
 
 const CASES_DEFAULT: u32 = 256;
 const NOW_S: i64 = 1_763_719_200; // 2025-11-21T10:00:00Z
@@ -183,7 +183,7 @@ fn shape() -> impl Strategy<Value = Shape> {
         ),
         // Around the bound mostly; sometimes thousands of levels.
         prop_oneof![
-            6 => 1usize..=crate::limits::DELTA_DEPTH_MAX + 2,
+            6 => 1usize..=bucketd::limits::DELTA_DEPTH_MAX + 2,
             1 => 100usize..9_000,
         ],
         prop_oneof![4 => 0usize..4, 1 => 0usize..2_000],
@@ -273,13 +273,23 @@ fn forged_sketch(alpha: f64, max_bins: u32, n: u64) -> Vec<u8> {
     .encode();
     honest[1..9].copy_from_slice(&alpha.to_le_bytes());
     let mut out = honest[..9].to_vec();
-    crate::sketch::put_varint(&mut out, u64::from(max_bins));
-    crate::sketch::put_varint(&mut out, 0); // zeros
-    crate::sketch::put_varint(&mut out, 1); // one positive bin
-    crate::sketch::put_varint(&mut out, crate::sketch::zigzag(120));
-    crate::sketch::put_varint(&mut out, n);
-    crate::sketch::put_varint(&mut out, 0); // no negative bins
+    put_varint(&mut out, u64::from(max_bins));
+    put_varint(&mut out, 0); // zeros
+    put_varint(&mut out, 1); // one positive bin
+    put_varint(&mut out, 240); // bin index 120, zigzag-encoded
+    put_varint(&mut out, n);
+    put_varint(&mut out, 0); // no negative bins
     out
+}
+
+/// LEB128, as the sketch encoding writes its counts and indices (a forger's own copy: the
+/// format is the contract, docs/STORAGE.md).
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
 }
 
 fn payload_of(spec: &MessageSpec) -> Vec<u8> {
@@ -327,9 +337,9 @@ fn admitter() -> Admitter {
         limits,
         WIDTH,
         SeriesSet::new(12, 12, []),
-        crate::dedup::Window::new(16, []),
-        crate::resend::Resends::new(1, 16, 16, []),
-        Some(Box::new(super::applied::Applied::default())),
+        bucketd::dedup::Window::new(16, []),
+        bucketd::resend::Resends::new(1, 16, 16, []),
+        Some(Box::new(bucketd::fleet::applied::Applied::default())),
     )
     .with_gateway_limits(
         GatewayLimits {
@@ -400,7 +410,7 @@ fn run(batches: &[Vec<MessageSpec>], checkpoint_every: usize) -> Result<(), Test
             // Too deep is refused as a whole, before anything in it is looked at.
             if let Some(sh) = spec.shape.as_ref().filter(|_| spec.corrupt.is_none()) {
                 let depth = 1 + sh.levels;
-                let want = depth > crate::limits::DELTA_DEPTH_MAX;
+                let want = depth > bucketd::limits::DELTA_DEPTH_MAX;
                 // (Or refused earlier: a topic that names no gateway, say.)
                 let refused = matches!(out.verdict, Verdict::Rejected(_));
                 prop_assert!(!want || refused, "{} levels: {:?}", depth, out.verdict);
@@ -485,13 +495,13 @@ fn check_store(store: &Store, model: &Model) -> Result<(), TestCaseError> {
             .iter()
             .fold(0u64, |n, d| n.saturating_add(d.summary().count));
         for step in [WIDTH, 86_400] {
-            let windows = crate::rollup::rollup(docs, step);
+            let windows = bucketd::rollup::rollup(docs, step);
             let counted = windows
                 .iter()
                 .fold(0u64, |n, w| n.saturating_add(w.summary.count));
             prop_assert_eq!(counted, total);
             for w in &windows {
-                let json = crate::export::summary_json(w.start, w.end, &w.summary);
+                let json = bucketd::export::summary_json(w.start, w.end, &w.summary);
                 prop_assert!(serde_json::to_string(&json).is_ok());
             }
         }
