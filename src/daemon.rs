@@ -686,3 +686,57 @@ pub async fn run(
 fn is_loopback(host: &str) -> bool {
     crate::config::is_loopback_host(host)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&str, String)]) -> Config {
+        let env = pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone()));
+        Config::load(None, env).unwrap()
+    }
+
+    #[test]
+    fn secrets_load_names_the_key_of_a_file_it_cannot_read_and_reads_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t0ken\n").unwrap();
+        let missing = dir.path().join("missing");
+        let ok = config(&[("BUCKETD__HTTP__TOKEN_FILE", token.display().to_string())]);
+        let secrets = Secrets::load(&ok).unwrap();
+        assert_eq!(secrets.api_token.unwrap().expose(), "t0ken");
+        assert!(secrets.mqtt_password.is_none() && secrets.metrics_token.is_none());
+        let bad = config(&[(
+            "BUCKETD__HTTP__METRICS_TOKEN_FILE",
+            missing.display().to_string(),
+        )]);
+        let Err(StartError::Config(message)) = Secrets::load(&bad) else {
+            panic!("a missing secret file is a config error");
+        };
+        assert!(message.contains("http.metrics_token_file"), "{message}");
+    }
+
+    #[test]
+    fn recovered_from_a_store_holds_what_its_commits_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.redb");
+        let c = config(&[("BUCKETD__STORE__PATH", path.display().to_string())]);
+        let mut store = Store::open(&store_settings(&c, &path)).unwrap();
+        let fresh = Recovered::from_store(&c, &store, &path).unwrap();
+        assert_eq!((fresh.series.len(), fresh.dedup.len()), (0, 0));
+        let mut batcher = Batcher::by_hand();
+        batcher.push(
+            Arc::from("s1/t"),
+            crate::reading::Timestamp::from_secs(3600),
+            1.5,
+            std::time::Instant::now(),
+        );
+        batcher.push_fingerprint(7, crate::dedup::Tag::default());
+        let (batch, _) = batcher.take();
+        store.commit(&batch).unwrap();
+        let again = Recovered::from_store(&c, &store, &path).unwrap();
+        assert_eq!(again.series.len(), 1, "the series committed");
+        assert_eq!(again.dedup.len(), 1, "the fingerprint committed");
+        assert_eq!(again.origin, fresh.origin, "the store's identity stays");
+    }
+}
