@@ -18,31 +18,27 @@ pub enum QueryFormat {
 /// Why a query failed; the message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
-    #[error("cannot reach bucketd at {url}: {source}; is it running, and is --url its http.bind?")]
-    Unreachable { url: String, source: ureq::Error },
+    #[error("cannot reach bucketd at {url}: {message}; is it running, and is --url its http.bind?")]
+    Unreachable { url: String, message: String },
     #[error("{0}")]
     Api(String),
     #[error("unexpected answer from {url}: {message}")]
     Protocol { url: String, message: String },
 }
 
+/// How long a query may take, connection included.
+const QUERY_TIMEOUT: Duration = Duration::from_mins(1);
+
 pub struct Client {
-    agent: ureq::Agent,
     base: String,
     token: Option<crate::secret::Secret>,
 }
 
 impl Client {
-    /// A client of the API at `base`, sending `token` as `Authorization: Bearer` when given
-    /// (the daemon's `http.token_file`).
+    /// A client of the API at `base` (`http://host:port`), sending `token` as
+    /// `Authorization: Bearer` when given (the daemon's `http.token_file`).
     pub fn new(base: &str, token: Option<crate::secret::Secret>) -> Client {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_mins(1)))
-            .build()
-            .into();
         Client {
-            agent,
             base: base.trim_end_matches('/').to_owned(),
             token,
         }
@@ -50,29 +46,33 @@ impl Client {
 
     /// GETs `path` with `params` (skipping absent ones) and returns the JSON answer.
     pub fn get(&self, path: &str, params: &[(&str, Option<&str>)]) -> Result<Value, QueryError> {
-        let url = format!("{}{path}", self.base);
-        let mut request = self.agent.get(&url);
-        if let Some(token) = &self.token {
-            request = request.header("Authorization", format!("Bearer {}", token.expose()));
-        }
+        let mut query = form_urlencoded::Serializer::new(String::new());
         for (k, v) in params {
             if let Some(v) = v {
-                request = request.query(*k, *v);
+                query.append_pair(k, v);
             }
         }
-        let response = request.call().map_err(|source| QueryError::Unreachable {
+        let query = query.finish();
+        let url = if query.is_empty() {
+            format!("{}{path}", self.base)
+        } else {
+            format!("{}{path}?{query}", self.base)
+        };
+        let unreachable = |message: String| QueryError::Unreachable {
             url: url.clone(),
-            source,
-        })?;
-        let status = response.status();
-        let text = response
-            .into_body()
-            .read_to_string()
-            .map_err(|e| QueryError::Protocol {
-                url: url.clone(),
-                message: e.to_string(),
-            })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| QueryError::Protocol {
+            message,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| unreachable(format!("no runtime for the request: {e}")))?;
+        let (status, body) = runtime
+            .block_on(async {
+                tokio::time::timeout(QUERY_TIMEOUT, request(&url, self.token.as_ref())).await
+            })
+            .map_err(|_| unreachable(format!("no answer within {QUERY_TIMEOUT:?}")))?
+            .map_err(unreachable)?;
+        let value: Value = serde_json::from_slice(&body).map_err(|e| QueryError::Protocol {
             url: url.clone(),
             message: format!("status {status}, not JSON ({e})"),
         })?;
@@ -91,6 +91,52 @@ impl Client {
             )))
         }
     }
+}
+
+/// One HTTP/1.1 GET of `url` (`http://` only: the daemon serves no TLS), its status and body.
+async fn request(
+    url: &str,
+    token: Option<&crate::secret::Secret>,
+) -> Result<(hyper::StatusCode, bytes::Bytes), String> {
+    use http_body_util::BodyExt;
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("only http:// URLs are served (bucketd's API has no TLS)".into());
+    }
+    let authority = uri.authority().ok_or("the URL names no host")?.clone();
+    let port = authority.port_u16().unwrap_or(80);
+    let stream = tokio::net::TcpStream::connect((authority.host(), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    // Drives the connection until the answer is read (dropped with the runtime).
+    tokio::spawn(connection);
+    let mut request = hyper::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(hyper::header::HOST, authority.as_str());
+    if let Some(token) = token {
+        request = request.header(
+            hyper::header::AUTHORIZATION,
+            format!("Bearer {}", token.expose()),
+        );
+    }
+    let request = request
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("the answer broke off: {e}"))?
+        .to_bytes();
+    Ok((status, body))
 }
 
 /// A table: headers and rows of cells, printed aligned, as CSV, or left as the JSON answer.
