@@ -20,7 +20,7 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
     (
         "558b847",
         "a broker enforcing a window smaller than configured stalled ingestion until the interval",
-        "src/batcher/tests.rs",
+        "src/ingest/core/sim.rs",
         "a_broker_window_smaller_than_asked_for_commits_once_per_window",
     ),
     (
@@ -32,7 +32,7 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
     (
         "891f27a",
         "Nagle-paced bursts (Mosquitto's default) were taken for a stalled window: 70 commits/s",
-        "src/batcher/tests.rs",
+        "src/ingest/core/sim.rs",
         "bursts_paced_by_delayed_acks_are_not_stalls",
     ),
     (
@@ -140,19 +140,19 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
     (
         "d437059",
         "a connection's first window, which echoes no release, waited for the flush interval",
-        "src/batcher/tests.rs",
+        "src/ingest/core/sim.rs",
         "the_first_window_of_a_connection_is_learned_from_its_refill",
     ),
     (
         "05d2db6",
         "a window learned from a slow random stream's chance pause committed every few messages",
-        "src/batcher/tests.rs",
+        "src/ingest/core/sim.rs",
         "random_arrivals_are_not_taken_for_a_window_with_quick_acks",
     ),
     (
         "b897ff4",
         "a retention pass folded the log's rest and left bucketd_commit_log_bytes above 0",
-        "src/writer.rs",
+        "src/writer/mod.rs",
         "the_writer_folds_the_whole_log_part_by_part_and_the_gauge_follows",
     ),
 ];
