@@ -377,9 +377,8 @@ impl<R> Core<R> {
         if let Some(ack) = s.acks.backlog.front() {
             return Some(Outgoing::Ack(*ack));
         }
-        s.pings
-            .due
-            .is_some_and(|at| at <= now)
+        // Still owed when it is taken (a message may have come since it fell due).
+        (s.pings.due.is_some_and(|at| at <= now) && self.ping_owed(session))
             .then_some(Outgoing::Ping)
     }
 
