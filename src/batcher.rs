@@ -73,6 +73,18 @@
 //! than `W` messages unacknowledged (it sent more while a commit ran), its window is larger and
 //! `W` is forgotten; a new connection forgets it too (it may be another broker).
 //!
+//! A busy machine reads a refill late. The broker answers at once, but when the loop is not
+//! running (a gateway under a burst; two cores running the test suite) it reads the refill only
+//! when it runs again, all together, stamped later than an echo may start (issue 58: 9-11 ms
+//! against 5 ms plus the handshake). Two rules keep such a refill from waiting for the interval,
+//! neither of which lets publishers' traffic pass for a window for long: right after the probe,
+//! a burst within [`ECHO_MAX`] of its release proves the window after the long quiet (a
+//! publisher with a shorter period is never that quiet); and a known window's refill that comes
+//! late is believed as an echo while the broker's refills have come as echoes more often than
+//! late (`trust`: each echo, and the proof, earns one, each late refill committed spends one).
+//! Publishers whose bursts are the window's size come as echoes by chance only, so their late
+//! bursts soon find no trust, wait for the interval, and outgrow the window.
+//!
 //! With several sessions (`mqtt.sessions = N`, one shared subscription) each session has its own
 //! window `W`, and the counts above are per session. A broker that hands a shared group's
 //! messages out in turn (rumqttd, Mosquitto) stops the whole group when the next session in turn
@@ -133,6 +145,9 @@ pub const QUIET_CONFIRM: Duration = Duration::from_millis(250);
 /// Confirming quiets ([`QUIET_CONFIRM`]) after a refill that fills a confirmed window too late to
 /// be an echo before it counts as the broker's stall.
 pub const LATE_REFILL_QUIETS: u32 = 4;
+/// The most late refills of a known window believed as echoes on the strength of earlier echoes
+/// (`Batcher::trust`).
+pub const TRUST_MAX: u32 = 16;
 /// With quick ACKs: the shortest quiet that proves the stall of a burst (see the module docs).
 pub const QUIET_FAST_MIN: Duration = Duration::from_millis(20);
 /// With quick ACKs: a burst that began within this time (plus the handshake time) after the
@@ -208,6 +223,16 @@ impl Batch {
     }
 }
 
+/// A connection's one probe: a burst committed with no window known, so that the broker's
+/// refill can prove one (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    Unspent,
+    /// The last batch taken was the probe: the next one may be its refill.
+    JustTaken,
+    Spent,
+}
+
 /// The open batch plus its acknowledgement tokens.
 #[derive(Debug)]
 pub struct Batcher {
@@ -238,11 +263,16 @@ pub struct Batcher {
     /// broker's window, if it has one, is at least this. A stall at fewer is a pause in the
     /// publishers' traffic, not a full window (see [`Batcher::below_floor`]).
     window_floor: usize,
-    /// Whether this connection's probe was spent (see the module docs).
-    probed: bool,
+    /// This connection's probe (see the module docs).
+    probe: Probe,
     /// A refill that came as an echo of our release has filled the known window on this
     /// connection: the window is the broker's, not a lull of the publishers taken for one.
     window_confirmed: bool,
+    /// Refills of the known window that came as echoes of our release (its proof counts as
+    /// one), less the late refills committed on their strength: while some are left, a refill
+    /// that fills the window later than an echo (a busy scheduler read it late) is committed
+    /// as one (see [`Batcher::window_full_at`]). At most [`TRUST_MAX`].
+    trust: u32,
     /// The last QoS 1/2 message's arrival, whichever batch it joined.
     latest_arrival: Option<Instant>,
     /// Whether nothing had arrived for [`Batcher::quiet_fast`] when the last release came: the
@@ -298,8 +328,9 @@ impl Batcher {
             handshake: Duration::ZERO,
             window_seen: None,
             window_floor: 0,
-            probed: false,
+            probe: Probe::Unspent,
             window_confirmed: false,
+            trust: 0,
             latest_arrival: None,
             released_after_quiet: true,
         }
@@ -341,8 +372,9 @@ impl Batcher {
         }
         self.window_seen = None;
         self.window_floor = 0;
-        self.probed = false;
+        self.probe = Probe::Unspent;
         self.window_confirmed = false;
+        self.trust = 0;
         // Nothing has come on the new connection yet.
         self.released_after_quiet = true;
     }
@@ -392,10 +424,19 @@ impl Batcher {
                 .policy
                 .broker_window
                 .is_some_and(|s| usize::from(s) == w);
-            if stated || (echo && (self.is_burst(first, last) || self.is_dense(first, last))) {
+            // A refill later than an echo is believed as one while the broker's refills have
+            // come as echoes more often than late (`trust`): a busy scheduler (a gateway under
+            // a burst, two busy cores) reads a refill that came at once only when the loop
+            // runs again, all of it together, stamped late (issue 58: 9-11 ms after the
+            // release against an echo's 5 ms plus the handshake; the window then waited for
+            // the interval). Publishers who send the window's count now and then (a lull taken
+            // for a window) earn no trust: their bursts come as echoes by chance only, so the
+            // late ones soon wait for the interval, and the batch outgrows the window.
+            let answered = echo || self.trust > 0;
+            if stated || (answered && (self.is_burst(first, last) || self.is_dense(first, last))) {
                 return Some((last, FlushReason::BrokerWindow));
             }
-            if echo {
+            if answered {
                 // A learned window reached slowly: the count is believed after a quiet in
                 // proportion to the batch's own pace (a stream that slow has gaps that long
                 // anyway, and a window learned from one of them must not commit every few
@@ -405,8 +446,9 @@ impl Batcher {
                     FlushReason::BrokerWindow,
                 ));
             }
-            // A refill later than an echo (a broker or a machine under load) that fills a
-            // window an echo has confirmed, in one burst or trickling in: the broker sends
+            // With no trust left: a refill later than an echo (a broker or a machine under
+            // load) that fills a window an echo has confirmed, in one burst or trickling in:
+            // the broker sends
             // nothing more until we acknowledge, so a quiet after it is a stall. (Without
             // this, nothing committed it before the interval: a full-suite run under load hung
             // `ingest::a_strict_broker_window_does_not_stall_a_long_flush_interval`.) A window
@@ -429,7 +471,8 @@ impl Batcher {
         let slow = echo.then(|| quiet_from + self.quiet_confirm());
         let fast = self.fast_stall_at(first, last);
         let probe = self.probe_at(first, last);
-        [slow, fast, probe]
+        let refill = self.probe_refill_at(first, last);
+        [slow, fast, probe, refill]
             .into_iter()
             .flatten()
             .min()
@@ -441,17 +484,47 @@ impl Batcher {
     /// can prove it (see the module docs): after the short quiet with quick ACKs, else the
     /// long one.
     fn probe_at(&self, first: Instant, last: Instant) -> Option<Instant> {
+        (self.probe == Probe::Unspent && self.is_probe_burst(first, last))
+            .then(|| self.quiet_from(last) + self.probe_quiet())
+    }
+
+    /// With no window known, right after the connection's probe: when a burst that came
+    /// within [`ECHO_MAX`] (plus the handshake time) after the probe's release, which found the
+    /// broker quiet, proves the window as a refill: after the long quiet, as an echo without
+    /// quick ACKs does (see the module docs). With quick ACKs an echo must come within
+    /// [`ECHO_FAST`] to prove it after the short quiet; this is for a refill that a busy
+    /// scheduler read too late for that (issue 58). Publishers with a period shorter than the
+    /// long quiet are never quiet that long; a longer period may pass once per connection, and
+    /// then commits one burst at a time, no more often than its period.
+    fn probe_refill_at(&self, first: Instant, last: Instant) -> Option<Instant> {
+        let answered = self
+            .released_at
+            .is_some_and(|r| first >= r && first - r <= ECHO_MAX + self.handshake);
+        (self.probe == Probe::JustTaken
+            && answered
+            && self.released_after_quiet
+            && self.is_probe_burst(first, last))
+        .then(|| self.quiet_from(last) + self.quiet_confirm())
+    }
+
+    /// Whether the open batch may be a full window with none known: two or more messages of a
+    /// session, in a burst (closer together on average than [`BURST_RATIO`] times less than
+    /// the probe's quiet).
+    fn is_probe_burst(&self, first: Instant, last: Instant) -> bool {
         let gaps = self.arrivals.saturating_sub(1);
-        let quiet = if self.policy.quick_acks {
+        self.broker_window().is_none()
+            && self.fullest() >= 2
+            && last.saturating_duration_since(first) * BURST_RATIO <= self.probe_quiet() * gaps
+    }
+
+    /// The quiet after a burst that commits it as the probe: the short quiet with quick ACKs,
+    /// else the long one.
+    fn probe_quiet(&self) -> Duration {
+        if self.policy.quick_acks {
             self.quiet_fast()
         } else {
             self.quiet_confirm()
-        };
-        (!self.probed
-            && self.broker_window().is_none()
-            && self.fullest() >= 2
-            && last.saturating_duration_since(first) * BURST_RATIO <= quiet * gaps)
-            .then_some(self.quiet_from(last) + quiet)
+        }
     }
 
     /// Whether the open batch holds fewer messages than the broker has already had
@@ -483,6 +556,9 @@ impl Batcher {
         let echo = self.is_echo(first) && self.released_after_quiet;
         self.fast_stall_at(first, last).is_some()
             || (echo && now >= self.quiet_from(last) + self.quiet_confirm())
+            || self
+                .probe_refill_at(first, last)
+                .is_some_and(|at| now >= at)
     }
 
     /// Whether a batch whose first message came at `first` is the broker's answer to our
@@ -724,27 +800,40 @@ impl Batcher {
     /// broker's window: the messages the batch holds are what it sends unacknowledged; a probe
     /// teaches nothing (see the module docs).
     pub fn take_for(&mut self, reason: FlushReason, now: Instant) -> (Batch, Vec<AckToken>) {
-        if reason == FlushReason::BrokerWindow
-            && self.first_arrival.is_some_and(|f| self.is_echo(f))
-        {
-            self.window_confirmed = true;
+        let mut probe = false;
+        if reason == FlushReason::BrokerWindow {
+            if self.first_arrival.is_some_and(|f| self.is_echo(f)) {
+                self.window_confirmed = true;
+                self.trust = (self.trust + 1).min(TRUST_MAX);
+            } else {
+                // Committed on trust (or stated, or after the long quiet).
+                self.trust = self.trust.saturating_sub(1);
+            }
         }
         if reason == FlushReason::Stall {
             if self.stall_proven(now) {
                 // A window does not shrink within a connection: a stall at fewer than the
                 // window already seen is a pause in traffic, and teaches nothing.
                 self.window_seen = self.window_seen.max(Some(self.fullest()));
+                self.trust = self.trust.max(1);
             } else {
-                self.probed = true;
+                probe = true;
             }
         }
-        self.take()
+        let taken = self.take();
+        if probe {
+            self.probe = Probe::JustTaken;
+        }
+        taken
     }
 
     /// Takes the batch and its acks, leaving an empty batch behind.
     pub fn take(&mut self) -> (Batch, Vec<AckToken>) {
         self.committing.copy_from_slice(&self.current);
         self.current.fill(0);
+        if self.probe == Probe::JustTaken {
+            self.probe = Probe::Spent;
+        }
         self.opened_at = None;
         self.first_arrival = None;
         self.last_arrival = None;
