@@ -76,12 +76,13 @@
 //! A busy machine reads a refill late. The broker answers at once, but when the loop is not
 //! running (a gateway under a burst; two cores running the test suite) it reads the refill only
 //! when it runs again, all together, stamped later than an echo may start (issue 58: 9-11 ms
-//! against 5 ms plus the handshake). Two rules keep such a refill from waiting for the interval,
-//! neither of which lets publishers' traffic pass for a window for long: right after the probe,
-//! a burst within [`ECHO_MAX`] of its release proves the window after the long quiet (a
-//! publisher with a shorter period is never that quiet); and a known window's refill that comes
-//! late is believed as an echo while the broker's refills have come as echoes more often than
-//! late (`trust`: each echo, and the proof, earns one, each late refill committed spends one).
+//! against 5 ms plus the handshake). Three rules keep such a refill from waiting for the
+//! interval, none of which lets publishers' traffic pass for a window for long: right after
+//! the probe, a burst within [`ECHO_MAX`] of its release proves the window after the long quiet
+//! (a publisher with a shorter period is never that quiet); a window just learned gets one late
+//! refill committed after the long quiet too; and a confirmed window's refill that comes late is
+//! believed as an echo while the broker's refills have come as echoes more often than late
+//! (`Belief::Confirmed`: each echo earns trust, each late refill committed spends it).
 //! Publishers whose bursts are the window's size come as echoes by chance only, so their late
 //! bursts soon find no trust, wait for the interval, and outgrow the window.
 //!
@@ -145,8 +146,8 @@ pub const QUIET_CONFIRM: Duration = Duration::from_millis(250);
 /// Confirming quiets ([`QUIET_CONFIRM`]) after a refill that fills a confirmed window too late to
 /// be an echo before it counts as the broker's stall.
 pub const LATE_REFILL_QUIETS: u32 = 4;
-/// The most late refills of a known window believed as echoes on the strength of earlier echoes
-/// (`Batcher::trust`).
+/// The most late refills of a confirmed window believed as echoes on the strength of earlier
+/// echoes ([`Belief::Confirmed`]).
 pub const TRUST_MAX: u32 = 16;
 /// With quick ACKs: the shortest quiet that proves the stall of a burst (see the module docs).
 pub const QUIET_FAST_MIN: Duration = Duration::from_millis(20);
@@ -228,9 +229,49 @@ impl Batch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Probe {
     Unspent,
-    /// The last batch taken was the probe: the next one may be its refill.
-    JustTaken,
+    /// The last batch taken was the probe (its messages of the fullest session: `size`): the
+    /// next one may be its refill.
+    JustTaken {
+        size: usize,
+    },
+    /// The last batch taken was the probe, and the broker sent more before its release: the
+    /// probe cut the window short (the publishers paused within it), and the next stall after
+    /// an echo is the window's, though the release did not find the broker quiet.
+    CutShort,
     Spent,
+}
+
+/// How far a learned window is believed to be the broker's (see [`Batcher::window_full_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Belief {
+    /// Learned from a stall; no refill of it has come as an echo of our release yet. `grace`:
+    /// one refill that fills it late may still be committed after the long quiet.
+    Learned { grace: bool },
+    /// A refill that came as an echo of our release has filled it on this connection: the
+    /// window is the broker's, not a lull of the publishers taken for one. `trust`: the refills
+    /// that came as echoes less the late ones committed on their strength (at most
+    /// [`TRUST_MAX`]); while some is left, a refill that fills the window late is committed
+    /// as an echo would be.
+    Confirmed { trust: u32 },
+}
+
+impl Belief {
+    /// A window just learned.
+    const LEARNED: Belief = Belief::Learned { grace: true };
+
+    /// After a commit of the full window by a refill that came as an echo (`echo`) or late.
+    fn after_refill(self, echo: bool) -> Belief {
+        match (self, echo) {
+            (Belief::Learned { .. }, true) => Belief::Confirmed { trust: 1 },
+            (Belief::Confirmed { trust }, true) => Belief::Confirmed {
+                trust: (trust + 1).min(TRUST_MAX),
+            },
+            (Belief::Learned { .. }, false) => Belief::Learned { grace: false },
+            (Belief::Confirmed { trust }, false) => Belief::Confirmed {
+                trust: trust.saturating_sub(1),
+            },
+        }
+    }
 }
 
 /// The open batch plus its acknowledgement tokens.
@@ -265,14 +306,8 @@ pub struct Batcher {
     window_floor: usize,
     /// This connection's probe (see the module docs).
     probe: Probe,
-    /// A refill that came as an echo of our release has filled the known window on this
-    /// connection: the window is the broker's, not a lull of the publishers taken for one.
-    window_confirmed: bool,
-    /// Refills of the known window that came as echoes of our release (its proof counts as
-    /// one), less the late refills committed on their strength: while some are left, a refill
-    /// that fills the window later than an echo (a busy scheduler read it late) is committed
-    /// as one (see [`Batcher::window_full_at`]). At most [`TRUST_MAX`].
-    trust: u32,
+    /// How far the known window is believed.
+    belief: Belief,
     /// The last QoS 1/2 message's arrival, whichever batch it joined.
     latest_arrival: Option<Instant>,
     /// Whether nothing had arrived for [`Batcher::quiet_fast`] when the last release came: the
@@ -329,8 +364,7 @@ impl Batcher {
             window_seen: None,
             window_floor: 0,
             probe: Probe::Unspent,
-            window_confirmed: false,
-            trust: 0,
+            belief: Belief::LEARNED,
             latest_arrival: None,
             released_after_quiet: true,
         }
@@ -348,6 +382,11 @@ impl Batcher {
     /// Records that the broker was allowed to send more: the acknowledgements of the batch
     /// taken last were queued.
     pub fn released(&mut self, now: Instant) {
+        if matches!(self.probe, Probe::JustTaken { .. }) && self.fullest() > 0 {
+            // The broker went on sending before the probe's release: the probe cut a window
+            // short, and was no stall.
+            self.probe = Probe::CutShort;
+        }
         self.released_at = Some(now);
         self.released_after_quiet = self
             .latest_arrival
@@ -373,8 +412,7 @@ impl Batcher {
         self.window_seen = None;
         self.window_floor = 0;
         self.probe = Probe::Unspent;
-        self.window_confirmed = false;
-        self.trust = 0;
+        self.belief = Belief::LEARNED;
         // Nothing has come on the new connection yet.
         self.released_after_quiet = true;
     }
@@ -425,14 +463,16 @@ impl Batcher {
                 .broker_window
                 .is_some_and(|s| usize::from(s) == w);
             // A refill later than an echo is believed as one while the broker's refills have
-            // come as echoes more often than late (`trust`): a busy scheduler (a gateway under
-            // a burst, two busy cores) reads a refill that came at once only when the loop
-            // runs again, all of it together, stamped late (issue 58: 9-11 ms after the
-            // release against an echo's 5 ms plus the handshake; the window then waited for
-            // the interval). Publishers who send the window's count now and then (a lull taken
-            // for a window) earn no trust: their bursts come as echoes by chance only, so the
-            // late ones soon wait for the interval, and the batch outgrows the window.
-            let answered = echo || self.trust > 0;
+            // come as echoes more often than late (`Belief::Confirmed`'s trust): a busy
+            // scheduler (a gateway under a burst, two busy cores) reads a refill that came at
+            // once only when the loop runs again, all of it together, stamped late (issue 58:
+            // 9-11 ms after the release against an echo's 5 ms plus the handshake; the window
+            // then waited for the interval). Publishers who send the window's count now and
+            // then (a lull taken for a window) earn no trust: their bursts come as echoes by
+            // chance only, so the late ones soon wait for the interval, and the batch
+            // outgrows the window.
+            let trusted = matches!(self.belief, Belief::Confirmed { trust } if trust > 0);
+            let answered = echo || trusted;
             if stated || (answered && (self.is_burst(first, last) || self.is_dense(first, last))) {
                 return Some((last, FlushReason::BrokerWindow));
             }
@@ -446,22 +486,33 @@ impl Batcher {
                     FlushReason::BrokerWindow,
                 ));
             }
-            // With no trust left: a refill later than an echo (a broker or a machine under
-            // load) that fills a window an echo has confirmed, in one burst or trickling in:
-            // the broker sends
+            // A refill later than an echo (a broker or a machine under load) that fills the
+            // window, in one burst or trickling in, with no trust to spend: the broker sends
             // nothing more until we acknowledge, so a quiet after it is a stall. (Without
             // this, nothing committed it before the interval: a full-suite run under load hung
             // `ingest::a_strict_broker_window_does_not_stall_a_long_flush_interval`.) A window
-            // learned from one stall and never confirmed may be a lull of publishers (a broker
-            // without a window): their batches wait, as before, for the interval. The quiet
-            // asked is four confirming quiets: publishers that send exactly the window's count
-            // at a steady pace (five every 300 ms) pause for less and commit at the interval as
-            // before; a late refill costs this much, once.
-            if self.window_confirmed {
-                return Some((
-                    self.quiet_from(last) + self.quiet_confirm() * LATE_REFILL_QUIETS,
-                    FlushReason::BrokerWindow,
-                ));
+            // just learned gets one such refill after the long quiet: the first refill after
+            // the proof came late under load (issue 58), and publishers whose period is shorter
+            // than that quiet outgrow the window before it ends (a window learned by chance
+            // from such bursts, 20 every 100 ms, costs no commit more). After that, and for a
+            // confirmed window whose trust is spent, the quiet asked is four confirming
+            // quiets: publishers that send exactly the window's count at a steady pace (five
+            // every 300 ms) pause for less and commit at the interval as before; a late refill
+            // costs this much, once.
+            match self.belief {
+                Belief::Learned { grace: true } => {
+                    return Some((
+                        self.quiet_from(last) + self.quiet_confirm(),
+                        FlushReason::BrokerWindow,
+                    ));
+                }
+                Belief::Confirmed { .. } => {
+                    return Some((
+                        self.quiet_from(last) + self.quiet_confirm() * LATE_REFILL_QUIETS,
+                        FlushReason::BrokerWindow,
+                    ));
+                }
+                Belief::Learned { grace: false } => {}
             }
         }
         if self.broker_window().is_none() && self.below_floor() {
@@ -488,33 +539,55 @@ impl Batcher {
             .then(|| self.quiet_from(last) + self.probe_quiet())
     }
 
-    /// With no window known, right after the connection's probe: when a burst that came
-    /// within [`ECHO_MAX`] (plus the handshake time) after the probe's release, which found the
-    /// broker quiet, proves the window as a refill: after the long quiet, as an echo without
-    /// quick ACKs does (see the module docs). With quick ACKs an echo must come within
-    /// [`ECHO_FAST`] to prove it after the short quiet; this is for a refill that a busy
-    /// scheduler read too late for that (issue 58). Publishers with a period shorter than the
-    /// long quiet are never quiet that long; a longer period may pass once per connection, and
-    /// then commits one burst at a time, no more often than its period.
+    /// With no window known, right after the connection's probe, when the batch proves the
+    /// window as the probe's refill (issue 58: with quick ACKs an echo must come within
+    /// [`ECHO_FAST`] to prove it after the short quiet, and a busy scheduler read the refill
+    /// too late for that):
+    /// - after a probe that was the window: at least as many messages as the probe, in one
+    ///   burst (or one message), that came within [`ECHO_MAX`] (plus the handshake time) of
+    ///   the probe's release, which found the broker quiet: after the long quiet, as an echo
+    ///   without quick ACKs does. Publishers with a period shorter than the long quiet are never
+    ///   quiet that long; a longer period may pass once per connection, and the window learned
+    ///   then commits no more than one burst at a time, at most as often as its period.
+    /// - after a probe that cut a window short ([`Probe::CutShort`]): the rest of that window
+    ///   and the refill, in one burst from the release on: after the probe's quiet, as the
+    ///   probe itself.
     fn probe_refill_at(&self, first: Instant, last: Instant) -> Option<Instant> {
+        if self.broker_window().is_some() {
+            return None;
+        }
         let answered = self
             .released_at
-            .is_some_and(|r| first >= r && first - r <= ECHO_MAX + self.handshake);
-        (self.probe == Probe::JustTaken
-            && answered
-            && self.released_after_quiet
-            && self.is_probe_burst(first, last))
-        .then(|| self.quiet_from(last) + self.quiet_confirm())
+            .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
+        let burst = self.arrivals <= 1 || self.is_probe_dense(first, last);
+        match self.probe {
+            Probe::JustTaken { size }
+                if answered
+                    && self.released_after_quiet
+                    && self.fullest() >= size.max(1)
+                    && burst =>
+            {
+                Some(self.quiet_from(last) + self.quiet_confirm())
+            }
+            Probe::CutShort if answered && self.fullest() >= 2 && burst => {
+                Some(self.quiet_from(last) + self.probe_quiet())
+            }
+            _ => None,
+        }
     }
 
     /// Whether the open batch may be a full window with none known: two or more messages of a
     /// session, in a burst (closer together on average than [`BURST_RATIO`] times less than
     /// the probe's quiet).
     fn is_probe_burst(&self, first: Instant, last: Instant) -> bool {
+        self.broker_window().is_none() && self.fullest() >= 2 && self.is_probe_dense(first, last)
+    }
+
+    /// Whether the batch's messages came closer together on average than [`BURST_RATIO`] times
+    /// less than the probe's quiet.
+    fn is_probe_dense(&self, first: Instant, last: Instant) -> bool {
         let gaps = self.arrivals.saturating_sub(1);
-        self.broker_window().is_none()
-            && self.fullest() >= 2
-            && last.saturating_duration_since(first) * BURST_RATIO <= self.probe_quiet() * gaps
+        last.saturating_duration_since(first) * BURST_RATIO <= self.probe_quiet() * gaps
     }
 
     /// The quiet after a burst that commits it as the probe: the short quiet with quick ACKs,
@@ -727,7 +800,7 @@ impl Batcher {
         if self.window_seen.is_some_and(|w| *current + committing > w) {
             // The broker sent more without a release: its window is larger.
             self.window_seen = None;
-            self.window_confirmed = false;
+            self.belief = Belief::LEARNED;
         }
     }
 
@@ -800,29 +873,30 @@ impl Batcher {
     /// broker's window: the messages the batch holds are what it sends unacknowledged; a probe
     /// teaches nothing (see the module docs).
     pub fn take_for(&mut self, reason: FlushReason, now: Instant) -> (Batch, Vec<AckToken>) {
-        let mut probe = false;
+        // The connection's first commit with no window known spends its probe: a stall that
+        // proves nothing, or (a window of 1 has no burst to probe) the interval.
+        let probe = self.probe == Probe::Unspent
+            && self.broker_window().is_none()
+            && match reason {
+                FlushReason::Stall => !self.stall_proven(now),
+                FlushReason::Interval => true,
+                _ => false,
+            };
+        let size = self.fullest();
         if reason == FlushReason::BrokerWindow {
-            if self.first_arrival.is_some_and(|f| self.is_echo(f)) {
-                self.window_confirmed = true;
-                self.trust = (self.trust + 1).min(TRUST_MAX);
-            } else {
-                // Committed on trust (or stated, or after the long quiet).
-                self.trust = self.trust.saturating_sub(1);
-            }
+            let echo = self.first_arrival.is_some_and(|f| self.is_echo(f));
+            self.belief = self.belief.after_refill(echo);
         }
-        if reason == FlushReason::Stall {
-            if self.stall_proven(now) {
-                // A window does not shrink within a connection: a stall at fewer than the
-                // window already seen is a pause in traffic, and teaches nothing.
-                self.window_seen = self.window_seen.max(Some(self.fullest()));
-                self.trust = self.trust.max(1);
-            } else {
-                probe = true;
-            }
+        // A window does not shrink within a connection: a stall at fewer than the window
+        // already seen is a pause in traffic, and teaches nothing.
+        let seen = self.window_seen.max(Some(size));
+        if reason == FlushReason::Stall && seen != self.window_seen && self.stall_proven(now) {
+            self.window_seen = seen;
+            self.belief = Belief::LEARNED;
         }
         let taken = self.take();
         if probe {
-            self.probe = Probe::JustTaken;
+            self.probe = Probe::JustTaken { size };
         }
         taken
     }
@@ -831,7 +905,7 @@ impl Batcher {
     pub fn take(&mut self) -> (Batch, Vec<AckToken>) {
         self.committing.copy_from_slice(&self.current);
         self.current.fill(0);
-        if self.probe == Probe::JustTaken {
+        if matches!(self.probe, Probe::JustTaken { .. } | Probe::CutShort) {
             self.probe = Probe::Spent;
         }
         self.opened_at = None;

@@ -359,3 +359,56 @@ fn a_burst_right_after_a_release_proves_no_window_smaller_than_the_broker_has_se
     }
     assert_eq!(b.window_seen(), None);
 }
+
+/// Issue 58, seen under load (`windows::periodic_bursts_on_a_broker_without_a_window::external_v5`,
+/// a third commit where two may be): devices report 20 messages every 100 ms on a broker
+/// without a window. The load stretched the handshake to 23 ms, the first burst came 27 ms
+/// after the connection, inside the widened echo, and proved a "window of 20" by chance. The
+/// next burst came 44 ms after that commit's release: late for an echo. A window just learned
+/// must not commit such a burst at once (as a late refill read by a busy scheduler would be,
+/// once an echo has confirmed the window): the next burst comes before the long quiet ends,
+/// and the window is forgotten.
+#[test]
+fn a_window_proven_by_chance_commits_no_late_burst_of_periodic_publishers() {
+    let p = FlushPolicy {
+        flush_interval: Duration::from_secs(1),
+        max_pending_readings: 1_000_000,
+        window: 1024,
+        broker_window: None,
+        sessions: 1,
+        quick_acks: true,
+    };
+    let ms = Duration::from_millis;
+    let mut b = Batcher::new(p, 3600);
+    let t0 = Instant::now();
+    b.connected(0, t0, ms(23));
+    let mut arrival = 0;
+    let mut burst = |b: &mut Batcher, at: Instant| {
+        for k in 0..20 {
+            arrival += 1;
+            let t = at + Duration::from_micros(370 * k);
+            b.arrived(t);
+            b.push_ack(token(arrival), t);
+        }
+        at + Duration::from_micros(370 * 19)
+    };
+    let first = t0 + ms(27);
+    let last = burst(&mut b, first);
+    let proof = last + b.quiet_fast();
+    assert_eq!(b.flush_reason(proof), Some(FlushReason::Stall));
+    let _ = b.take_for(FlushReason::Stall, proof);
+    assert_eq!(b.window_seen(), Some(20), "proven, by chance");
+    b.released(proof + ms(1));
+    // The next burst, 100 ms after the first: 44 ms after the release.
+    let second = first + ms(100);
+    let last = burst(&mut b, second);
+    for at in [last, last + b.quiet_fast(), first + ms(199)] {
+        assert_eq!(
+            b.flush_reason(at),
+            None,
+            "a late burst of a window just learned"
+        );
+    }
+    let _ = burst(&mut b, first + ms(200));
+    assert_eq!(b.window_seen(), None, "40 unacknowledged: no window of 20");
+}

@@ -242,6 +242,15 @@ impl Faults {
         self.power.lock().expect("not poisoned").fail_sync_after = Some(skip);
     }
 
+    /// Brings an armed power cut forward to the next write or sync (of whichever thread makes
+    /// it): what the writes since the last sync leave is still decided by its [`Cut`].
+    pub fn hasten_power_cut(&self) {
+        let mut power = self.power.lock().expect("not poisoned");
+        if let Some((ops, _)) = power.armed.as_mut() {
+            *ops = 1;
+        }
+    }
+
     /// Whether the armed power cut has happened.
     pub fn power_is_off(&self) -> bool {
         self.power.lock().expect("not poisoned").off

@@ -737,7 +737,8 @@ fn a_late_refill_of_a_known_window_is_committed_after_a_quiet() {
 /// (with the publishers starting with the connection, its handshake is the first release and
 /// its window's first refill is learned from; starting two seconds later, the first window is
 /// the probe's); none may wait for the interval, and the window is learned in two stalls at
-/// most.
+/// most. A window of 1 has no burst to probe: its connection's first message waits for the
+/// interval, and the refill after that release proves it.
 #[test]
 fn a_refill_read_late_by_a_busy_scheduler_is_still_the_window() {
     let commit = Duration::from_millis(2);
@@ -753,7 +754,7 @@ fn a_refill_read_late_by_a_busy_scheduler_is_still_the_window() {
         for (start, late_ms) in [(0, 10u64), (0, 40), (2, 10), (2, 40)] {
             for flush_ms in [200u64, 1000, 3_600_000] {
                 for quick_acks in [false, true] {
-                    for broker_window in [20u64, 100] {
+                    for broker_window in [1u64, 20, 100] {
                         let p = FlushPolicy {
                             flush_interval: Duration::from_millis(flush_ms),
                             ..learning_policy(quick_acks)
@@ -771,12 +772,77 @@ fn a_refill_read_late_by_a_busy_scheduler_is_still_the_window() {
                              {late_ms} ms, window {broker_window}, flush {flush_ms} ms, quick \
                              acks {quick_acks}: {run:?}"
                         );
-                        assert_eq!(run.intervals, 0, "{case}");
+                        let first_window = u32::from(broker_window == 1 && start > 0);
+                        assert!(run.intervals <= first_window, "{case}");
                         assert!(run.stalls <= 2, "{case}");
-                        assert!(run.full + 2 >= windows, "{case}");
+                        assert!(run.full + 2 + first_window >= windows, "{case}");
                         assert!(run.commits <= windows + 1, "{case}");
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Issue 58, the other shape seen under load (`windows::upstream_mosquitto_window_20_four_sessions`,
+/// four stalls where three may be): the publishers paused within the first windows (the test's
+/// own publisher, descheduled), so the connection's probe committed part of a window; the rest
+/// of the window came during that commit, and the probe's release, finding the broker still
+/// sending, proved nothing: the next stall was another probe-like commit, and only a third
+/// learned the window. The stall after a probe that cut a window short proves it.
+#[test]
+fn a_probe_that_cut_the_first_window_short_is_followed_by_its_proof() {
+    let commit = Duration::from_millis(2);
+    // A flush interval of 1 s and of 200 ms (the rest of the window and the refill open a
+    // batch before the release, so its interval ends sooner than a quiet counted from it), on
+    // the wire at once or trickling (0.6 ms a message: 80 take 48 ms, as seen under load).
+    let shapes = [1000u64, 200].into_iter().flat_map(|flush_ms| {
+        [50u64, 600]
+            .into_iter()
+            .map(move |per_message_us| (flush_ms, per_message_us))
+    });
+    for (flush_ms, per_message_us) in shapes {
+        for sessions in [1u16, 4] {
+            for quick_acks in [false, true] {
+                let p = FlushPolicy {
+                    sessions,
+                    flush_interval: Duration::from_millis(flush_ms),
+                    ..learning_policy(quick_acks)
+                };
+                let net = Net {
+                    sessions,
+                    per_message: Duration::from_micros(per_message_us),
+                    ..Net::strict(20)
+                };
+                let windows = 30u32 * u32::from(sessions);
+                let total = u64::from(windows) * 20;
+                // A third of the first windows, then a pause that ends during the probe's commit
+                // (it comes after the probe's quiet, and takes 2 ms), then the rest flat out.
+                let head = 7 * usize::from(sessions);
+                let pause = QUIET_CONFIRM.min(if quick_acks {
+                    QUIET_FAST_MIN
+                } else {
+                    QUIET_CONFIRM
+                });
+                let start = Duration::from_secs(2);
+                let schedule: Vec<Duration> = (0..total as usize)
+                    .map(|i| {
+                        if i < head {
+                            start
+                        } else {
+                            start + pause + Duration::from_millis(1)
+                        }
+                    })
+                    .collect();
+                let run = simulate(p, net, &schedule, commit);
+                let case = format!(
+                    "{sessions} sessions, flush {flush_ms} ms, {per_message_us} us a message, quick \
+                 acks {quick_acks}: {run:?}"
+                );
+                assert_eq!(run.intervals, 0, "{case}");
+                // The probe, the stall that proves the window, and the tail (the probe's part of a
+                // window shifts the rest by as much).
+                assert!(run.stalls <= 3, "{case}");
             }
         }
     }
