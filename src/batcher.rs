@@ -285,6 +285,9 @@ pub struct Batcher {
     sketch: SketchParams,
     /// Arrival times of the batch's first and last QoS 1/2 message, and how many there were.
     first_arrival: Option<Instant>,
+    /// How long the first one may have waited, ready, before the loop read it (its own
+    /// scheduling delay: see [`Batcher::arrived`]).
+    first_lag: Duration,
     last_arrival: Option<Instant>,
     arrivals: u32,
     /// Per session: acks of the open batch that its current connection will send (the others
@@ -355,6 +358,7 @@ impl Batcher {
             acks: Vec::new(),
             opened_at: None,
             first_arrival: None,
+            first_lag: Duration::ZERO,
             last_arrival: None,
             arrivals: 0,
             current: vec![0; usize::from(policy.sessions.max(1))],
@@ -371,9 +375,16 @@ impl Batcher {
     }
 
     /// Records that a QoS 1/2 message arrived (whatever its fate). QoS 0 messages do not count:
-    /// a broker sends them past a full window.
-    pub fn arrived(&mut self, now: Instant) {
-        self.first_arrival.get_or_insert(now);
+    /// a broker sends them past a full window. `lag`: how long it may have waited, ready,
+    /// before `now` because the loop itself was not running (its threads runnable but waiting
+    /// for a core: the shell measures it); a busy machine's loop reads a refill that came at
+    /// once tens of ms late, and only how soon the broker answered tells a refill from
+    /// publishers' traffic (issue 58).
+    pub fn arrived(&mut self, now: Instant, lag: Duration) {
+        if self.first_arrival.is_none() {
+            self.first_arrival = Some(now);
+            self.first_lag = lag;
+        }
         self.last_arrival = Some(now);
         self.latest_arrival = Some(now);
         self.arrivals = self.arrivals.saturating_add(1);
@@ -454,7 +465,7 @@ impl Batcher {
         }
         // A batch that began during the commit counts too: a broker whose window was not full
         // at the flush fills it meanwhile, then waits for this release.
-        let echo = self.is_echo(first);
+        let echo = self.is_echo();
         if let Some(w) = self.broker_window()
             && self.holds_window(w)
         {
@@ -557,8 +568,8 @@ impl Batcher {
             return None;
         }
         let answered = self
-            .released_at
-            .is_some_and(|r| first.saturating_duration_since(r) <= ECHO_MAX + self.handshake);
+            .answered_in()
+            .is_some_and(|d| d <= ECHO_MAX + self.handshake);
         let burst = self.arrivals <= 1 || self.is_probe_dense(first, last);
         match self.probe {
             Probe::JustTaken { size }
@@ -626,7 +637,7 @@ impl Batcher {
         let (Some(first), Some(last)) = (self.first_arrival, self.last_arrival) else {
             return false;
         };
-        let echo = self.is_echo(first) && self.released_after_quiet;
+        let echo = self.is_echo() && self.released_after_quiet;
         self.fast_stall_at(first, last).is_some()
             || (echo && now >= self.quiet_from(last) + self.quiet_confirm())
             || self
@@ -641,14 +652,26 @@ impl Batcher {
     /// publishers with a period of their own (a burst every 100 ms) do not, and neither their
     /// bursts nor their pauses may then pass for a window (issue 42: a "window of 20" learned
     /// from such bursts made a broker without one commit 10 times a second).
-    fn is_echo(&self, first: Instant) -> bool {
+    fn is_echo(&self) -> bool {
         let slack = if self.policy.quick_acks {
             ECHO_FAST
         } else {
             ECHO_MAX
         };
-        self.released_at
-            .is_some_and(|r| first.saturating_duration_since(r) <= slack + self.handshake)
+        self.answered_in()
+            .is_some_and(|d| d <= slack + self.handshake)
+    }
+
+    /// How soon after the last release the batch's first message may have come: its arrival
+    /// less the loop's own delay in reading it ([`Batcher::arrived`]), not before the release;
+    /// 0 for a batch that began before the release (during the commit).
+    fn answered_in(&self) -> Option<Duration> {
+        let (first, released) = (self.first_arrival?, self.released_at?);
+        Some(
+            first
+                .saturating_duration_since(released)
+                .saturating_sub(self.first_lag),
+        )
     }
 
     /// With quick ACKs, when a batch shaped like a broker's full window counts as stalled: a
@@ -672,9 +695,9 @@ impl Batcher {
     /// the release (within the handshake time plus [`ECHO_FAST`]), and it is dense (see the
     /// module docs).
     fn is_burst(&self, first: Instant, last: Instant) -> bool {
-        self.released_at.is_some_and(|released| {
-            first.saturating_duration_since(released) <= ECHO_FAST + self.handshake
-        }) && (self.arrivals <= 1 || self.is_dense(first, last))
+        self.answered_in()
+            .is_some_and(|d| d <= ECHO_FAST + self.handshake)
+            && (self.arrivals <= 1 || self.is_dense(first, last))
     }
 
     /// Whether the batch's two or more messages came on average [`BURST_RATIO`] times closer
@@ -804,6 +827,11 @@ impl Batcher {
         }
     }
 
+    /// Whether no QoS 1/2 message has arrived in the open batch yet.
+    pub fn awaits_first_arrival(&self) -> bool {
+        self.first_arrival.is_none()
+    }
+
     pub fn pending_readings(&self) -> usize {
         self.batch.readings
     }
@@ -884,7 +912,7 @@ impl Batcher {
             };
         let size = self.fullest();
         if reason == FlushReason::BrokerWindow {
-            let echo = self.first_arrival.is_some_and(|f| self.is_echo(f));
+            let echo = self.is_echo();
             self.belief = self.belief.after_refill(echo);
         }
         // A window does not shrink within a connection: a stall at fewer than the window
@@ -910,6 +938,7 @@ impl Batcher {
         }
         self.opened_at = None;
         self.first_arrival = None;
+        self.first_lag = Duration::ZERO;
         self.last_arrival = None;
         self.arrivals = 0;
         (

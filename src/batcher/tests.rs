@@ -143,7 +143,7 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
     let mut b = Batcher::new(p, 3600);
     b.connected(0, t0, Duration::ZERO);
     for i in 1..=5 {
-        b.arrived(t0);
+        b.arrived(t0, Duration::ZERO);
         b.push_ack(token(i), t0);
     }
     let stall = t0 + QUIET_CONFIRM;
@@ -152,7 +152,7 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
     assert_eq!(b.window_seen(), Some(5));
     // While the commit runs, the broker keeps sending: it was not stopped by a window of 5.
     for i in 6..=8 {
-        b.arrived(stall);
+        b.arrived(stall, Duration::ZERO);
         b.push_ack(token(i), stall);
     }
     assert_eq!(b.window_seen(), None);
@@ -175,17 +175,17 @@ fn acks_of_an_earlier_connection_do_not_count_towards_the_window() {
     let mut b = Batcher::new(p, 3600);
     b.connected(0, t0, Duration::ZERO);
     for i in 1..=7 {
-        b.arrived(t0);
+        b.arrived(t0, Duration::ZERO);
         b.push_ack(token(i), t0);
     }
     let t1 = t0 + Duration::from_millis(50);
     b.connected(0, t1, Duration::from_millis(3));
     for i in 8..27 {
-        b.arrived(t1);
+        b.arrived(t1, Duration::ZERO);
         b.push_ack(token(i), t1);
         assert_eq!(b.flush_reason(t1), None, "{i}: 7 old + {} new", i - 7);
     }
-    b.arrived(t1);
+    b.arrived(t1, Duration::ZERO);
     b.push_ack(token(27), t1);
     assert_eq!(b.flush_reason(t1), Some(FlushReason::BrokerWindow));
 }
@@ -199,7 +199,7 @@ fn a_slow_handshake_widens_the_echo_window_only_so_far() {
     let mut b = Batcher::new(policy(1024), 3600);
     b.connected(0, t0, Duration::from_secs(5));
     let late = t0 + Duration::from_secs(2);
-    b.arrived(late);
+    b.arrived(late, Duration::ZERO);
     b.push_ack(token(1), late);
     assert_eq!(
         b.deadline(),
@@ -209,7 +209,7 @@ fn a_slow_handshake_widens_the_echo_window_only_so_far() {
     let near = t0 + ECHO_MAX + HANDSHAKE_MAX;
     let mut b = Batcher::new(policy(1024), 3600);
     b.connected(0, t0, Duration::from_secs(5));
-    b.arrived(near);
+    b.arrived(near, Duration::ZERO);
     b.push_ack(token(1), near);
     assert_eq!(
         b.deadline(),
@@ -247,7 +247,7 @@ fn a_quiet_before_the_release_proves_no_stall_and_a_window_never_shrinks() {
         for (session, n) in (0..).zip(counts) {
             for _ in 0..n {
                 arrival += 1;
-                b.arrived(at);
+                b.arrived(at, Duration::ZERO);
                 b.push_ack(
                     AckToken {
                         session,
@@ -325,7 +325,7 @@ fn a_burst_right_after_a_release_proves_no_window_smaller_than_the_broker_has_se
         for k in 0..20 {
             arrival += 1;
             let t = at + Duration::from_micros(50 * k);
-            b.arrived(t);
+            b.arrived(t, Duration::ZERO);
             b.push_ack(token(arrival), t);
         }
         at + Duration::from_micros(50 * 19)
@@ -387,7 +387,7 @@ fn a_window_proven_by_chance_commits_no_late_burst_of_periodic_publishers() {
         for k in 0..20 {
             arrival += 1;
             let t = at + Duration::from_micros(370 * k);
-            b.arrived(t);
+            b.arrived(t, Duration::ZERO);
             b.push_ack(token(arrival), t);
         }
         at + Duration::from_micros(370 * 19)

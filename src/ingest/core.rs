@@ -42,6 +42,10 @@ pub enum IngestError {
 pub struct Now {
     pub at: Instant,
     pub wall: Timestamp,
+    /// How long the event may have waited, ready, before `at` because the loop was not
+    /// running: its threads' time runnable but without a core while it waited for the event
+    /// (the shell measures it where the system tells, [`Core::wants_lag`]); zero otherwise.
+    pub lag: Duration,
 }
 
 /// What happened, as the shell saw it.
@@ -310,6 +314,13 @@ impl<R> Core<R> {
     /// commit runs (backpressure: the broker holds the rest).
     pub fn reads(&self) -> bool {
         !self.batcher.is_full() && self.session_ids().any(|s| self.polls(s))
+    }
+
+    /// Whether the next event's [`Now::lag`] counts: the next QoS 1/2 message would be the
+    /// open batch's first, whose delay after the last release tells a broker's refill from
+    /// publishers' traffic. (Measuring it costs a few system calls; once per batch.)
+    pub fn wants_lag(&self) -> bool {
+        self.batcher.awaits_first_arrival()
     }
 
     /// Whether a batch is at the writer.
@@ -706,7 +717,7 @@ impl<R> Core<R> {
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let id = session.get();
         if qos > 0 {
-            self.batcher.arrived(now.at);
+            self.batcher.arrived(now.at, now.lag);
             if !dup && self.admit.resends().in_burst(id) {
                 // The broker has resent everything: the burst is over.
                 self.end_burst(session, BurstEnd::NewMessage);

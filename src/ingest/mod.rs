@@ -23,6 +23,7 @@
 //! the core asks.
 
 pub mod core;
+mod lag;
 
 use std::sync::atomic::Ordering;
 use std::task::Poll;
@@ -58,6 +59,7 @@ fn now() -> Now {
     Now {
         at: std::time::Instant::now(),
         wall: Timestamp::now(),
+        lag: std::time::Duration::ZERO,
     }
 }
 
@@ -75,6 +77,7 @@ impl Ingest {
         });
         let mut actions = Vec::new();
         let mut turn = 0usize;
+        let mut lag = lag::Lag::default();
         loop {
             self.core.tick(now(), &mut actions);
             self.act(&mut actions)?;
@@ -84,6 +87,9 @@ impl Ingest {
             let ready = self.core.is_ready();
             let polled = self.polled(Core::polls);
             turn = turn.wrapping_add(1);
+            if self.core.wants_lag() {
+                lag.start();
+            }
             let event = tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
@@ -101,7 +107,11 @@ impl Ingest {
                     Event::Mqtt(session, event)
                 }
             };
-            self.core.handle(event, now(), &mut actions)?;
+            let now = Now {
+                lag: lag.take(),
+                ..now()
+            };
+            self.core.handle(event, now, &mut actions)?;
             self.act(&mut actions)?;
         }
         self.shut_down().await

@@ -85,6 +85,7 @@ fn at(ms: u64) -> Now {
     Now {
         at: start() + Duration::from_millis(ms),
         wall: Timestamp::from_secs(1_763_719_200),
+        lag: Duration::ZERO,
     }
 }
 
