@@ -434,17 +434,36 @@ fn export(
         };
     }
     let (from, to) = export::bucket_range(from, to);
-    let docs = match reader.buckets(series, from, to) {
-        Ok(docs) => docs,
+    // All at once; if that fails, series by series: what is readable is written, and each
+    // series that is not is named (exit 1).
+    let read = reader
+        .buckets(series, from, to)
+        .map(|docs| (docs, Vec::new()));
+    let read = match read {
+        Err(e) if series.is_none() => {
+            eprintln!(
+                "bucketd: reading {}: {e}; reading series by series",
+                db.display()
+            );
+            reader.buckets_each(from, to)
+        }
+        read => read,
+    };
+    let (docs, unreadable) = match read {
+        Ok(read) => read,
         Err(e) => {
             eprintln!("bucketd: reading {}: {e}", db.display());
             return ExitCode::FAILURE;
         }
     };
+    for (name, e) in &unreadable {
+        eprintln!("bucketd: series `{name}` is unreadable and left out: {e}");
+    }
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     match export::write(&mut out, &docs, format) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) if unreadable.is_empty() => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::FAILURE,
         // A closed pipe (`bucketd export | head`) is not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {

@@ -105,6 +105,11 @@ fn bad_values_are_errors_that_name_the_key() {
         ),
         ("[limits]\ndedup_window = 1048577\n", "limits.dedup_window"),
         ("[store]\nbucket_width = \"7m\"\n", "store.bucket_width"),
+        // Issue 51: "16EiB" was accepted, and the first start's zero fill wrote until the
+        // disk was full.
+        ("[store]\njournal_size = \"16EiB\"\n", "store.journal_size"),
+        ("[store]\njournal_size = \"2GiB\"\n", "store.journal_size"),
+        ("[store]\njournal_size = \"4KiB\"\n", "store.journal_size"),
         ("[store]\ncache_size = \"lots\"\n", "cache_size"),
         ("[store]\ndurability = \"none\"\n", "durability"),
         ("[mqtt]\nprotocol = \"v4\"\n", "protocol"),

@@ -579,6 +579,23 @@ pub(super) fn validate_tls(raw: &RawTls, keys: TlsKeys) -> Result<Option<TlsFile
     }))
 }
 
+/// `store.journal_size`: 0 (no journal), or within the limits (the first start zero-fills it).
+fn validate_journal_size(size: ByteSize) -> Result<u64, ConfigError> {
+    let bytes = size.as_u64();
+    let range = crate::limits::MIN_JOURNAL_BYTES..=crate::limits::MAX_JOURNAL_BYTES;
+    if bytes != 0 && !range.contains(&bytes) {
+        return Err(invalid(
+            "store.journal_size",
+            format!(
+                "must be 0 (no journal) or from {} to {}",
+                ByteSize(*range.start()),
+                ByteSize(*range.end())
+            ),
+        ));
+    }
+    Ok(bytes)
+}
+
 pub(super) fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError> {
     const DAY_SECONDS: u64 = 86_400;
     let width = raw.bucket_width;
@@ -647,18 +664,8 @@ pub(super) fn validate_store(raw: &RawStore) -> Result<StoreConfig, ConfigError>
             ),
         ));
     }
-    let journal_bytes = raw.journal_size.as_u64();
-    if journal_bytes != 0 && journal_bytes < crate::limits::MIN_JOURNAL_BYTES {
-        return Err(invalid(
-            "store.journal_size",
-            format!(
-                "must be 0 (no journal) or at least {}",
-                ByteSize(crate::limits::MIN_JOURNAL_BYTES)
-            ),
-        ));
-    }
     Ok(StoreConfig {
-        journal_bytes,
+        journal_bytes: validate_journal_size(raw.journal_size)?,
         checkpoint: Checkpoint {
             interval: raw.checkpoint_interval,
             bytes: raw.checkpoint_bytes.as_u64(),

@@ -33,7 +33,10 @@ use crate::writer::Committed;
 pub enum IngestError {
     #[error("commit failed; nothing of the failed batch was acknowledged: {0}")]
     Commit(#[from] CommitError),
-    #[error("the writer thread stopped unexpectedly")]
+    #[error(
+        "the writer thread stopped (its error is logged above); nothing it had not committed \
+         was acknowledged"
+    )]
     WriterGone,
 }
 

@@ -93,8 +93,13 @@ impl Ingest {
             let event = tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
-                result = self.writer.results.recv(), if committing => {
-                    Event::Committed(result.ok_or(IngestError::WriterGone)?)
+                // Watched while idle too: a writer that stopped (a damaged file found by a
+                // checkpoint) stops the daemon at once, not at the next commit (issue 51).
+                result = self.writer.results.recv() => {
+                    match result {
+                        Some(result) if committing => Event::Committed(result),
+                        _ => return Err(IngestError::WriterGone),
+                    }
                 }
                 () = sleep_until_opt(wake), if wake.is_some() => continue,
                 Some(reply) = self.flush_requests.recv() => Event::Flush(reply),

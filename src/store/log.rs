@@ -272,6 +272,24 @@ impl Store {
         Ok(found)
     }
 
+    /// The series that a commit not folded yet adds to (in the log table or still in the
+    /// journal only): retention must not delete their names, or the fold that follows finds
+    /// readings of a series with no name (issue 51: a sensor back after its retention made
+    /// every checkpoint fail, and the file unreadable).
+    pub fn unfolded_series(&self) -> Result<std::collections::HashSet<u64>, CommitError> {
+        let mut ids = std::collections::HashSet::new();
+        let mut note = |_seq: u64, e: &Entry<'_>| {
+            ids.insert(e.series_id);
+            Ok(())
+        };
+        let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
+        visit_table(&tx.open_table(LOG)?, u64::MAX, &mut note)?;
+        for commit in super::pending::now(&self.pending).iter() {
+            visit_record(commit.seq, &commit.record, &mut note)?;
+        }
+        Ok(ids)
+    }
+
     /// Folds the whole commit log into the bucket documents and raw pages (see
     /// [`Store::checkpoint_part`]): a checkpoint under way is finished in one part, then the
     /// rest of the log is folded in another, so each touched bucket is rewritten at most twice.

@@ -91,6 +91,9 @@ impl ReaderDb {
     }
 }
 
+/// Series that could not be read, with why ([`StoreReader::buckets_each`]).
+pub type Unreadable = Vec<(String, redb::Error)>;
+
 impl StoreReader {
     /// A reader over the daemon's own open database.
     pub(super) fn shared(db: SharedDb, pending: SharedPending, page_capacity: u32) -> StoreReader {
@@ -371,6 +374,26 @@ impl StoreReader {
         let ids = series_ids(&view, series)?;
         let wanted = series.map(|_| ids.iter().copied().collect());
         self.read_buckets(&view, &ids, wanted.as_ref(), from, to)
+    }
+
+    /// Every series' buckets with `from <= start < to` (seconds), read series by series, and
+    /// the series that could not be read with why: a damaged document or key takes only its
+    /// own series with it (issue 51: `bucketd export` refused the whole file for one).
+    /// An error here means not even the series' names could be read.
+    pub fn buckets_each(
+        &self,
+        from: i64,
+        to: i64,
+    ) -> Result<(Vec<BucketDoc>, Unreadable), redb::Error> {
+        let mut docs = Vec::new();
+        let mut unreadable = Vec::new();
+        for name in self.series()? {
+            match self.buckets(Some(&name), from, to) {
+                Ok(mut d) => docs.append(&mut d),
+                Err(e) => unreadable.push((name, e)),
+            }
+        }
+        Ok((docs, unreadable))
     }
 
     /// The buckets of each of `names` with `from <= start < to` (seconds), in time order, with

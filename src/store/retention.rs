@@ -40,6 +40,9 @@ impl Store {
         if self.log_reaches_before(raw_before.max(buckets_before))? {
             self.checkpoint()?;
         }
+        // A series whose buckets all expire keeps its name while a commit waiting to be folded
+        // adds to it (a sensor back after its retention): the fold needs the name.
+        let waiting = self.unfolded_series()?;
         let tx = self.durable_tx()?;
         let mut emptied_series: Vec<u64> = Vec::new();
         {
@@ -89,6 +92,7 @@ impl Store {
                 stats.buckets += bucket_keys.len();
                 let left = |start: i64| (id, start);
                 if !bucket_keys.is_empty()
+                    && !waiting.contains(&id)
                     && buckets
                         .range(left(i64::MIN)..=left(i64::MAX))?
                         .next()

@@ -179,9 +179,14 @@ fn pages_fill_across_commits_and_read_back_in_time_order() {
 }
 
 fn batch(readings: &[(&str, i64, f64)]) -> Batch {
+    batch_of_width(3600, readings)
+}
+
+/// A batch of `readings` in buckets `width` seconds wide.
+fn batch_of_width(width: i64, readings: &[(&str, i64, f64)]) -> Batch {
     let mut b = Batch::default();
     for &(series, ts_s, v) in readings {
-        let key = (Arc::from(series), ts_s.div_euclid(3600) * 3600);
+        let key = (Arc::from(series), ts_s.div_euclid(width) * width);
         let ts = ts_s * 1_000_000_000;
         b.buckets
             .entry(key)
@@ -2053,4 +2058,96 @@ fn pages_read_the_same_before_and_after_a_checkpoint() {
         assert_eq!(before, after, "after {count} readings");
         assert_eq!(i64::from(after), (count + 2) / 3, "pages of 3");
     }
+}
+
+/// Issue 51: a sensor back after its retention made the file unreadable. The retention pass
+/// deleted the series' last bucket and the series itself while a new reading of it waited in
+/// the commit log (the fold-first rule looks only at entries older than the cutoff); the next
+/// fold found a reading of a series with no name, every checkpoint and every open failed from
+/// then on, and `bucketd export` refused the file. Bucket widths of a minute, an hour and a
+/// day, with the returning reading waiting as a commit of this process and as one replayed
+/// from the journal after a power cut: the pass deletes the old bucket, keeps the series, and
+/// every reading stays readable, before and after reopening.
+#[test]
+fn a_series_back_after_its_retention_keeps_every_reading_readable() {
+    for width in [60i64, 3600, 86_400] {
+        for replayed in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("r.redb");
+            let s = StoreSettings {
+                bucket_width_secs: width,
+                ..settings(&path)
+            };
+            let case = format!("width {width} s, replayed {replayed}");
+            let mut store = Store::open(&s).unwrap();
+            store
+                .commit(&batch_of_width(width, &[("g/t", width, 1.0)]))
+                .unwrap();
+            store.checkpoint().unwrap();
+            let back = batch_of_width(
+                width,
+                &[("g/t", 100 * width, 2.0), ("g/t", 100 * width + 1, 3.0)],
+            );
+            if replayed {
+                drop(store);
+                commit_then_cut(&s, std::slice::from_ref(&back));
+                store = Store::open(&s).unwrap();
+            } else {
+                store.commit(&back).unwrap();
+            }
+            assert!(store.log_bytes() > 0, "{case}: the return waits unfolded");
+            let expired = store.expire(50 * width, 50 * width, usize::MAX).unwrap();
+            assert_eq!((expired.buckets, expired.series), (1, 0), "{case}");
+            store
+                .checkpoint()
+                .expect("the fold finds every series named");
+            let read = |store: &Store| -> Vec<(i64, i64, f64)> {
+                let docs = store
+                    .reader()
+                    .buckets(Some("g/t"), i64::MIN, i64::MAX)
+                    .unwrap();
+                docs.iter()
+                    .map(|d| (d.start, d.count, d.summary().total()))
+                    .collect()
+            };
+            assert_eq!(read(&store), [(100 * width, 2, 5.0)], "{case}");
+            // Deleted once nothing waits for it: the pass after the fold.
+            drop(store);
+            let mut store = Store::open(&s).expect("the file opens");
+            assert_eq!(read(&store), [(100 * width, 2, 5.0)], "{case}");
+            let expired = store.expire(200 * width, 200 * width, usize::MAX).unwrap();
+            assert_eq!((expired.buckets, expired.series), (1, 1), "{case}");
+            store.checkpoint().unwrap();
+        }
+    }
+}
+
+/// Issue 51: one damaged bucket document made `bucketd export` refuse the whole file, which
+/// the daemon's own message recommended for reading "what is undamaged". Read series by
+/// series, every other series comes out whole and the damaged one is named.
+#[test]
+fn a_damaged_document_takes_only_its_own_series_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("d.redb");
+    let mut store = Store::open(&settings(&path)).unwrap();
+    store
+        .commit(&batch(&[
+            ("a/t", 0, 1.0),
+            ("b/t", 0, 2.0),
+            ("b/t", 3600, 3.0),
+            ("c/t", 7200, 4.0),
+        ]))
+        .unwrap();
+    store.checkpoint().unwrap();
+    store.damage_bucket("a/t", 0);
+    let reader = store.reader();
+    assert!(reader.buckets(None, i64::MIN, i64::MAX).is_err());
+    let (docs, unreadable) = reader.buckets_each(i64::MIN, i64::MAX).unwrap();
+    let read: Vec<(i64, i64, f64)> = docs
+        .iter()
+        .map(|d| (d.start, d.count, d.summary().total()))
+        .collect();
+    assert_eq!(read, [(0, 1, 2.0), (3600, 1, 3.0), (7200, 1, 4.0)]);
+    let names: Vec<&str> = unreadable.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a/t"]);
 }
