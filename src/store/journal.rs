@@ -65,6 +65,14 @@ pub fn path_for(db: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// Where a journal that is made anew (another size, an older format, none wanted) is kept:
+/// `<journal>.old`, replacing any earlier one.
+pub fn replaced_path(journal: &Path) -> PathBuf {
+    let mut p = journal.as_os_str().to_owned();
+    p.push(".old");
+    PathBuf::from(p)
+}
+
 /// I/O on the journal file: a plain file, or one under the test fault seam (`store::faults`).
 pub(super) trait JournalFile: Send + Sync {
     fn read_at(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
@@ -134,6 +142,17 @@ pub enum JournalError {
         path: PathBuf,
         found: u64,
         expected: u64,
+    },
+    #[error(
+        "journal {path} is damaged: the record of commit {missing} is unreadable, but the record \
+         of commit {found} after it is whole, so going on would lose acknowledged commits. Keep a \
+         copy of the journal and the database file. To start from the database file and the \
+         commits before {missing} (and let `bucketd export` read it), move the journal aside"
+    )]
+    Broken {
+        path: PathBuf,
+        missing: u64,
+        found: u64,
     },
     #[error("journal {path}: record of commit {seq} is unreadable although its checksum holds")]
     Record { path: PathBuf, seq: u64 },
@@ -319,8 +338,35 @@ impl Journal {
             expected += 1;
             at += footprint;
         }
+        // A run ends at the record a power cut tore, which was never acknowledged, so nothing
+        // after it was written. A whole record of a later commit means the disk damaged an
+        // acknowledged one: refuse rather than lose it and every one after it (issue 51).
+        if let Some(found) = self.first_record_from(expected, &mut payload) {
+            return Err(JournalError::Broken {
+                path: self.path.clone(),
+                missing: expected,
+                found,
+            }
+            .into());
+        }
         self.end = at;
         Ok(self.live.len())
+    }
+
+    /// The smallest sequence number at or above `seq` of a whole record anywhere in the file.
+    fn first_record_from(&self, seq: u64, payload: &mut Vec<u8>) -> Option<u64> {
+        let mut found: Option<u64> = None;
+        let mut at = HEADER_BYTES;
+        while at + RECORD_HEADER_BYTES as u64 <= self.capacity {
+            if let Some(s) = self.seq_at(at).filter(|&s| s >= seq)
+                && found.is_none_or(|f| s < f)
+                && self.record_at(at, payload).is_some()
+            {
+                found = Some(s);
+            }
+            at += PAGE_BYTES;
+        }
+        found
     }
 
     /// [`Journal::replay`] of a format-1 journal: records packed from the first, started over

@@ -426,9 +426,14 @@ impl Store {
         // older release wrote it in a format this one only reads.
         if wanted == 0 || j.room() + journal::HEADER_BYTES != wanted || !j.current_format() {
             drop(j);
-            std::fs::remove_file(&path).map_err(|source| JournalError::Io {
-                path: path.clone(),
-                source,
+            // Kept as `<journal>.old`, not deleted: if the disk damaged it in a way the replay
+            // could not see (a format-1 journal has no pages to scan), its bytes are still there
+            // to be read (issue 51).
+            std::fs::rename(&path, journal::replaced_path(&path)).map_err(|source| {
+                JournalError::Io {
+                    path: path.clone(),
+                    source,
+                }
             })?;
             if wanted == 0 {
                 return Ok(());

@@ -1475,7 +1475,8 @@ fn a_journal_is_applied_by_a_run_without_one_or_with_another_size() {
     drop(store);
     assert_eq!(std::fs::metadata(&journal).unwrap().len(), 2 << 20);
     commit_then_cut(&bigger, &[batch_with_fps(&[("a/t", 20, 2.0)], &[2])]);
-    // No journal: applied, then removed.
+    // No journal: applied, then moved aside as `<journal>.old` (issue 51: never deleted, in
+    // case the disk damaged it in a way the replay could not see), replacing the earlier one.
     let none = StoreSettings {
         journal_bytes: 0,
         ..settings(&path)
@@ -1483,6 +1484,8 @@ fn a_journal_is_applied_by_a_run_without_one_or_with_another_size() {
     let mut store = Store::open(&none).unwrap();
     assert_eq!(store.next_seq(), 2);
     assert!(!journal.exists());
+    let old = super::journal::replaced_path(&journal);
+    assert_eq!(std::fs::metadata(&old).unwrap().len(), 2 << 20);
     assert_eq!(
         totals_of(&store.reader()),
         [(("a/t".to_owned(), 0), (2, 3.0))].into()

@@ -183,6 +183,107 @@ async fn sigterm_commits_and_export_reads_it_back(broker: Broker, protocol: Prot
 
 on_every_broker!(sigterm_commits_and_export_reads_it_back);
 
+/// Issue 51: a checkpoint that met a damaged document logged "bucketd stops", but the daemon
+/// ran on until its next commit (minutes, or for ever on a quiet gateway), and `bucketd
+/// export`, which that message recommends for reading "what is undamaged", refused the whole
+/// file. Now the daemon stops at once with exit 1, and export writes every other series and
+/// names the damaged one (exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_document_stops_the_daemon_and_export_reads_the_rest() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("d.redb");
+    let topics = Topics::new();
+    let mut raw = raw_config(&broker, Protocol::V5, &db, &topics);
+    raw.store.checkpoint_interval = Duration::from_secs(1);
+    let config = write_config(dir.path(), &raw);
+    let daemon = Daemon::start(&config);
+    daemon.wait_for_line("saying it subscribed", |l| {
+        l.contains("Subscribed to every")
+    });
+    let messages = [
+        (topics.value("a", "x"), b"1".to_vec()),
+        (topics.value("b", "x"), b"2".to_vec()),
+    ];
+    publish_all(&broker, &messages, 1).await;
+    let mut committed = 0;
+    daemon.wait_for_line("committing both readings", |l| {
+        committed += committed_readings(l);
+        committed >= 2
+    });
+    assert!(daemon.terminate().0.success());
+    // The document of the series holding 1.0 garbled, as a failing card would.
+    let damaged = {
+        let reader = bucketd::store::StoreReader::open(&db).unwrap();
+        let names = reader.series().unwrap();
+        let total = |n: &str| reader.buckets(Some(n), i64::MIN, i64::MAX).unwrap()[0].count;
+        assert_eq!(names.len(), 2);
+        let name = names.into_iter().find(|n| {
+            let docs = reader.buckets(Some(n), i64::MIN, i64::MAX).unwrap();
+            docs[0].summary().total() == 1.0
+        });
+        let name = name.unwrap();
+        assert_eq!(total(&name), 1);
+        name
+    };
+    {
+        use redb::ReadableTable;
+        let file = redb::Database::open(&db).unwrap();
+        let tx = file.begin_write().unwrap();
+        {
+            let by_name: redb::TableDefinition<&str, u64> =
+                redb::TableDefinition::new("series_by_name");
+            let buckets: redb::TableDefinition<(u64, i64), &[u8]> =
+                redb::TableDefinition::new("buckets");
+            let id = tx
+                .open_table(by_name)
+                .unwrap()
+                .get(damaged.as_str())
+                .unwrap()
+                .unwrap()
+                .value();
+            let mut table = tx.open_table(buckets).unwrap();
+            let key = {
+                let mut range = table.range((id, i64::MIN)..=(id, i64::MAX)).unwrap();
+                range.next().unwrap().unwrap().0.value()
+            };
+            table
+                .insert(key, b"\x05\x00\x00\x00\x42garbage".as_slice())
+                .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let out = export(&["--db", db.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert_eq!(lines[0]["sum"].as_f64(), Some(2.0), "{stdout}");
+    assert!(
+        stderr.contains(&format!("series `{damaged}` is unreadable")),
+        "{stderr}"
+    );
+    // A reading of the damaged series: the checkpoint a second later meets the damage, and the
+    // daemon stops by itself, with nothing else coming.
+    let daemon = Daemon::start(&config);
+    // The broker kept the session and its subscriptions.
+    daemon.wait_for_line("saying it connected", |l| {
+        l.contains("Connected to the MQTT broker")
+    });
+    publish_all(&broker, &messages[..1], 1).await;
+    daemon.wait_for_line("naming the damage", |l| {
+        l.contains("The database file is damaged")
+    });
+    let (status, _) = daemon
+        .exits_within(Duration::from_secs(30))
+        .expect("the daemon stops by itself once its writer has stopped");
+    assert_eq!(status.code(), Some(1));
+}
+
 /// Rebuilds a stored document from an exported line, through the exported fields only.
 pub fn doc_from_export(v: &serde_json::Value) -> bucketd::doc::BucketDoc {
     use bucketd::reading::Timestamp;

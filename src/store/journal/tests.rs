@@ -196,6 +196,47 @@ fn a_torn_or_damaged_last_record_ends_the_replay_before_it() {
     assert_eq!(replayed(&mut j, 0).unwrap().len(), 2);
 }
 
+/// Issue 51: the replay stopped quietly at the first unreadable record and logged "nothing
+/// acknowledged was lost", even with whole records after it. A record of the middle of the run
+/// damaged (a card whose program unit spans two records, a page the disk garbled) takes only
+/// what it held with it if nothing follows it; with whole records after it the replay refuses,
+/// naming the commit missing and the one found, and those records stay where they are.
+#[test]
+fn a_damaged_record_before_whole_ones_refuses_the_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let mut j = open(&path, 9, MIN_JOURNAL_BYTES).unwrap();
+    for seq in 10..15u64 {
+        assert!(j.append(seq, &redo_of(&[seq as u8; 100])).unwrap());
+    }
+    drop(j);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    // The third record (commit 12) garbled.
+    let third = HEADER_BYTES + 2 * PAGE_BYTES;
+    JournalFile::write_at(&file, third + 25, &[0xAA; 40]).unwrap();
+    let mut j = open(&path, 9, MIN_JOURNAL_BYTES).unwrap();
+    match replayed(&mut j, 10) {
+        Err(
+            e @ JournalError::Broken {
+                missing: 12,
+                found: 13,
+                ..
+            },
+        ) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("commit 12") && text.contains("commit 13"),
+                "{text}"
+            );
+        }
+        other => panic!("the replay must refuse: {other:?}"),
+    }
+    // Replayed from the damaged one on (the database holds 10 to 12), nothing is missing.
+    let mut j = open(&path, 9, MIN_JOURNAL_BYTES).unwrap();
+    let got: Vec<u64> = replayed(&mut j, 13).unwrap().iter().map(|r| r.0).collect();
+    assert_eq!(got, [13, 14]);
+}
+
 #[test]
 fn a_journal_that_does_not_continue_the_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -104,6 +104,26 @@ impl Daemon {
         self.signal(libc::SIGTERM)
     }
 
+    /// Waits for the daemon to exit by itself, at most `within`; `None` if it still runs
+    /// then (it is killed).
+    pub fn exits_within(
+        mut self,
+        within: Duration,
+    ) -> Option<(std::process::ExitStatus, Vec<String>)> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let rest: Vec<String> = self.lines.iter().collect();
+                return Some((status, rest));
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = self.kill();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `kill -9`: no shutdown, no commit, no acknowledgement; a power cut as far as the
     /// process can tell (the page cache survives, see docs/RELIABILITY.md).
     pub fn kill(self) -> (std::process::ExitStatus, Vec<String>) {
