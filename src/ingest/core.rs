@@ -321,10 +321,9 @@ impl<R> Core<R> {
 
     /// Whether the next event's [`Now::lag`] counts: the next QoS 1/2 message would be the
     /// open batch's first, whose delay after the last release tells a broker's refill from
-    /// publishers' traffic; or a session is connecting, whose CONNACK read late would make the
-    /// round trip look longer. (Measuring it costs a few system calls; once per batch.)
+    /// publishers' traffic. (Measuring it costs a few system calls; once per batch.)
     pub fn wants_lag(&self) -> bool {
-        self.batcher.awaits_first_arrival() || self.sessions.iter().any(|s| !s.is_up())
+        self.batcher.awaits_first_arrival()
     }
 
     /// Whether a batch is at the writer.
@@ -583,12 +582,7 @@ impl<R> Core<R> {
             MqttEvent::Connected {
                 session_present,
                 handshake,
-            } => {
-                // A CONNACK the loop read late (no core free) measures the loop, not the
-                // network: that delay widened the echo window as much (issue 58).
-                let handshake = handshake.saturating_sub(now.lag);
-                self.on_connected(session, session_present, handshake, now.at, out);
-            }
+            } => self.on_connected(session, session_present, handshake, now.at, out),
             MqttEvent::Subscribed { refused } => {
                 if refused.is_empty() {
                     info!(
