@@ -260,15 +260,10 @@ impl Store {
             return Ok(true);
         }
         let mut found = false;
-        let mut note = |_seq: u64, e: &Entry<'_>| {
+        self.visit_unfolded(|_, e| {
             found |= e.start < before;
             Ok(())
-        };
-        let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
-        visit_table(&tx.open_table(LOG)?, u64::MAX, &mut note)?;
-        for commit in super::pending::now(&self.pending).iter() {
-            visit_record(commit.seq, &commit.record, &mut note)?;
-        }
+        })?;
         Ok(found)
     }
 
@@ -278,16 +273,25 @@ impl Store {
     /// every checkpoint fail, and the file unreadable).
     pub fn unfolded_series(&self) -> Result<std::collections::HashSet<u64>, CommitError> {
         let mut ids = std::collections::HashSet::new();
-        let mut note = |_seq: u64, e: &Entry<'_>| {
+        self.visit_unfolded(|_, e| {
             ids.insert(e.series_id);
             Ok(())
-        };
-        let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
-        visit_table(&tx.open_table(LOG)?, u64::MAX, &mut note)?;
-        for commit in super::pending::now(&self.pending).iter() {
-            visit_record(commit.seq, &commit.record, &mut note)?;
-        }
+        })?;
         Ok(ids)
+    }
+
+    /// Calls `visit` with every entry of every commit not folded yet: the `log` table's, then
+    /// the pending commits' (in the journal only).
+    fn visit_unfolded(
+        &self,
+        mut visit: impl FnMut(u64, &Entry<'_>) -> Result<(), redb::Error>,
+    ) -> Result<(), CommitError> {
+        let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
+        visit_table(&tx.open_table(LOG)?, u64::MAX, &mut visit)?;
+        for commit in super::pending::now(&self.pending).iter() {
+            visit_record(commit.seq, &commit.record, &mut visit)?;
+        }
+        Ok(())
     }
 
     /// Folds the whole commit log into the bucket documents and raw pages (see
