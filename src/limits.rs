@@ -21,12 +21,6 @@ pub const ACK_REQUEST_HEADROOM: usize = 64;
 /// read as new, waiting longer only delays the first commit after a reconnect.
 pub const RESEND_QUIET_MIN: Duration = Duration::from_millis(250);
 
-/// How long a session must have nothing unacknowledged after its acks are written before it asks
-/// the broker for a PINGREQ's answer, which confirms them (`crate::ingest`): a sensor that
-/// reports every second or slower gets its acks confirmed before its next message, and a busy
-/// stream (whose next message is on its way before any answer could help) sends no pings.
-pub const PING_QUIET: Duration = Duration::from_millis(50);
-
 /// How long shutdown waits for the last acknowledgements to reach the broker.
 pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
 

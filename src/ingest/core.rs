@@ -19,7 +19,7 @@ use tracing::{debug, error, info, warn};
 use crate::ack::{AckToken, SessionId};
 use crate::admit::{Admitted, Admitter, Message, Verdict};
 use crate::batcher::{Batch, Batcher, FlushReason};
-use crate::limits::{PING_QUIET, RESEND_QUIET_MIN};
+use crate::limits::RESEND_QUIET_MIN;
 use crate::mqtt::{Backoff, MqttEvent, PollError};
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
@@ -174,17 +174,35 @@ struct Pings {
     first_arrival: u64,
     /// Arrival number of the last ack written on this connection (0: none yet).
     written_through: u64,
-    /// `written_through` when the last PINGREQ was written.
-    pinged_through: u64,
     /// `written_through` at each PINGREQ written and not answered yet, oldest first (ours and
-    /// the keep-alive ones; at most a few: one of ours at a time, and rumqttc ends the
-    /// connection when a keep-alive ping goes unanswered until the next).
+    /// the keep-alive ones; at most a few: ours only while fewer than
+    /// [`MARKERS_IN_FLIGHT_MAX`] are, and rumqttc ends the connection when a keep-alive ping
+    /// goes unanswered until the next).
     sent: VecDeque<u64>,
     /// A PINGREQ asked for is in the client's request channel.
     queued: bool,
-    /// When to ask for one, if the session is still quiet then ([`PING_QUIET`]).
-    due: Option<Instant>,
+    /// The marker of the last release on this connection ([`Marker`]).
+    marker: Marker,
 }
+
+/// A PINGREQ right behind a release's acks. Its answer confirms them ([`Pings`]) and tells the
+/// batcher how soon a refill may come as things are now
+/// ([`crate::batcher::Batcher::release_pinged`]). Cost: 2 bytes each way per commit, written
+/// with the acks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Marker {
+    #[default]
+    None,
+    /// Acks through this arrival number were released; a PINGREQ written after them is asked
+    /// for.
+    Wanted { through: u64 },
+    /// One went out after them; its answer is awaited.
+    Sent { through: u64 },
+}
+
+/// At most this many PINGREQs of a connection await their answers when a marker is asked for:
+/// a broker slow to answer gets no more (the batcher then goes by the handshake's round trip).
+const MARKERS_IN_FLIGHT_MAX: usize = 4;
 
 impl SessionState {
     fn new(backoff: Backoff, now: Instant) -> SessionState {
@@ -343,7 +361,6 @@ impl<R> Core<R> {
             Link::Waiting { retry_at } => Some(retry_at),
             _ => None,
         });
-        let pings = self.sessions.iter().filter_map(|s| s.pings.due);
         // While resends are held no batch is handed over: wake when their burst ends.
         let deadline = self
             .sessions
@@ -352,7 +369,7 @@ impl<R> Core<R> {
             .min()
             .or_else(|| self.batcher.deadline())
             .filter(|_| self.in_flight.is_none());
-        reconnect.chain(pings).chain(deadline).min()
+        reconnect.chain(deadline).min()
     }
 
     /// Time passed: resumes the sessions whose backoff is over, ends the bursts that have been
@@ -374,25 +391,22 @@ impl<R> Core<R> {
                 self.end_burst(id, BurstEnd::Pause);
             }
         }
-        // A ping that came due is asked for only if still owed ([`Core::outgoing`]).
-        for id in self.session_ids() {
-            let due = self.sessions[id.index()].pings.due;
-            if due.is_some_and(|at| at <= now.at) && !self.ping_owed(id) {
-                self.sessions[id.index()].pings.due = None;
-            }
-        }
         self.hand_over_due_batch(now.at, out);
     }
 
-    /// What `session` has to send next: its released acks in arrival order, then a PINGREQ
-    /// that has come due. The shell offers it to the client and reports with [`Core::taken`].
-    pub fn outgoing(&self, session: SessionId, now: Instant) -> Option<Outgoing> {
+    /// What `session` has to send next: its released acks in arrival order, then the release's
+    /// marker PINGREQ ([`Marker`]). The shell offers it to the client and reports with
+    /// [`Core::taken`].
+    pub fn outgoing(&self, session: SessionId) -> Option<Outgoing> {
         let s = &self.sessions[session.index()];
         if let Some(ack) = s.acks.backlog.front() {
             return Some(Outgoing::Ack(*ack));
         }
-        // Still owed when it is taken (a message may have come since it fell due).
-        (s.pings.due.is_some_and(|at| at <= now) && self.ping_owed(session))
+        let p = &s.pings;
+        (s.is_up()
+            && matches!(p.marker, Marker::Wanted { .. })
+            && !p.queued
+            && p.sent.len() < MARKERS_IN_FLIGHT_MAX)
             .then_some(Outgoing::Ping)
     }
 
@@ -407,10 +421,7 @@ impl<R> Core<R> {
                     s.acks.backlog.pop_front();
                 }
             }
-            Outgoing::Ping => {
-                s.pings.due = None;
-                s.pings.queued = taken;
-            }
+            Outgoing::Ping => s.pings.queued = taken,
         }
     }
 
@@ -510,6 +521,9 @@ impl<R> Core<R> {
                 && ack.connection == s.connection
             {
                 s.acks.backlog.push_back(ack);
+                s.pings.marker = Marker::Wanted {
+                    through: ack.arrival,
+                };
             }
         }
         self.batcher.released(now);
@@ -575,7 +589,6 @@ impl<R> Core<R> {
                     s.pings.written_through = last;
                 }
                 s.acks.unwritten.drain(..written);
-                self.schedule_ping(session, now.at);
                 self.stats.acks_sent.fetch_add(n as u64, Ordering::Relaxed);
                 self.update_gauges();
             }
@@ -606,18 +619,30 @@ impl<R> Core<R> {
             MqttEvent::PingSent => {
                 let p = &mut self.sessions[i].pings;
                 p.sent.push_back(p.written_through);
-                p.pinged_through = p.written_through;
                 p.queued = false;
+                // Any PINGREQ written after the release's acks marks it, ours or keep-alive's.
+                if let Marker::Wanted { through } = p.marker
+                    && p.written_through >= through
+                {
+                    p.marker = Marker::Sent { through };
+                    self.batcher.release_pinged();
+                }
             }
             MqttEvent::PingAnswered => {
                 let p = &mut self.sessions[i].pings;
-                if let Some(through) = p.sent.pop_front()
+                let answered = p.sent.pop_front();
+                if let (Some(through), Marker::Sent { through: marked }) = (answered, p.marker)
+                    && through >= marked
+                {
+                    p.marker = Marker::None;
+                    self.batcher.release_answered(now.at);
+                }
+                if let Some(through) = answered
                     && through >= p.first_arrival
                 {
                     let first = p.first_arrival;
                     self.admit.resends().confirm(session.get(), first, through);
                 }
-                self.schedule_ping(session, now.at);
             }
             MqttEvent::Other | MqttEvent::DisconnectSent => {}
         }
@@ -800,30 +825,6 @@ impl<R> Core<R> {
                  broker or raise limits.dedup_window."
             );
         }
-    }
-
-    /// Whether `session` owes the broker a PINGREQ: acks written since its last one, nothing
-    /// else unacknowledged (so that the answer confirms everything), and none queued or awaiting
-    /// its answer.
-    fn ping_owed(&self, session: SessionId) -> bool {
-        let s = &self.sessions[session.index()];
-        let p = &s.pings;
-        s.is_up()
-            && self.batcher.unacked_of(session.index()) == 0
-            && s.acks.owed() == 0
-            && !p.queued
-            && p.sent.is_empty()
-            && p.written_through > p.pinged_through
-    }
-
-    /// After acks were written or a ping answered: asks for a PINGREQ in [`PING_QUIET`] if
-    /// `session` owes one ([`Pings`]). Confirmation is for a sensor slower than that and the
-    /// round trip: the broker answers before its next message, which can then be told from a
-    /// resend even if it is lost on the wire. A busy stream (its next message on its way
-    /// before an answer could come) sends none.
-    fn schedule_ping(&mut self, session: SessionId, now: Instant) {
-        let owed = self.ping_owed(session);
-        self.sessions[session.index()].pings.due = owed.then(|| now + PING_QUIET);
     }
 
     /// Ends `session`'s burst of resends and admits what it held, in order, as

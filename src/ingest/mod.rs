@@ -156,9 +156,8 @@ impl Ingest {
                 Action::Ready => crate::notify::ready(),
             }
         }
-        let at = std::time::Instant::now();
         for (id, client) in SessionId::all(self.clients.len()).zip(&self.clients) {
-            while let Some(what) = self.core.outgoing(id, at) {
+            while let Some(what) = self.core.outgoing(id) {
                 let taken = match &what {
                     Outgoing::Ack(ack) => client.try_ack(ack).is_ok(),
                     Outgoing::Ping => client.try_ping().is_ok(),

@@ -155,9 +155,9 @@ fn written(actions: &[Action<u32>]) -> Vec<usize> {
 }
 
 /// Everything `session` has to send at `now`, taken as the client would (room for all).
-fn drain_outgoing(c: &mut Core<u32>, session: SessionId, now: Instant) -> Vec<Outgoing> {
+fn drain_outgoing(c: &mut Core<u32>, session: SessionId) -> Vec<Outgoing> {
     let mut sent = Vec::new();
-    while let Some(what) = c.outgoing(session, now) {
+    while let Some(what) = c.outgoing(session) {
         c.taken(session, what, true);
         sent.push(what);
         if what == Outgoing::Ping {
@@ -196,11 +196,7 @@ fn acks_leave_only_after_their_commit_and_in_arrival_order() {
     for (pkid, t) in [(7, 10), (3, 20), (9, 30)] {
         assert!(feed(&mut c, mqtt(S0, publish(pkid, 1.5, false)), at(t)).is_empty());
     }
-    assert_eq!(
-        c.outgoing(S0, at(30).at),
-        None,
-        "nothing acked before the commit"
-    );
+    assert_eq!(c.outgoing(S0), None, "nothing acked before the commit");
     // Due by the batcher's policy (a pause after a burst, or the interval from the first).
     let due = c.wake_at().unwrap();
     assert!(due > at(30).at && due <= at(1010).at, "{due:?}");
@@ -208,13 +204,9 @@ fn acks_leave_only_after_their_commit_and_in_arrival_order() {
     assert_eq!(written(&tick(&mut c, Now { at: due, ..at(0) })), [3]);
     assert!(c.committing());
     assert_eq!(c.wake_at(), None, "no deadline while the writer works");
-    assert_eq!(
-        c.outgoing(S0, at(1010).at),
-        None,
-        "still nothing before the commit"
-    );
+    assert_eq!(c.outgoing(S0), None, "still nothing before the commit");
     assert!(feed(&mut c, committed(3), at(1020)).is_empty());
-    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1020).at)), [7, 3, 9]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0)), [7, 3, 9]);
     assert_eq!(stats.messages_received.load(Ordering::Relaxed), 3);
 }
 
@@ -226,13 +218,13 @@ fn an_ack_the_client_has_no_room_for_is_offered_again_first() {
     }
     tick(&mut c, at(1000));
     feed(&mut c, committed(3), at(1001));
-    let first = c.outgoing(S0, at(1001).at).unwrap();
+    let first = c.outgoing(S0).unwrap();
     c.taken(S0, first, true);
-    let second = c.outgoing(S0, at(1001).at).unwrap();
+    let second = c.outgoing(S0).unwrap();
     c.taken(S0, second, false); // The request channel is full.
-    assert_eq!(c.outgoing(S0, at(1001).at), Some(second), "kept, in order");
+    assert_eq!(c.outgoing(S0), Some(second), "kept, in order");
     assert!(c.owes_acks(S0));
-    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1002).at)), [2, 3]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0)), [2, 3]);
 }
 
 #[test]
@@ -253,14 +245,15 @@ fn a_reconnect_in_the_middle_of_a_commit_drops_the_old_connections_acks() {
     // The commit ends on the new connection: its acks name packet ids of the old one, which
     // may name other messages now; the broker resends those instead.
     feed(&mut c, committed(2), at(2020));
-    assert_eq!(drain_outgoing(&mut c, S0, at(2020).at), []);
+    assert_eq!(drain_outgoing(&mut c, S0), []);
     assert_eq!(stats.reconnects.load(Ordering::Relaxed), 1);
     // A message of the new connection is acked on it.
     feed(&mut c, mqtt(S0, publish(1, 3.0, false)), at(2030));
     tick(&mut c, at(3030));
     feed(&mut c, committed(1), at(3031));
-    let sent = drain_outgoing(&mut c, S0, at(3031).at);
-    let [Outgoing::Ack(ack)] = sent[..] else {
+    let sent = drain_outgoing(&mut c, S0);
+    // The release's marker ping rides behind its ack.
+    let [Outgoing::Ack(ack), Outgoing::Ping] = sent[..] else {
         panic!("{sent:?}")
     };
     assert_eq!((ack.pkid, ack.connection), (1, 2));
@@ -295,7 +288,7 @@ fn a_reconnects_resends_are_held_until_a_new_message_ends_their_burst() {
     );
     let out = feed(&mut c, committed(3), at(2022));
     assert!(matches!(out[..], [Action::Answer(9, 3)]), "{out:?}");
-    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(2022).at)), [1, 2, 3]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0)), [1, 2, 3]);
     assert_eq!(stats.duplicates.load(Ordering::Relaxed), 0);
 }
 
@@ -325,47 +318,60 @@ fn a_burst_of_resends_ends_after_a_quiet_and_copies_are_not_counted_twice() {
     }
     assert_eq!(batches, [0], "a copy of a counted message adds nothing");
     feed(&mut c, committed(0), at(3012));
-    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(3012).at)), [1]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0)), [1]);
 }
 
+/// Every release is marked by a PINGREQ written right behind its acks (the batcher's measure of
+/// the round trip as it is now: `batcher::Batcher::release_pinged`), and its answer confirms
+/// them; no other ping is owed then.
 #[test]
-fn a_quiet_session_pings_once_its_acks_are_written() {
+fn a_release_is_marked_by_a_ping_behind_its_acks() {
     let (mut c, _) = connected_core();
     feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
+    feed(&mut c, mqtt(S0, publish(2, 1.0, false)), at(1));
     tick(&mut c, at(1000));
-    feed(&mut c, committed(1), at(1001));
-    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1001).at)), [1]);
-    assert_eq!(c.wake_at(), None, "no ping before the ack is on the wire");
-    feed(&mut c, mqtt(S0, MqttEvent::AcksSent(1)), at(1002));
-    let due = at(1002).at + PING_QUIET;
-    assert_eq!(c.wake_at(), Some(due));
-    assert_eq!(c.outgoing(S0, at(1003).at), None, "not before it is due");
-    tick(&mut c, at(1002 + 50));
-    assert_eq!(c.outgoing(S0, due), Some(Outgoing::Ping));
-    c.taken(S0, Outgoing::Ping, true);
-    assert_eq!(c.wake_at(), None);
-    feed(&mut c, mqtt(S0, MqttEvent::PingSent), at(1060));
-    feed(&mut c, mqtt(S0, MqttEvent::PingAnswered), at(1061));
-    assert_eq!(
-        c.wake_at(),
-        None,
-        "everything written is confirmed: no second ping"
+    feed(&mut c, committed(2), at(1001));
+    let ack = c.outgoing(S0).unwrap();
+    c.taken(S0, ack, true);
+    // The client's channel is full: the marker is asked for again, behind the acks still.
+    assert!(matches!(c.outgoing(S0), Some(Outgoing::Ack(_))));
+    let rest = drain_outgoing(&mut c, S0);
+    assert!(
+        matches!(rest[..], [Outgoing::Ack(_), Outgoing::Ping]),
+        "{rest:?}"
     );
-    assert_eq!(c.outgoing(S0, at(2000).at), None);
+    assert_eq!(c.outgoing(S0), None, "one marker a release");
+    feed(&mut c, mqtt(S0, MqttEvent::AcksSent(2)), at(1002));
+    feed(&mut c, mqtt(S0, MqttEvent::PingSent), at(1002));
+    feed(&mut c, mqtt(S0, MqttEvent::PingAnswered), at(1003));
+    assert_eq!(c.wake_at(), None, "everything written is confirmed");
+    assert_eq!(c.outgoing(S0), None);
 }
 
+/// A marker the client had no room for is asked for again, and a PINGREQ written before the
+/// release's acks (rumqttc's keep-alive) marks nothing.
 #[test]
-fn a_ping_is_not_asked_for_when_a_message_came_in_meanwhile() {
+fn a_marker_is_asked_for_until_a_ping_goes_out_behind_the_acks() {
     let (mut c, _) = connected_core();
     feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
     tick(&mut c, at(1000));
     feed(&mut c, committed(1), at(1001));
-    drain_outgoing(&mut c, S0, at(1001).at);
+    let ack = c.outgoing(S0).unwrap();
+    c.taken(S0, ack, true);
+    assert_eq!(pkids(&[ack]), [1]);
+    assert_eq!(c.outgoing(S0), Some(Outgoing::Ping), "the marker");
+    c.taken(S0, Outgoing::Ping, false);
+    // A keep-alive ping goes out before the ack is written.
+    feed(&mut c, mqtt(S0, MqttEvent::PingSent), at(1001));
+    feed(&mut c, mqtt(S0, MqttEvent::PingAnswered), at(1001));
+    assert_eq!(c.outgoing(S0), Some(Outgoing::Ping), "still wanted");
+    c.taken(S0, Outgoing::Ping, true);
+    assert_eq!(c.outgoing(S0), None, "queued");
     feed(&mut c, mqtt(S0, MqttEvent::AcksSent(1)), at(1002));
-    // The next message arrives before the ping is due: its answer would not confirm it.
-    feed(&mut c, mqtt(S0, publish(2, 2.0, false)), at(1010));
-    tick(&mut c, at(1060));
-    assert_eq!(c.outgoing(S0, at(1060).at), None);
+    feed(&mut c, mqtt(S0, MqttEvent::PingSent), at(1002));
+    feed(&mut c, mqtt(S0, MqttEvent::PingAnswered), at(1003));
+    assert_eq!(c.outgoing(S0), None);
+    assert_eq!(c.wake_at(), None);
 }
 
 #[test]
@@ -416,7 +422,7 @@ fn shutdown_commits_what_is_pending_and_takes_nothing_new() {
     feed(&mut c, committed(1), at(4));
     assert!(c.drain(at(5).at, &mut Vec::new()));
     assert!(c.owes_acks(S0));
-    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(5).at)), [1]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0)), [1]);
     assert!(c.owes_acks(S0), "until written to the socket");
     feed(&mut c, mqtt(S0, MqttEvent::AcksSent(1)), at(6));
     assert!(!c.owes_acks(S0));
@@ -435,7 +441,7 @@ fn a_failed_commit_stops_ingestion_and_acknowledges_nothing() {
         )
         .unwrap_err();
     assert!(matches!(err, IngestError::Commit(CommitError::Closed)));
-    assert_eq!(c.outgoing(S0, at(1001).at), None);
+    assert_eq!(c.outgoing(S0), None);
 }
 
 #[test]
@@ -458,6 +464,6 @@ fn readiness_waits_for_every_session_and_acks_go_back_on_their_own() {
     feed(&mut c, mqtt(S0, publish(6, 1.0, false)), at(5));
     tick(&mut c, at(1003));
     feed(&mut c, committed(3), at(1004));
-    assert_eq!(pkids(&drain_outgoing(&mut c, S0, at(1004).at)), [5, 6]);
-    assert_eq!(pkids(&drain_outgoing(&mut c, s1, at(1004).at)), [5]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0)), [5, 6]);
+    assert_eq!(pkids(&drain_outgoing(&mut c, s1)), [5]);
 }
