@@ -63,6 +63,14 @@ struct Net {
     /// broker do); without them (`false`: the client's channel is full every time) the
     /// batcher goes by the handshake's round trip alone.
     pings: bool,
+    /// The broker reads session `k`'s acks (and the PINGREQ behind them) `k` times this much
+    /// after session 0's: a broker under load working through its sockets one at a time, so
+    /// that one session's refill comes before the others'.
+    stagger: Duration,
+    /// Mosquitto's shared subscription: each message goes to the next session in turn and waits
+    /// in that session's queue while its window is full; the other sessions go on (without it,
+    /// rumqttd's: the whole group waits for the session whose turn it is).
+    queues: bool,
 }
 
 /// What travels from the broker to us.
@@ -94,6 +102,8 @@ impl Net {
             late_refills: None,
             descheduled: None,
             pings: true,
+            stagger: Duration::ZERO,
+            queues: false,
         }
     }
 }
@@ -139,6 +149,12 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
     }
     let turn_of = |i: u64| (i % u64::from(net.sessions)) as usize;
     let mut sent = 0u64;
+    // Per session, with `Net::queues`: messages given to it and not yet sent.
+    let mut queued: Vec<VecDeque<u64>> = vec![VecDeque::new(); ids.len()];
+    assert!(
+        !net.queues || net.delayed_ack.is_none(),
+        "queues are modelled without Nagle"
+    );
     // Per session: QoS 1 messages the broker sent and has not had acknowledged.
     let mut unacked = vec![0u64; ids.len()];
     let mut acked = 0u64;
@@ -180,9 +196,26 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
         if acked == qos1_total {
             break;
         }
+        // With per-session queues, what is available goes to its session's queue, and each
+        // session is sent what its window has room for.
+        while net.queues && sent < total && start + schedule[sent as usize] <= now {
+            queued[turn_of(sent)].push_back(sent);
+            sent += 1;
+        }
+        for (s, q) in queued.iter_mut().enumerate() {
+            while let Some(&i) = q.front()
+                && (is_qos0(i) || unacked[s] < net.broker_window)
+            {
+                q.pop_front();
+                let on_wire = arriving.back().map_or(now, |a| a.0.max(now));
+                arriving.push_back((on_wire.max(now + half) + net.per_message, Down::Message(i)));
+                unacked[s] += u64::from(!is_qos0(i));
+            }
+        }
         // The broker sends what is available while its window has room (and Nagle lets it).
         let may_send = ack_came || net.delayed_ack.is_none_or(|d| now >= last_send + d);
-        while may_send
+        while !net.queues
+            && may_send
             && sent < total
             && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window)
             && start + schedule[sent as usize] <= now
@@ -268,7 +301,15 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
                 .late_refills
                 .filter(|(from, _)| releases >= *from)
                 .map_or(Duration::ZERO, |(_, d)| d);
-            acks_arriving.push_back((now + half + late, per_session, pinged));
+            for (k, (n, ping)) in per_session.into_iter().zip(pinged).enumerate() {
+                let mut one = vec![0; ids.len()];
+                let mut pinged = vec![false; ids.len()];
+                one[k] = n;
+                pinged[k] = ping;
+                let at = now + half + late + net.stagger * u32::try_from(k).unwrap();
+                let i = acks_arriving.partition_point(|a| a.0 <= at);
+                acks_arriving.insert(i, (at, one, pinged));
+            }
             if let Some(d) = net.descheduled
                 && d.after.contains(&releases)
             {
@@ -280,7 +321,7 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
         // When the broker next sends: the next message becomes available while the window has
         // room (and Nagle lets it).
         let next_message = (sent < total
-            && (is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window))
+            && (net.queues || is_qos0(sent) || unacked[turn_of(sent)] < net.broker_window))
             .then(|| {
                 let available = start + schedule[sent as usize];
                 net.delayed_ack
@@ -1047,4 +1088,42 @@ fn refills_late_after_every_release_are_echoes_of_it_by_the_broker_s_answer() {
     }
     // The shape is the one CI met: without the marker, windows wait for the interval.
     assert!(waited_without > 0);
+}
+
+/// Issue 58, seen under load (`windows::upstream_mosquitto_window_20_four_sessions`: 53 commits
+/// where 52 may be): a broker working through its sockets one at a time refilled one session's
+/// window before it had read the other sessions' acks, and a batch was committed the moment that
+/// one session was full: 26 messages ([5, 1, 20, 0]) instead of half of the four windows. With
+/// the other sessions' marker pings still unanswered, their refills are on their way; the batch
+/// waits for them (a round trip at most) and holds half the windows, as without the stagger.
+#[test]
+fn with_several_sessions_one_full_window_waits_for_the_others_refills_on_their_way() {
+    let commit = Duration::from_millis(2);
+    let sessions = 4u16;
+    for stagger_us in [300u64, 1000, 3000] {
+        for quick_acks in [false, true] {
+            let p = FlushPolicy {
+                flush_interval: Duration::from_secs(1),
+                max_pending_readings: 1_000_000,
+                window: 4096,
+                broker_window: None,
+                sessions,
+                quick_acks,
+            };
+            let net = Net {
+                sessions,
+                stagger: Duration::from_micros(stagger_us),
+                queues: true,
+                ..Net::strict(20)
+            };
+            let groups = 25u32;
+            let total = u64::from(groups) * 20 * u64::from(sessions);
+            let run = simulate(p, net, &flat_out(total as usize), commit);
+            let case = format!("stagger {stagger_us} us, quick acks {quick_acks}: {run:?}");
+            assert_eq!(run.intervals, 0, "{case}");
+            assert!(run.stalls <= 2, "{case}");
+            // Half of the four windows a commit, plus the probe and the proof.
+            assert!(run.commits <= 2 * groups + 2, "{case}");
+        }
+    }
 }
