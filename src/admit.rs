@@ -198,7 +198,10 @@ impl Admitter {
         if at.plausible_after(last, max_jump) {
             Ok(())
         } else {
-            tracing::warn!(
+            // The refusal is logged at the rate limit with the others (`ingest::core`'s
+            // `warn_gateway`; issue 52: one warning per message flooded the log); the
+            // positions go to the debug log.
+            tracing::debug!(
                 gateway = %gateway,
                 last_origin = %last.origin,
                 last_seq = last.seq,
@@ -206,9 +209,7 @@ impl Admitter {
                 seq = at.seq,
                 max_jump,
                 "Refused a delta message whose position no gateway's outbox could have sent \
-                 after the last one applied (further on than central.max_position_jump). If \
-                 this gateway's upstream.outbox_max_entries is larger, raise \
-                 central.max_position_jump to match."
+                 after the last one applied."
             );
             Err(DecodeError::PositionJump)
         }

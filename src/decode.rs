@@ -333,8 +333,17 @@ fn decode_delta(
             out.rejected.push(DecodeError::TimestampOutOfRange);
             continue;
         }
+        // Stored as `<gateway>:<sensor>/<metric>`, a name this central's API must accept: a
+        // long gateway id and a long sensor name together may not (issue 52: acknowledged
+        // data no query could read). Refused alone, as a sensor name the gateway's own
+        // limits allowed.
+        let series = format!("{}:{}", msg.gateway_id, b.series);
+        if let Err(e) = crate::reading::validate_series(&series) {
+            out.rejected.push(e);
+            continue;
+        }
         out.deltas.push(Delta {
-            series: format!("{}:{}", msg.gateway_id, b.series),
+            series,
             start: b.start,
             width_secs,
             summary,
@@ -363,24 +372,36 @@ fn delta_bucket(b: &crate::doc::BucketDoc) -> Option<(i64, crate::summary::Summa
     // first and last are readings of this bucket: nanoseconds within [start, end).
     let span = b.start.checked_mul(1_000_000_000)?..b.end.checked_mul(1_000_000_000)?;
     let finite = [b.sum, b.sum_comp, b.mean, b.m2, b.first.value, b.last.value];
+    let within = |v: f64| b.min <= v && v <= b.max; // false for NaN
+    // The mean is computed, merge after merge: a rounding's worth outside is no forgery.
+    let slack = 1e-9 * b.min.abs().max(b.max.abs());
+    let mean_within = b.min - slack <= b.mean && b.mean <= b.max + slack;
     let sane = b.count > 0
-        && b.min <= b.max // false for NaN
+        && b.count <= width.saturating_mul(limits::DELTA_READINGS_PER_SEC_MAX)
+        && b.min <= b.max
         && finite.iter().all(|v| v.is_finite())
         && b.m2 >= 0.0
+        && mean_within
+        && within(b.first.value)
+        && within(b.last.value)
         && span.contains(&b.first.ts)
-        && span.contains(&b.last.ts);
+        && span.contains(&b.last.ts)
+        && b.first.ts <= b.last.ts;
     if !sane {
         return None;
     }
     // An empty sketch is a schema 1 document (quantiles unknown); any other must decode, with
-    // settings a gateway's config can have.
+    // settings a gateway's config can have, within its own bin bound, counting the bucket's
+    // readings (issue 52: `count = i64::MAX` over a sketch of five saturated the bucket for
+    // good).
     if b.sketch.is_empty() {
         return Some((width, b.summary()));
     }
-    let sketch = crate::sketch::Sketch::decode(&b.sketch)?;
+    let sketch = crate::sketch::Sketch::decode_untrusted(&b.sketch)?;
     let params = sketch.params();
     let ok = limits::SKETCH_ACCURACY.contains(&params.alpha)
-        && limits::SKETCH_MAX_BINS.contains(&params.max_bins);
+        && limits::SKETCH_MAX_BINS.contains(&params.max_bins)
+        && i64::try_from(sketch.count()).is_ok_and(|n| n == b.count);
     ok.then(|| (width, b.summary_with(sketch)))
 }
 

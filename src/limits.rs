@@ -89,6 +89,11 @@ pub const SKETCH_ACCURACY: RangeInclusive<f64> = 0.0001..=0.2;
 /// re-bins it into its own settings: see `admit`).
 pub const SKETCH_MAX_BINS: RangeInclusive<u32> = 16..=65_536;
 
+/// The most readings a delta's bucket may count per second of its width: a million a second
+/// from one sensor is beyond any device; a count past it (`i64::MAX` for five readings) could
+/// only be forged, and would pin the bucket at saturation for good (issue 52).
+pub const DELTA_READINGS_PER_SEC_MAX: i64 = 1_000_000;
+
 /// The widest bucket a delta may carry: a day (bucket widths divide a day).
 pub const DELTA_WIDTH_SECS_MAX: i64 = 86_400;
 

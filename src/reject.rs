@@ -57,7 +57,9 @@ pub enum DecodeError {
     GatewayLimit,
     #[error(
         "a delta message's position jumps further past the last one applied from its gateway's \
-         database than central.max_position_jump: no gateway's outbox could have sent it"
+         database than central.max_position_jump: no gateway's outbox could have sent it (if \
+         this gateway's upstream.outbox_max_entries is larger, raise central.max_position_jump \
+         to match)"
     )]
     PositionJump,
 }

@@ -237,7 +237,23 @@ impl Sketch {
         out
     }
 
+    /// Decodes what [`Sketch::encode`] wrote. bucketd never writes a sketch with more bins than
+    /// its `max_bins`; one that has more (a document stored from a forged delta before issue
+    /// 52) is collapsed to them as it is read, so that no decoded sketch outgrows its bound.
+    /// Memory while decoding grows with `bytes` (two at least a bin), never with a count read
+    /// from them.
     pub fn decode(bytes: &[u8]) -> Option<Sketch> {
+        Sketch::decode_bounded(bytes, false)
+    }
+
+    /// [`Sketch::decode`] for bytes from outside (a delta, a fleet row): a sketch with more
+    /// bins than its own `max_bins` could not have come from a bucketd and is refused, before
+    /// its bins are read (issue 52: 2,000 deltas of 30,000 bins each grew a central to 0.9 GiB).
+    pub fn decode_untrusted(bytes: &[u8]) -> Option<Sketch> {
+        Sketch::decode_bounded(bytes, true)
+    }
+
+    fn decode_bounded(bytes: &[u8], refuse_oversized: bool) -> Option<Sketch> {
         let (&version, rest) = bytes.split_first()?;
         if version != ENCODING_V1 || rest.len() < 8 {
             return None;
@@ -253,6 +269,9 @@ impl Sketch {
         s.count = s.zeros;
         for negative in [false, true] {
             let bins = get_varint(&mut r)?;
+            if refuse_oversized && (s.bins() as u64).saturating_add(bins) > u64::from(max_bins) {
+                return None;
+            }
             let mut prev = None;
             for _ in 0..bins {
                 let step = unzigzag(get_varint(&mut r)?);
@@ -276,7 +295,18 @@ impl Sketch {
                 prev = Some(i);
             }
         }
-        r.is_empty().then_some(s)
+        if !r.is_empty() {
+            return None;
+        }
+        s.collapse();
+        Some(s)
+    }
+
+    /// The most bytes [`Sketch::encode`] writes for a sketch of `max_bins` bins: the header
+    /// (version, α, `max_bins`, zeros, two bin counts) and two varints of at most 10 bytes a
+    /// bin. What a reader of outside bytes allows before it reads them.
+    pub fn encoded_len_max(max_bins: u32) -> usize {
+        1 + 8 + 4 * 10 + max_bins as usize * 20
     }
 }
 

@@ -13,6 +13,14 @@
 -- may not create them), delete, or see another gateway's rows. The tables' owner is not limited
 -- by these policies.
 --
+-- Fleet retention drops whole month partitions of every gateway: only members of
+-- bucketd_maintainer may run it (issue 52: granted to every gateway, one compromised gateway
+-- dropped the whole fleet's data with bucketd_drop_partitions_before('infinity')). Give it to
+-- the one role that runs retention (the gateway with upstream.postgres_retention set, or an
+-- operator's cron job), trusted with every gateway's data:
+--
+--   GRANT bucketd_maintainer TO "site-01";
+--
 -- Query nodes (`bucketd query-node`, docs/FLEET.md) and SQL clients such as Grafana's
 -- PostgreSQL data source read as members of bucketd_reader: every row, and nothing else.
 --
@@ -32,6 +40,9 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bucketd_reader') THEN
         CREATE ROLE bucketd_reader NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'bucketd_maintainer') THEN
+        CREATE ROLE bucketd_maintainer NOLOGIN;
     END IF;
 END
 $$;
@@ -59,6 +70,8 @@ CREATE POLICY bucketd_own_row ON bucketd_gateways TO bucketd_gateway
     WITH CHECK (gateway_id = current_user);
 
 -- Partitions are made as gateways need them (bucketd_ensure_partitions runs as the tables'
--- owner); fleet retention (upstream.postgres_retention) drops them.
+-- owner, and only makes months); fleet retention (upstream.postgres_retention) drops them, as
+-- bucketd_maintainer only (above). The REVOKE undoes the grant of earlier releases.
 GRANT EXECUTE ON FUNCTION bucketd_ensure_partitions(timestamptz[]) TO bucketd_gateway;
-GRANT EXECUTE ON FUNCTION bucketd_drop_partitions_before(timestamptz) TO bucketd_gateway;
+REVOKE EXECUTE ON FUNCTION bucketd_drop_partitions_before(timestamptz) FROM bucketd_gateway;
+GRANT EXECUTE ON FUNCTION bucketd_drop_partitions_before(timestamptz) TO bucketd_maintainer;

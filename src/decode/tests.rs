@@ -629,11 +629,25 @@ fn a_forged_or_damaged_delta_message_is_refused_with_its_reason() {
         m
     };
     let bucket = |f: &dyn Fn(&mut BucketDoc)| message(&|m| f(&mut m.buckets[0]));
+    // The bucket's own two readings, so that only the settings are wrong.
     let sketch = |alpha: f64, max_bins: u32| {
         let mut k = Sketch::new(SketchParams { alpha, max_bins });
         k.add(1.5);
+        k.add(4.0);
         k.encode()
     };
+    // 40 readings: a sketch of 40 bins under the default settings (2,048 bins at most), its
+    // `max_bins` then rewritten to 16 (both two-byte varints), as a forger would.
+    let mut forty = crate::summary::Summary::of(NOW_NS, 1.0);
+    for i in 1..40 {
+        forty.merge(&crate::summary::Summary::of(
+            NOW_NS + i,
+            1.5f64.powi(i as i32),
+        ));
+    }
+    let mut oversized = BucketDoc::new("d0/t", NOW_S, 3600, &forty);
+    assert_eq!(oversized.sketch[9..11], [0x80, 0x10], "2048 as a varint");
+    oversized.sketch[9..11].copy_from_slice(&[0x90, 0x00]);
     let nan = f64::NAN;
     let cases: Vec<(&str, DeltaMessage, DecodeError)> = vec![
         (
@@ -721,7 +735,46 @@ fn a_forged_or_damaged_delta_message_is_refused_with_its_reason() {
             bucket(&|b| b.sketch = vec![1, 2, 3]),
             DecodeError::InvalidDelta,
         ),
+        // Issue 52: buckets no bucketd could have written.
+        (
+            "a count of i64::MAX over a sketch of two",
+            bucket(&|b| b.count = i64::MAX),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a count its sketch does not hold",
+            bucket(&|b| b.count = 3),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a sketch with more bins than its own max_bins",
+            bucket(&|b| *b = oversized.clone()),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a mean above max",
+            bucket(&|b| b.mean = 4.5),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a first value below min",
+            bucket(&|b| b.first.value = 1.0),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a last value above max",
+            bucket(&|b| b.last.value = 5.0),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "last before first",
+            bucket(&|b| std::mem::swap(&mut b.first.ts, &mut b.last.ts)),
+            DecodeError::InvalidDelta,
+        ),
     ];
+    // Without its forged `max_bins`, the 40-bin bucket is what a gateway sends.
+    let honest = message(&|m| m.buckets[0] = BucketDoc::new("d0/t", NOW_S, 3600, &forty));
+    assert!(run(&sub, topic, &bytes(&honest)).is_ok());
     for (what, m, want) in cases {
         assert_eq!(run(&sub, topic, &bytes(&m)).err(), Some(want), "{what}");
     }
@@ -742,6 +795,37 @@ fn a_forged_or_damaged_delta_message_is_refused_with_its_reason() {
         assert_eq!(d.deltas.len(), 1, "{start}");
         assert_eq!(d.rejected, [DecodeError::TimestampOutOfRange], "{start}");
     }
+}
+
+/// Issue 52: a central stores a delta's bucket as `<gateway>:<sensor>/<metric>`; a 64-byte
+/// gateway id and a 64-byte sensor name make a 129-byte sensor name, which its API refuses. That bucket is refused
+/// alone (as a name too long at the gateway would be); the rest of the message counts.
+#[test]
+fn a_delta_bucket_whose_stored_name_the_api_would_refuse_is_refused_alone() {
+    let s = crate::summary::Summary::of(NOW_NS, 1.5);
+    let gateway = "g".repeat(64);
+    let long = format!("{}/t", "s".repeat(64));
+    let message = DeltaMessage {
+        gateway_id: gateway.clone(),
+        origin: ORIGIN.into(),
+        seq: 1,
+        part: 0,
+        buckets: vec![
+            crate::doc::BucketDoc::new(&long, NOW_S, 3600, &s),
+            crate::doc::BucketDoc::new("d0/t", NOW_S, 3600, &s),
+        ],
+    };
+    let topic = format!("bucketd/{gateway}/deltas");
+    let d = run(
+        &delta_sub(),
+        &topic,
+        &bson::serialize_to_vec(&message).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(d.rejected, [DecodeError::InvalidName]);
+    let stored: Vec<&str> = d.deltas.iter().map(|d| d.series.as_str()).collect();
+    assert_eq!(stored, [format!("{gateway}:d0/t")]);
+    assert!(crate::reading::validate_series(stored[0]).is_ok());
 }
 
 /// A verdict, the readings as (series, ns, value), the reading-level rejections.

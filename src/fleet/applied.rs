@@ -19,8 +19,9 @@
 //! counted), times the databases kept per gateway.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::admit::DeltaLedger;
 use crate::delta::Position;
@@ -41,7 +42,14 @@ fn retired_key(gateway: &str, slot: usize) -> String {
 struct Streams {
     current: Position,
     retired: Vec<Position>,
+    /// When a change of its database was last logged as a warning ([`ORIGIN_WARN_EVERY`]).
+    warned_at: Option<Instant>,
 }
+
+/// A gateway's change of database is warned about at most this often; the others go to the
+/// debug log (issue 52: messages alternating between two origins logged a warning each,
+/// ~400 KiB a thousand messages).
+const ORIGIN_WARN_EVERY: Duration = Duration::from_mins(1);
 
 /// The last position applied per gateway and database.
 #[derive(Debug, Default)]
@@ -80,7 +88,14 @@ impl Applied {
                     .filter(|at| at.origin != current.origin)
                     .take(RETIRED_ORIGINS_MAX)
                     .collect();
-                (gateway, Streams { current, retired })
+                (
+                    gateway,
+                    Streams {
+                        current,
+                        retired,
+                        warned_at: None,
+                    },
+                )
             })
             .collect();
         Applied { by_gateway }
@@ -119,6 +134,7 @@ impl DeltaLedger for Applied {
                 Streams {
                     current: at.clone(),
                     retired: Vec::new(),
+                    warned_at: None,
                 },
             );
             return vec![(gateway.to_owned(), at)];
@@ -127,15 +143,26 @@ impl DeltaLedger for Applied {
             streams.current = at.clone();
             return vec![(gateway.to_owned(), at)];
         }
-        warn!(
-            gateway,
-            was = %streams.current.origin,
-            now = %at.origin,
-            "A gateway's deltas now come from another database (origin): a new one numbers its \
-             entries from the start. If the gateway's database was not replaced, someone else \
-             publishes as it: check the broker's ACL for its topic. If two gateways share this \
-             id, give each its own upstream.gateway_id: their deltas cannot be told apart."
-        );
+        let now = Instant::now();
+        if streams
+            .warned_at
+            .is_none_or(|t| now.duration_since(t) >= ORIGIN_WARN_EVERY)
+        {
+            streams.warned_at = Some(now);
+            warn!(
+                gateway,
+                was = %streams.current.origin,
+                now = %at.origin,
+                "A gateway's deltas now come from another database (origin): a new one numbers \
+                 its entries from the start. If the gateway's database was not replaced, someone \
+                 else publishes as it: check the broker's ACL for its topic. If two gateways \
+                 share this id, give each its own upstream.gateway_id: their deltas cannot be \
+                 told apart. Further changes of this gateway's database are logged at most once \
+                 a minute (debug: each)."
+            );
+        } else {
+            debug!(gateway, was = %streams.current.origin, now = %at.origin, "A gateway's deltas come from another database again.");
+        }
         streams.retired.retain(|old| old.origin != at.origin);
         let left = std::mem::replace(&mut streams.current, at.clone());
         streams.retired.push(left);

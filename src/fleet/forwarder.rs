@@ -99,8 +99,11 @@ impl Forwarder {
                     ),
                     Err(e) => warn!(
                         error = format!("{e:#}"),
-                        "Fleet retention failed; retrying in an hour. The role needs EXECUTE \
-                         on bucketd_drop_partitions_before (deploy/postgres/roles.sql)."
+                        "Fleet retention failed; retrying in an hour. It drops every \
+                         gateway's old months, so only members of bucketd_maintainer may run \
+                         it: grant that role to this gateway's (deploy/postgres/roles.sql), or \
+                         unset upstream.postgres_retention here and run it from one trusted \
+                         role."
                     ),
                 }
             }

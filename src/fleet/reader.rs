@@ -20,10 +20,13 @@ use crate::summary::{Point, Summary};
 pub const FLEET_PREFIX: &str = "*:";
 
 /// The rows of some series over a range, in series then time order: the primary key
-/// `(series, start)` on each month partition the range touches. At most `$5` rows.
+/// `(series, start)` on each month partition the range touches. At most `$5` rows. A sketch
+/// longer than `$6` bytes (more than any bucketd writes: [`sketch_bytes_max`]) is not sent:
+/// NULL in its place (issue 52: a gateway role's row with a 20 MB sketch took a query node
+/// from 8 to 580 MiB a query).
 const BUCKETS: &str = "
 SELECT series, start, count, sum, sum_comp, min, max, first_ts_ns, first_value, last_ts_ns,
-    last_value, mean, m2, sketch
+    last_value, mean, m2, CASE WHEN octet_length(sketch) <= $6 THEN sketch END
 FROM bucketd_buckets
 WHERE series = ANY($1) AND start >= $2 AND start < $3 AND width_secs = $4
 ORDER BY series, start
@@ -248,6 +251,7 @@ impl Reader {
                     &time(to),
                     &i32::try_from(self.settings.width_secs).unwrap_or(i32::MAX),
                     &limit,
+                    &sketch_bytes_max(),
                 ],
             )
             .await
@@ -303,6 +307,13 @@ fn time(secs: i64) -> SystemTime {
     }
 }
 
+/// The most bytes of a row's sketch the query node reads: a sketch at the largest bin bound
+/// a gateway's config may have (`limits::SKETCH_MAX_BINS`).
+fn sketch_bytes_max() -> i32 {
+    let bins = *crate::limits::SKETCH_MAX_BINS.end();
+    i32::try_from(Sketch::encoded_len_max(bins)).unwrap_or(i32::MAX)
+}
+
 /// A row of [`BUCKETS`] as its series, start (seconds) and summary. A row no bucketd wrote
 /// (a negative count, a sketch that does not decode) is an error, not a guess.
 fn decode_row(row: &tokio_postgres::Row) -> Result<(String, i64, Summary), ReadError> {
@@ -316,8 +327,10 @@ fn decode_row(row: &tokio_postgres::Row) -> Result<(String, i64, Summary), ReadE
     let count: i64 = row.get(2);
     let corrupt = |what: &str| ReadError::failed(format!("the row of {series} at {start}: {what}"));
     let count = u64::try_from(count).map_err(|_| corrupt("negative count"))?;
-    let sketch: &[u8] = row.get(13);
-    let sketch = Sketch::decode(sketch).ok_or_else(|| corrupt("the sketch does not decode"))?;
+    let sketch: Option<&[u8]> = row.get(13);
+    let sketch = sketch.ok_or_else(|| corrupt("a sketch larger than any bucketd writes"))?;
+    let sketch =
+        Sketch::decode_untrusted(sketch).ok_or_else(|| corrupt("the sketch does not decode"))?;
     let summary = Summary {
         count,
         sum: row.get(3),

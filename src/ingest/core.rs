@@ -284,6 +284,10 @@ pub struct Core<R> {
     /// request, or a batch that repeats the messages committed before it (`crate::resend`;
     /// it wins: it covers the request's batch too).
     urgent: Option<FlushReason>,
+    /// When the last requested commit went to the writer: a request commits at once at most
+    /// once a `batch.flush_interval`, later ones share the next commit (issue 52: a loop of
+    /// `POST /api/v1/flush` multiplied a gateway's writes 48x).
+    requested_at: Option<Instant>,
     flush_waiters: Vec<FlushWaiter<R>>,
     /// Whether the window learned from a stall was logged since the last connection.
     told_window: bool,
@@ -309,6 +313,7 @@ impl<R> Core<R> {
             in_flight: None,
             sent_seq: 0,
             urgent: None,
+            requested_at: None,
             flush_waiters: Vec::new(),
             told_window: false,
             ready: false,
@@ -354,8 +359,8 @@ impl<R> Core<R> {
         self.ready
     }
 
-    /// When [`Core::tick`] has something to do next: a reconnect, a ping, and while no batch
-    /// is at the writer the end of a burst or a batch falling due.
+    /// When [`Core::tick`] has something to do next: a reconnect, and while no batch is at the
+    /// writer the end of a burst, a batch falling due or a held-back flush request's turn.
     pub fn wake_at(&self) -> Option<Instant> {
         let reconnect = self.sessions.iter().filter_map(|s| match s.link {
             Link::Waiting { retry_at } => Some(retry_at),
@@ -367,9 +372,24 @@ impl<R> Core<R> {
             .iter()
             .filter_map(SessionState::burst_deadline)
             .min()
-            .or_else(|| self.batcher.deadline())
+            .or_else(|| {
+                let request = self.request_held_until();
+                [self.batcher.deadline(), request]
+                    .into_iter()
+                    .flatten()
+                    .min()
+            })
             .filter(|_| self.in_flight.is_none());
         reconnect.chain(deadline).min()
+    }
+
+    /// Until when a pending flush request waits for its turn: a `batch.flush_interval` after
+    /// the last requested commit. `None` with no request pending.
+    fn request_held_until(&self) -> Option<Instant> {
+        let interval = self.batcher.flush_interval();
+        (self.urgent == Some(FlushReason::Request))
+            .then(|| self.requested_at.map(|t| t + interval))
+            .flatten()
     }
 
     /// Time passed: resumes the sessions whose backoff is over, ends the bursts that have been
@@ -447,11 +467,9 @@ impl<R> Core<R> {
         if self.in_flight.is_some() || self.sessions.iter().any(|s| !s.held.is_empty()) {
             return;
         }
-        if let Some(reason) = self
-            .urgent
-            .take()
-            .or_else(|| self.batcher.flush_reason(now))
-        {
+        let held = self.request_held_until().is_some_and(|until| now < until);
+        let urgent = if held { None } else { self.urgent.take() };
+        if let Some(reason) = urgent.or_else(|| self.batcher.flush_reason(now)) {
             self.send_batch(reason, now, out);
         }
     }
@@ -465,8 +483,10 @@ impl<R> Core<R> {
         let learned = self.batcher.window_seen();
         let (batch, acks) = self.batcher.take_for(reason, now);
         self.admit.resends().batch_taken();
-        if self.urgent == Some(FlushReason::Replay) {
-            self.urgent = None;
+        // Whatever its reason, the batch holds what an urgent commit was for.
+        self.urgent = None;
+        if reason == FlushReason::Request {
+            self.requested_at = Some(now);
         }
         if learned.is_none()
             && !self.told_window

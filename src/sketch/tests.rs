@@ -296,3 +296,39 @@ fn a_sketch_saturated_by_merging_reads_back_as_written() {
     assert_eq!(s.count(), u64::MAX);
     assert_eq!(Sketch::decode(&s.encode()), Some(s));
 }
+
+/// Issue 52: a sketch with more bins than its own `max_bins` (64 here) was decoded whole and
+/// kept: 2,000 deltas of 30,000 bins grew a central to 0.9 GiB. From outside it is refused
+/// before its bins are read; a stored one (written before the fix from such a delta) reads
+/// back collapsed to its bound, its count whole.
+#[test]
+fn a_sketch_over_its_own_bin_bound_is_refused_from_outside_and_collapsed_when_stored() {
+    let at_bound = vec![(1, 1); 64];
+    let bytes = encoded_with_positive_bins(&at_bound);
+    assert_eq!(Sketch::decode_untrusted(&bytes).map(|s| s.bins()), Some(64));
+    let over = vec![(1, 1); 30_000];
+    let bytes = encoded_with_positive_bins(&over);
+    assert!(bytes.len() <= Sketch::encoded_len_max(30_000));
+    assert!(Sketch::decode_untrusted(&bytes).is_none());
+    let stored = Sketch::decode(&bytes).expect("a stored sketch still reads");
+    assert_eq!((stored.bins(), stored.count()), (64, 30_000));
+    // What it reads back as is what it writes: within its bound.
+    assert_eq!(Sketch::decode_untrusted(&stored.encode()), Some(stored));
+}
+
+/// Every sketch `encode` writes fits `encoded_len_max` of its bins, whatever its counts.
+#[test]
+fn encoded_len_max_bounds_what_encode_writes() {
+    let params = SketchParams {
+        alpha: 0.0001,
+        max_bins: 512,
+    };
+    let mut s = Sketch::new(params);
+    for i in 0..5_000 {
+        let v = if i % 2 == 0 { 1.0001f64 } else { -1.0001f64 };
+        s.add_n(v.powi(i * 97), u64::MAX / 3);
+    }
+    s.add_n(0.0, u64::MAX);
+    assert_eq!(s.bins(), 512);
+    assert!(s.encode().len() <= Sketch::encoded_len_max(512));
+}

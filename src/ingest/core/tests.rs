@@ -390,14 +390,64 @@ fn a_flush_request_commits_at_once_and_is_answered_with_what_it_covered() {
         [2],
         "long before the interval"
     );
-    // A message during the commit joins the next batch; a second request covers both.
+    // A message during the commit joins the next batch; a second request covers both. It
+    // commits once the interval since the last requested commit is over (issue 52).
     feed(&mut c, mqtt(S0, publish(3, 1.0, false)), at(4));
     assert!(feed(&mut c, Event::Flush(3), at(5)).is_empty());
     let out = feed(&mut c, committed(2), at(6));
     assert!(matches!(out[..], [Action::Answer(2, 2)]), "{out:?}");
-    assert_eq!(written(&tick(&mut c, at(7))), [1]);
-    let out = feed(&mut c, committed(1), at(8));
+    assert!(written(&tick(&mut c, at(7))).is_empty(), "not at once");
+    let due = c.wake_at().unwrap();
+    assert!(
+        due <= at(1003).at,
+        "at the latest the interval after the last one"
+    );
+    assert_eq!(written(&tick(&mut c, Now { at: due, ..at(0) })), [1]);
+    let out = feed(&mut c, committed(1), at(1004));
     assert!(matches!(out[..], [Action::Answer(3, 3)]), "{out:?}");
+}
+
+/// Issue 52: a loop of `POST /api/v1/flush` on a gateway receiving 50 messages a second made a
+/// commit (an fsync on the SD card) of every request, 48x the writes. Requests commit at once
+/// at most once a `batch.flush_interval` (1 s here); the ones in between share the next
+/// commit, which comes when that interval is over, and each is answered with what it covered.
+#[test]
+fn flush_requests_commit_at_most_once_an_interval_and_share_the_next_commit() {
+    let (mut c, stats) = connected_core();
+    let mut answered = Vec::new();
+    let mut commits = Vec::new();
+    // Two seconds: a request every 20 ms, a message every 200 ms (fewer than half the window
+    // of 20 between commits, so that only the requests and the interval commit), each commit
+    // taking 2 ms.
+    for i in 0..100u32 {
+        let t = u64::from(i) * 20;
+        if i % 10 == 0 {
+            let pkid = u16::try_from(i / 10 + 1).unwrap();
+            feed(&mut c, mqtt(S0, publish(pkid, f64::from(i), false)), at(t));
+        }
+        let mut out = feed(&mut c, Event::Flush(i), at(t + 1));
+        if let [n] = written(&tick(&mut c, at(t + 2)))[..] {
+            commits.push(t + 2);
+            out.extend(feed(&mut c, committed(n), at(t + 4)));
+            drain_outgoing(&mut c, S0);
+        }
+        for a in out {
+            if let Action::Answer(id, readings) = a {
+                answered.push((id, readings));
+            }
+        }
+    }
+    // The first request at once, the next when the interval after it is over.
+    assert_eq!(commits, [2, 1002]);
+    assert_eq!(stats.flushes_by(FlushReason::Request), 2);
+    // Requests 1 to 9 found nothing pending (the next message came at 200 ms), 10 to 50
+    // shared the second commit (five readings), 51 to 59 found nothing pending again, 60 on
+    // wait for the commit due at 2,002 ms.
+    let mut want = vec![(0, 1)];
+    want.extend((1..10).map(|i| (i, 0)));
+    want.extend((10..=50).map(|i| (i, 5)));
+    want.extend((51..60).map(|i| (i, 0)));
+    assert_eq!(answered, want);
 }
 
 #[test]

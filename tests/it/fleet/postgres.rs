@@ -395,6 +395,49 @@ async fn a_gateway_role_touches_only_its_own_rows() {
             .await
             .is_err()
     );
+    // Issue 52: every function the schema defines, as a gateway. Fleet retention drops every
+    // gateway's months: refused (it dropped the whole fleet with 'infinity'); making
+    // partitions only makes months.
+    let functions: Vec<String> = admin
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p \
+             WHERE p.proname LIKE 'bucketd\\_%' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        functions,
+        [
+            "bucketd_drop_partitions_before(timestamp with time zone)",
+            "bucketd_ensure_partitions(timestamp with time zone[])"
+        ],
+        "a new function needs its case here"
+    );
+    let dropped = gw_a
+        .client()
+        .query_one("SELECT bucketd_drop_partitions_before('infinity')", &[])
+        .await
+        .unwrap_err();
+    let why = dropped.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        why.as_deref()
+            .is_some_and(|m| m.contains("permission denied")),
+        "{dropped:?}"
+    );
+    let made: i32 = gw_a
+        .client()
+        .query_one(
+            "SELECT bucketd_ensure_partitions(ARRAY[to_timestamp(1763719200)])",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(made, 0, "the month is there already");
     let seen: i64 = gw_a
         .client()
         .query_one("SELECT count(*) FROM bucketd_buckets", &[])
