@@ -99,7 +99,11 @@
 //! messages out in turn (rumqttd, Mosquitto) stops the whole group when the next session in turn
 //! is full, so the sessions fill together. A batch is then due when any session's window is
 //! full, or when half of the `N x W` in flight is in the batch: the commit of one half overlaps
-//! the arrival of the other, so the broker need not stop at all while commits keep up.
+//! the arrival of the other, so the broker need not stop at all while commits keep up. Under
+//! load a broker reads the sessions' acks one socket at a time (and Mosquitto queues each
+//! session's share while the others go on), so one session's refill may come whole before
+//! the others' begin: while the last release's marker pings are unanswered, the others'
+//! refills are on their way, and one full window waits for them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
