@@ -82,6 +82,18 @@ enum Down {
     Pong(usize),
 }
 
+/// Every release of a run, as [`Descheduled::after`]: the first 80 (more than any run here
+/// has).
+const EVERY_RELEASE: [u32; 80] = {
+    let mut all = [0u32; 80];
+    let mut i = 0;
+    while i < 80 {
+        all[i] = i as u32 + 1;
+        i += 1;
+    }
+    all
+};
+
 /// See [`Net::descheduled`].
 #[derive(Debug, Clone, Copy)]
 struct Descheduled {
@@ -968,15 +980,6 @@ fn a_probe_that_cut_the_first_window_short_is_followed_by_its_proof() {
 /// fewer in a row).
 #[test]
 fn a_loop_that_measures_its_delay_takes_every_late_refill_for_an_echo() {
-    const EVERY: [u32; 40] = {
-        let mut all = [0u32; 40];
-        let mut i = 0;
-        while i < 40 {
-            all[i] = i as u32 + 1;
-            i += 1;
-        }
-        all
-    };
     let commit = Duration::from_millis(2);
     for (start, late_ms) in [(0u64, 10u64), (0, 40), (2, 10), (2, 40)] {
         for quick_acks in [false, true] {
@@ -987,7 +990,7 @@ fn a_loop_that_measures_its_delay_takes_every_late_refill_for_an_echo() {
                 };
                 let net = Net {
                     descheduled: Some(Descheduled {
-                        after: &EVERY,
+                        after: &EVERY_RELEASE,
                         for_: Duration::from_millis(late_ms),
                         seen: true,
                     }),
@@ -1025,15 +1028,6 @@ fn a_loop_that_measures_its_delay_takes_every_late_refill_for_an_echo() {
 /// the marker pings (a client that cannot write them) the same runs wait for the interval.
 #[test]
 fn refills_late_after_every_release_are_echoes_of_it_by_the_broker_s_answer() {
-    const EVERY: [u32; 80] = {
-        let mut all = [0u32; 80];
-        let mut i = 0;
-        while i < 80 {
-            all[i] = i as u32 + 1;
-            i += 1;
-        }
-        all
-    };
     let commit = Duration::from_millis(2);
     let mut waited_without = 0;
     for (rtt_ms, late_ms) in [(0u64, 10u64), (0, 40), (150, 5), (150, 40)] {
@@ -1052,7 +1046,7 @@ fn refills_late_after_every_release_are_echoes_of_it_by_the_broker_s_answer() {
                 let net = Net {
                     rtt: Duration::from_millis(rtt_ms),
                     descheduled: unseen.then_some(Descheduled {
-                        after: &EVERY,
+                        after: &EVERY_RELEASE,
                         for_: late,
                         seen: false,
                     }),
