@@ -64,6 +64,8 @@ pub mod fleet;
 pub mod http;
 pub mod ingest;
 pub mod limits;
+#[cfg(test)]
+mod log_count;
 pub mod metrics;
 pub mod mqtt;
 pub mod notify;

@@ -185,33 +185,13 @@ impl DeltaLedger for Applied {
 mod tests {
     use super::*;
 
-    /// Counts the WARN events logged while `f` runs (this thread only).
-    fn warnings(f: impl FnOnce()) -> usize {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use tracing_subscriber::layer::{Context, SubscriberExt};
-
-        struct Count(Arc<AtomicUsize>);
-        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
-            fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-                if *event.metadata().level() == tracing::Level::WARN {
-                    self.0.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-        let n = Arc::new(AtomicUsize::new(0));
-        let subscriber = tracing_subscriber::registry().with(Count(n.clone()));
-        tracing::subscriber::with_default(subscriber, f);
-        n.load(Ordering::Relaxed)
-    }
-
     /// Issue 52: messages alternating between two origins logged a warning each (~400 KiB a
     /// thousand messages). The first change of database warns; the next ones within the minute
     /// go to the debug log. (With the rate limit removed: 1,000 warnings.)
     #[test]
     fn origin_changes_warn_at_most_once_a_minute_per_gateway() {
         let mut a = Applied::default();
-        let logged = warnings(|| {
+        let logged = crate::log_count::warnings(|| {
             for i in 0..1_000 {
                 let origin = if i % 2 == 0 { "o1" } else { "o2" };
                 a.insert("g1", at(origin, i, 0));
