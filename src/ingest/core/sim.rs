@@ -1105,12 +1105,8 @@ fn with_several_sessions_one_full_window_waits_for_the_others_refills_on_their_w
     for stagger_us in [300u64, 1000, 3000] {
         for quick_acks in [false, true] {
             let p = FlushPolicy {
-                flush_interval: Duration::from_secs(1),
-                max_pending_readings: 1_000_000,
-                window: 4096,
-                broker_window: None,
                 sessions,
-                quick_acks,
+                ..learning_policy(quick_acks)
             };
             let net = Net {
                 sessions,
