@@ -41,6 +41,21 @@ pub enum Cut {
     Pages { seed: u64 },
 }
 
+/// What of the writes of a sync that fails with EIO reached the disk all the same: the kernel
+/// writes pages back in its own order before the sync, and one that failed says nothing of the
+/// others.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Landed {
+    /// None of them: all are ghosts.
+    #[default]
+    Nothing,
+    /// Those to the file's first page (redb's header, pointing at the new tree), not the others:
+    /// a data page lost behind a landed header.
+    FirstPage,
+    /// All of them: the error came after the data was on the disk.
+    All,
+}
+
 /// The unit a card programs at once.
 pub const PAGE_BYTES: u64 = 4096;
 const SECTOR_BYTES: usize = 512;
@@ -59,6 +74,9 @@ struct Power {
     ghosts: Vec<(Target, u64, Vec<u8>)>,
     /// A sync fails with EIO, and its writes become ghosts: the one after this many more.
     fail_sync_after: Option<u32>,
+    /// What of a failing sync's writes reached the disk anyway (the kernel wrote some back
+    /// before the error).
+    failed_sync_landed: Landed,
     off: bool,
     /// Handles on the two files, for writing what a cut leaves.
     files: [Option<Arc<File>>; 2],
@@ -216,7 +234,18 @@ impl Power {
                 let (mine, others): (Vec<_>, Vec<_>) =
                     cache.into_iter().partition(|e| e.0 == target);
                 self.cache = others;
-                self.ghosts.extend(mine);
+                for (t, at, data) in mine {
+                    let landed = match self.failed_sync_landed {
+                        Landed::Nothing => false,
+                        Landed::FirstPage => at < PAGE_BYTES,
+                        Landed::All => true,
+                    };
+                    if landed {
+                        self.write_through(t, at, &data)?;
+                    }
+                    // Read back from the cache either way, until it is dropped.
+                    self.ghosts.push((t, at, data));
+                }
                 return Err(std::io::Error::from_raw_os_error(5)); // EIO
             }
             self.flush(target)?;
@@ -239,7 +268,14 @@ impl Faults {
     /// cache) fails with EIO; its writes stay readable but never reach the disk (see
     /// `Power::ghosts`).
     pub fn fail_sync_after(&self, skip: u32) {
-        self.power.lock().expect("not poisoned").fail_sync_after = Some(skip);
+        self.fail_sync_landing(skip, Landed::Nothing);
+    }
+
+    /// [`Faults::fail_sync_after`], with `landed` of the failing sync's writes on the disk.
+    pub fn fail_sync_landing(&self, skip: u32, landed: Landed) {
+        let mut power = self.power.lock().expect("not poisoned");
+        power.fail_sync_after = Some(skip);
+        power.failed_sync_landed = landed;
     }
 
     /// Brings an armed power cut forward to the next write or sync (of whichever thread makes
@@ -249,6 +285,16 @@ impl Faults {
         if let Some((ops, _)) = power.armed.as_mut() {
             *ops = 1;
         }
+    }
+
+    /// What dropping the kernel's cached pages does (`posix_fadvise(DONTNEED)`): the writes
+    /// whose sync failed are no longer read back, of the database file and, with `journal`, of
+    /// the journal too. Writes not synced yet stay (the kernel writes dirty pages first).
+    pub fn drop_cached_pages(&self, journal: bool) {
+        let mut power = self.power.lock().expect("not poisoned");
+        power
+            .ghosts
+            .retain(|(t, _, _)| *t == Target::Journal && !journal);
     }
 
     /// Whether the armed power cut has happened.

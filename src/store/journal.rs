@@ -410,6 +410,26 @@ impl Journal {
         Ok(applied)
     }
 
+    /// Calls `visit` with every live record, oldest first, read back from the file.
+    pub(super) fn live_records<E: From<JournalError>>(
+        &self,
+        mut visit: impl FnMut(u64, &Redo<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut payload = Vec::new();
+        for &(seq, at, _) in &self.live {
+            let redo = match self.record_at(at, &mut payload) {
+                Some((s, _)) if s == seq => Redo::parse(&payload),
+                _ => None,
+            };
+            let redo = redo.ok_or_else(|| JournalError::Record {
+                path: self.path.clone(),
+                seq,
+            })?;
+            visit(seq, &redo)?;
+        }
+        Ok(())
+    }
+
     /// The sequence number a record header at `at` claims, unchecked (a quick look before the
     /// checksum is read).
     fn seq_at(&self, at: u64) -> Option<u64> {

@@ -325,7 +325,14 @@ impl Store {
     /// their fold for every bucket, never both or neither, and the cursor says which. Commits
     /// made between parts come after `through` and wait for the next checkpoint. Folding range
     /// after range gives the documents one fold of the whole log would, bit for bit.
+    /// After an I/O error the next write transaction reopens the file first (`Store::recover`).
     pub fn checkpoint_part(&mut self, budget: usize) -> Result<CheckpointStats, CommitError> {
+        let result = self.recovered().and_then(|()| self.fold_part(budget));
+        self.note_failure(result)
+    }
+
+    /// [`Store::checkpoint_part`], once.
+    fn fold_part(&mut self, budget: usize) -> Result<CheckpointStats, CommitError> {
         let mut stats = CheckpointStats::default();
         let pending = super::pending::now(&self.pending);
         let cursor = match self.fold {

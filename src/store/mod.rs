@@ -54,7 +54,7 @@ mod reader;
 mod retention;
 
 #[cfg(any(test, feature = "fault-injection"))]
-pub use faults::{Cut, Faults};
+pub use faults::{Cut, Faults, Landed};
 pub use journal::{JournalError, Redo, path_for as journal_path};
 pub use log::CheckpointStats;
 pub use outbox::{OutboxDoc, OutboxShared};
@@ -198,6 +198,27 @@ pub enum CommitError {
     Journal(std::io::Error),
 }
 
+impl From<JournalError> for CommitError {
+    /// A live record read back unreadable: damage.
+    fn from(e: JournalError) -> Self {
+        CommitError::Redb(redb::Error::Corrupted(e.to_string()))
+    }
+}
+
+impl CommitError {
+    /// Whether this is damage to what is stored (an unreadable document, page or record), which
+    /// no retry fixes, rather than a failing disk.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            CommitError::Decode { .. }
+                | CommitError::Page { .. }
+                | CommitError::Outbox { .. }
+                | CommitError::Redb(redb::Error::Corrupted(_))
+        )
+    }
+}
+
 macro_rules! from_redb {
     ($($t:ty),*) => {$(
         impl From<$t> for CommitError {
@@ -269,6 +290,12 @@ pub struct Store {
     unconfirmed: Option<(u64, Vec<u8>)>,
     /// The checkpoint under way, if one is (`meta` holds it too).
     fold: Option<log::FoldCursor>,
+    /// A write transaction of the file itself (a checkpoint part, a retention pass, a
+    /// `sync_file`) failed on I/O: redb refuses every call on this handle, and what the page
+    /// cache shows of the failed transaction may never reach the disk. The next such
+    /// transaction first reopens the file from the disk ([`Store::recover`]), keeping the
+    /// journal and the commits waiting in it.
+    needs_recovery: bool,
 }
 
 type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
@@ -325,6 +352,7 @@ impl Store {
             pending: pending::SharedPending::default(),
             unconfirmed: None,
             fold: None,
+            needs_recovery: false,
         }
     }
 
@@ -336,26 +364,52 @@ impl Store {
         builder.create(&self.path)
     }
 
+    /// Opens redb's file.
+    fn open_file(&mut self) -> Result<(), redb::DatabaseError> {
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(self.settings.cache_bytes);
+        self.db = Some(Arc::new(self.create_db(&builder)?));
+        Ok(())
+    }
+
+    /// Closes redb's file, for readers too ([`StoreReader`] then answers "being reopened").
+    fn close_file(&mut self) {
+        *self
+            .shared
+            .write()
+            .expect("no panic while holding the lock") = None;
+        self.db = None;
+    }
+
+    /// Drops the kernel's cached pages of the file (and of the journal, with `journal`), so that
+    /// what is read next comes from the disk: after a failed fsync Linux keeps the pages it could
+    /// not write, marked clean, and reads them back as if they were on the disk (PostgreSQL's
+    /// "fsyncgate"). Best effort: pages still dirty stay (the kernel writes them first).
+    fn drop_cached_pages(&self, journal: bool) {
+        drop_cached_pages(&self.path);
+        if journal {
+            drop_cached_pages(&journal::path_for(&self.path));
+        }
+        #[cfg(any(test, feature = "fault-injection"))]
+        if let Some(faults) = &self.faults {
+            faults.drop_cached_pages(journal);
+        }
+    }
+
     /// Opens the file and reads the state kept in memory: series, commit sequence number and
     /// dedup log.
     fn load(&mut self) -> Result<(), StoreOpenError> {
+        // Opened anew here: nothing for `recover` to do.
+        self.needs_recovery = false;
         let path = self.path.clone();
-        let builder = {
-            let mut b = redb::Builder::new();
-            b.set_cache_size(self.settings.cache_bytes);
-            b
-        };
-        let db = self
-            .create_db(&builder)
-            .map_err(|e| match open_error(&path, e) {
-                // Creating: a missing file is made, so "not found" means the directory is missing.
-                StoreOpenError::Missing { path } => StoreOpenError::Io {
-                    path,
-                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
-                },
-                other => other,
-            })?;
-        self.db = Some(Arc::new(db));
+        self.open_file().map_err(|e| match open_error(&path, e) {
+            // Creating: a missing file is made, so "not found" means the directory is missing.
+            StoreOpenError::Missing { path } => StoreOpenError::Io {
+                path,
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            },
+            other => other,
+        })?;
         // The journal's replay below brings back what was pending, into the `log` table.
         pending::clear(&self.pending);
         let corrupt = |source| failed_open(&path, source);
@@ -403,7 +457,8 @@ impl Store {
             Ok(Box::new(journal::open_file(p)?))
         };
         let mut j = journal::Journal::open(path.clone(), id, wanted, open_file)?;
-        let corrupt = |source: redb::Error| failed_open(&self.path, source);
+        let db_path = self.path.clone();
+        let corrupt = |source: redb::Error| failed_open(&db_path, source);
         let (next_seq, _) = read_dedup_log(self.db()).map_err(corrupt)?;
         let tx = self.durable_tx().map_err(|e| corrupt(commit_to_redb(e)))?;
         let applied = j.replay(next_seq, |seq, redo| {
@@ -466,6 +521,7 @@ impl Store {
     /// holds any), so that the file alone holds everything: at shutdown, before the file is
     /// read by `bucketd export` or copied.
     pub fn sync_file(&mut self) -> Result<(), CommitError> {
+        self.recovered()?;
         if !pending::now(&self.pending).is_empty() {
             // Folded: the file then holds them, and their journal records are not live.
             self.checkpoint()?;
@@ -474,7 +530,10 @@ impl Store {
         if self.journal.as_ref().is_none_or(|j| j.used() == 0) {
             return Ok(());
         }
-        self.durable_tx()?.commit()?;
+        let committed = self
+            .durable_tx()
+            .and_then(|tx| tx.commit().map_err(CommitError::from));
+        self.note_failure(committed)?;
         self.durable_committed();
         Ok(())
     }
@@ -490,15 +549,130 @@ impl Store {
     /// Closes and reopens the file: after an I/O error redb answers every call with an error
     /// until then. In-memory state is read back from the file, and the journal's records that
     /// it lacks are applied, so whatever the failed commit did or did not write, the store again
-    /// agrees with the disk.
+    /// agrees with the disk. Both files are read back from the disk, not the page cache
+    /// ([`Store::drop_cached_pages`]): a failed transaction whose pages only the cache held is
+    /// not built upon.
     pub fn reopen(&mut self) -> Result<(), StoreOpenError> {
-        *self
-            .shared
-            .write()
-            .expect("no panic while holding the lock") = None;
-        self.db = None;
+        self.close_file();
         self.journal = None;
+        self.drop_cached_pages(true);
         self.load()
+    }
+
+    /// Reopens the file after one of its own write transactions failed (a checkpoint part, a
+    /// retention pass), keeping the journal and the commits waiting in it as they are: unlike
+    /// [`Store::reopen`] it writes nothing but redb's own open, so while the disk still refuses
+    /// the file's writes it fails alone and the journal goes on taking commits. The file is read
+    /// back from the disk ([`Store::drop_cached_pages`]); whatever of the failed transaction is
+    /// there (all of it or none: redb's open checks a header whose commit was not flushed, and
+    /// falls back to the one before) is taken as it is, and the in-memory state is read again
+    /// from the file and the waiting commits.
+    fn recover(&mut self) -> Result<(), CommitError> {
+        self.close_file();
+        self.drop_cached_pages(false);
+        self.open_file().map_err(redb::Error::from)?;
+        let db = self.db.clone().expect("opened above");
+        if let Err(e) = self.read_back(&db) {
+            self.close_file();
+            return Err(e);
+        }
+        self.shared
+            .write()
+            .expect("no panic while holding the lock")
+            .clone_from(&self.db);
+        self.needs_recovery = false;
+        tracing::info!(
+            path = %self.path.display(),
+            "Reopened the database file after a failed write, read back from the disk; the \
+             commits waiting in the journal are kept."
+        );
+        Ok(())
+    }
+
+    /// [`Store::recover`]'s reading of the reopened file: what it holds, and the pending commits
+    /// on top of it.
+    fn read_back(&mut self, db: &redb::Database) -> Result<(), CommitError> {
+        let (file_next, file_log) = read_dedup_log(db)?;
+        // A fold whose commit failed may have landed after all: its commits are in the file.
+        if let Some(last) = file_next.checked_sub(1) {
+            pending::drop_through(&self.pending, last);
+        }
+        let pending = pending::now(&self.pending);
+        let next = pending.last().map_or(file_next, |c| c.seq + 1);
+        if next != self.next_seq {
+            return Err(CommitError::Redb(redb::Error::Corrupted(format!(
+                "reopened, the file and the journal end at commit {next}, the writer at {}",
+                self.next_seq
+            ))));
+        }
+        let mut series = read_series(db)?;
+        for c in pending.iter() {
+            series.extend(c.series.iter().map(|(id, name)| (name.clone(), *id)));
+        }
+        // Series that a retention pass whose commit failed deleted after all.
+        let gone = self.series.keys().filter(|n| !series.contains_key(*n));
+        self.forgotten.extend(gone.cloned());
+        let next_id = series.values().max().map_or(0, |id| id + 1);
+        self.next_series_id = self.next_series_id.max(next_id);
+        self.series = series;
+        let mut dedup_log = file_log;
+        for c in pending.iter() {
+            let n = crate::dedup::count(&c.fingerprints).unwrap_or(0);
+            dedup_log.push_back((c.seq, n));
+        }
+        self.dedup_total = dedup_log.iter().map(|e| e.1).sum();
+        self.dedup_log = dedup_log;
+        let tx = db.begin_read().map_err(redb::Error::from)?;
+        let waiting: u64 = pending.iter().map(|c| c.record.len() as u64).sum();
+        self.log_bytes = log::bytes(&tx)? + waiting;
+        let meta = tx.open_table(META).map_err(redb::Error::from)?;
+        self.fold = log::FoldCursor::read(&meta)?;
+        drop((meta, tx));
+        self.reapply_outbox(db)?;
+        // The file, read back from the disk, holds every commit before the first pending one.
+        self.durable_committed();
+        Ok(())
+    }
+
+    /// The outbox writes of the journal's live records again, in one transaction that does not
+    /// wait for the disk (as they were made): they were not durable, so the reopened file may lack
+    /// them, and the journal holds them until a durable transaction does.
+    fn reapply_outbox(&self, db: &redb::Database) -> Result<(), CommitError> {
+        let Some(j) = self
+            .journal
+            .as_ref()
+            .filter(|_| self.settings.outbox_max_entries > 0)
+        else {
+            return Ok(());
+        };
+        let mut tx = db.begin_write()?;
+        j.live_records(|_, redo| match &redo.outbox {
+            Some(o) => apply_outbox(&tx, o),
+            None => Ok(()),
+        })?;
+        tx.set_durability(redb::Durability::None)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Reopens the file if a write of it failed ([`Store::recover`]): first thing in every
+    /// write of the file, before it reads the state the reopen may change.
+    fn recovered(&mut self) -> Result<(), CommitError> {
+        if self.needs_recovery {
+            self.recover()?;
+        }
+        Ok(())
+    }
+
+    /// A write transaction of the file failed: unless it is damage, the next one reopens the
+    /// file first.
+    fn note_failure<T>(&mut self, result: Result<T, CommitError>) -> Result<T, CommitError> {
+        if let Err(e) = &result
+            && !e.is_damage()
+        {
+            self.needs_recovery = true;
+        }
+        result
     }
 
     fn db(&self) -> &redb::Database {
@@ -750,6 +924,11 @@ impl Store {
     /// later folds it into the bucket documents. After an error, [`Store::reopen`] and compare
     /// [`Store::next_seq`] to learn whether it landed.
     pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, CommitError> {
+        if self.settings.outbox_max_entries > 0 {
+            // The outbox is written to the file with every commit: after a failed write of
+            // the file, reopened first.
+            self.recovered()?;
+        }
         if let Some(stats) = self.commit_once(batch, true)? {
             return Ok(stats);
         }
@@ -1144,6 +1323,19 @@ fn apply_outbox(
     }
     table.insert(o.key, o.doc)?;
     Ok(())
+}
+
+/// Drops the kernel's cached pages of the file at `path`, if it can (see
+/// `Store::drop_cached_pages`).
+fn drop_cached_pages(path: &Path) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    if let Ok(file) = std::fs::File::open(path) {
+        // Only advice: a failure leaves the cache as it is (redb's open still checks a header
+        // whose commit was not flushed).
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let _ = path;
 }
 
 /// A commit error as a redb error, for the open path's `Corrupt`.

@@ -34,6 +34,19 @@ impl Store {
         buckets_before: i64,
         max: usize,
     ) -> Result<ExpireStats, CommitError> {
+        let result = self
+            .recovered()
+            .and_then(|()| self.expire_once(raw_before, buckets_before, max));
+        self.note_failure(result)
+    }
+
+    /// [`Store::expire`], once.
+    fn expire_once(
+        &mut self,
+        raw_before: i64,
+        buckets_before: i64,
+        max: usize,
+    ) -> Result<ExpireStats, CommitError> {
         let mut stats = ExpireStats::default();
         // Fold the log first when it touches what may be deleted: a bucket deleted here must not
         // come back from a log entry.

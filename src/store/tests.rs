@@ -2154,3 +2154,106 @@ fn a_damaged_document_takes_only_its_own_series_with_it() {
     let names: Vec<&str> = unreadable.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["a/t"]);
 }
+
+/// Which of the file's own write transactions a test fails.
+#[derive(Debug, Clone, Copy)]
+enum FileWrite {
+    Checkpoint,
+    Retention,
+    SyncFile,
+}
+
+/// Runs `what` once on `store`.
+fn file_write(store: &mut Store, what: FileWrite) -> Result<(), CommitError> {
+    let hour = 3600;
+    match what {
+        FileWrite::Checkpoint => store.checkpoint().map(drop),
+        FileWrite::Retention => store.expire(5 * hour, 5 * hour, usize::MAX).map(drop),
+        FileWrite::SyncFile => store.sync_file(),
+    }
+}
+
+/// Issue 51: after a failed fsync of the database file, Linux keeps the pages it could not
+/// write in its cache, marked clean, and reads them back as if they were on the disk. A
+/// checkpoint (or retention pass, or `sync_file`) whose fsync failed was retried on the same
+/// handle, which redb refuses for ever (the journal then filled in about 34 minutes); a
+/// reopen would have read the failed transaction from the cache and let the journal free
+/// records on its strength. Now the next write of the file reopens it from the disk (the cached
+/// pages dropped, every page checked) keeping the journal's waiting commits, and goes through
+/// once the fault has passed; after a power cut every acknowledged reading is there once.
+#[test]
+fn a_failed_fsync_of_the_file_is_read_back_from_the_disk_and_the_next_write_goes_through() {
+    let hour = 3600i64;
+    for what in [
+        FileWrite::Checkpoint,
+        FileWrite::Retention,
+        FileWrite::SyncFile,
+    ] {
+        for (durability, skip, quick_repair) in [
+            (Durability::Immediate, 0, true),
+            (Durability::Immediate, 1, true),
+            (Durability::TwoPhase, 0, true),
+            (Durability::TwoPhase, 1, true),
+            (Durability::Immediate, 0, false),
+            (Durability::TwoPhase, 1, false),
+        ] {
+            for (landed, outbox) in [
+                (Landed::Nothing, 0),
+                (Landed::FirstPage, 0),
+                (Landed::Nothing, 100),
+            ] {
+                let case = format!(
+                    "{what:?}, {durability:?}, sync {skip}, quick repair {quick_repair}, \
+                     {landed:?}, outbox {outbox}"
+                );
+                let dir = tempfile::tempdir().unwrap();
+                let s = StoreSettings {
+                    durability,
+                    quick_repair,
+                    outbox_max_entries: outbox,
+                    ..settings(&dir.path().join("eio.redb"))
+                };
+                let faults = Arc::new(Faults::default());
+                let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+                store
+                    .commit(&batch(&[("old/t", 1, 1.0), ("new/t", 10 * hour, 2.0)]))
+                    .unwrap();
+                store.checkpoint().unwrap();
+                // Waiting in the journal when the fsync fails.
+                store
+                    .commit(&batch(&[("new/t", 10 * hour + 1, 3.0)]))
+                    .unwrap();
+                faults.arm_power_cut(u64::MAX, Cut::Nothing);
+                faults.fail_sync_landing(skip, landed);
+                assert!(file_write(&mut store, what).is_err(), "{case}: the fault");
+                // Commits go on meanwhile, through the journal alone.
+                store
+                    .commit(&batch(&[("new/t", 10 * hour + 2, 4.0)]))
+                    .unwrap();
+                file_write(&mut store, what).unwrap_or_else(|e| panic!("{case}: again: {e}"));
+                store
+                    .commit(&batch(&[("new/t", 10 * hour + 3, 5.0)]))
+                    .unwrap();
+                assert_eq!(store.log_bytes(), store.recount_log_bytes(), "{case}");
+                // The power fails: what only the page cache held is gone.
+                faults.arm_power_cut(1, Cut::Nothing);
+                let _ = store.checkpoint();
+                drop(store);
+                let store = Store::open(&s).unwrap_or_else(|e| panic!("{case}: {e}"));
+                let mut expected: BTreeMap<(String, i64), (i64, f64)> = [
+                    (("new/t".to_owned(), 10 * hour), (4, 14.0)),
+                    (("old/t".to_owned(), 0), (1, 1.0)),
+                ]
+                .into();
+                if outbox > 0 {
+                    // Every commit's deltas wait for the upstream, retention or not.
+                    assert_eq!(outbox_totals(&store.reader()), expected, "{case}: outbox");
+                }
+                if matches!(what, FileWrite::Retention) {
+                    expected.remove(&("old/t".to_owned(), 0));
+                }
+                assert_eq!(totals_of(&store.reader()), expected, "{case}");
+            }
+        }
+    }
+}

@@ -306,7 +306,7 @@ fn retryable(
 ) -> Result<Result<CommitStats, CommitError>, CommitError> {
     match result {
         Ok(s) => Ok(Ok(s)),
-        Err(e) if is_damage(&e) => Err(e),
+        Err(e) if e.is_damage() => Err(e),
         Err(e @ (CommitError::Redb(_) | CommitError::Closed | CommitError::Journal(_))) => {
             Ok(Err(e))
         }
@@ -328,18 +328,6 @@ fn sleep_unless_cancelled(d: Duration, cancel: &CancellationToken) -> bool {
         }
         std::thread::sleep(left.min(STEP));
     }
-}
-
-/// Whether a store error is damage to what is stored (an unreadable document, page or record),
-/// which no retry fixes, rather than a failing disk.
-fn is_damage(e: &CommitError) -> bool {
-    matches!(
-        e,
-        CommitError::Decode { .. }
-            | CommitError::Page { .. }
-            | CommitError::Outbox { .. }
-            | CommitError::Redb(redb::Error::Corrupted(_))
-    )
 }
 
 /// Folds a part of the commit log (`limits::CHECKPOINT_PART_BUCKETS` documents) into the bucket documents,
@@ -371,7 +359,7 @@ fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> Fold {
             );
             if c.more { Fold::More } else { Fold::Done }
         }
-        Err(e) if is_damage(&e) => {
+        Err(e) if e.is_damage() => {
             error!(
                 error = %e,
                 path = %store.path().display(),
@@ -443,7 +431,7 @@ fn expire(store: &mut Store, stats: &Stats, r: Retention) -> Result<bool, Commit
 mod tests {
     use super::*;
     use crate::config::{Checkpoint, Durability};
-    use crate::store::{Faults, StoreSettings};
+    use crate::store::{Faults, Landed, StoreSettings};
 
     fn settings(path: &std::path::Path) -> StoreSettings {
         StoreSettings {
@@ -554,6 +542,35 @@ mod tests {
         }
     }
 
+    /// Issue 51: the journal's fsync of a commit's record fails. Whether or not the record
+    /// reached the disk (the kernel may have written it before the error), the reopen reads the
+    /// journal back from the disk, not from the page cache that still shows the record: a record
+    /// only the cache held is committed again, one on the disk is applied by the replay's
+    /// durable transaction. After a power cut, the commit counts once either way.
+    #[test]
+    fn a_commit_whose_journal_fsync_failed_counts_once_whether_or_not_its_record_landed() {
+        for landed in [Landed::Nothing, Landed::All] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = settings(&dir.path().join("j.redb"));
+            let faults = Arc::new(Faults::default());
+            let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+            store.commit(&one_reading("a/t", 100)).unwrap();
+            faults.arm_power_cut(u64::MAX, crate::store::Cut::Nothing);
+            faults.fail_sync_landing(0, landed);
+            let stats = Stats::new(0);
+            let cancel = CancellationToken::new();
+            commit_retrying(&mut store, &one_reading("a/t", 200), &stats, &cancel)
+                .expect("committed after the retry");
+            assert_eq!(Stats::get(&stats.commit_errors), 1, "{landed:?}");
+            faults.arm_power_cut(1, crate::store::Cut::Nothing);
+            let _ = store.checkpoint();
+            drop(store);
+            let store = Store::open(&s).unwrap();
+            let docs = store.reader().buckets(Some("a/t"), 0, 3600).unwrap();
+            assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), 2, "{landed:?}");
+        }
+    }
+
     /// Issue 42: a checkpoint that kept failing was tried again before every batch (the bytes
     /// trigger stays met), for ever. A failed checkpoint (here: the database file refuses every
     /// write while the journal takes the commits) is tried again only after a backoff, whatever
@@ -595,6 +612,72 @@ mod tests {
         let store = Store::open(&settings(&dir.path().join("b.redb"))).unwrap();
         let docs = store.reader().buckets(Some("a/t"), 0, 3600).unwrap();
         assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), 50);
+    }
+
+    /// Issue 51: a failed checkpoint was retried on the same handle, which redb refuses for
+    /// ever after an I/O error: the log only grew until the journal filled (about 34 minutes at
+    /// default settings) and commits then failed too. Now the file is reopened from the disk
+    /// before the next try, keeping the journal's commits, so once the disk takes writes again
+    /// the checkpoint goes through by itself; commits never stop meanwhile.
+    #[test]
+    fn a_failed_checkpoint_goes_through_by_itself_once_the_fault_clears() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.redb");
+        let faults = Arc::new(Faults::default());
+        let store = Store::open_with_faults(&settings(&path), Some(faults.clone())).unwrap();
+        faults
+            .fail_db_writes
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let stats = Arc::new(Stats::new(0));
+        let (mut writer, thread) = eager(store, stats.clone());
+        let mut sent = 0;
+        let mut send = |writer: &mut Writer| {
+            writer
+                .batches
+                .send(one_reading("a/t", 1000 + sent))
+                .unwrap();
+            sent += 1;
+            let result = writer.results.blocking_recv().expect("a result per batch");
+            assert!(
+                result.is_ok(),
+                "commits go on through the journal: {result:?}"
+            );
+        };
+        for _ in 0..20 {
+            send(&mut writer);
+        }
+        // Two tries at least (the backoff's first wait is 1 s), the journal holding the commits.
+        let deadline = Instant::now() + Duration::from_mins(2);
+        while Stats::get(&stats.checkpoint_errors) < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "the checkpoint is not tried again"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(Stats::get(&stats.checkpoints), 0);
+        faults
+            .fail_db_writes
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        // The writer's next try (after its backoff) folds everything, with no batch to wake it.
+        let deadline = Instant::now() + Duration::from_mins(2);
+        while Stats::get(&stats.checkpoints) == 0 || stats.log_bytes.load(Ordering::Relaxed) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the checkpoint never went through"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        send(&mut writer);
+        drop(writer);
+        let store = thread.join().unwrap();
+        let docs = store.reader().buckets(Some("a/t"), 0, 3600).unwrap();
+        assert_eq!(docs.iter().map(|d| d.count).sum::<i64>(), sent);
+        assert_eq!(
+            store.journal_use().0,
+            0,
+            "shutdown made the file hold everything"
+        );
     }
 
     /// Issue 42: a damaged document made every checkpoint fail, retried for ever, while the

@@ -102,8 +102,10 @@ impl Schedule {
                 self.next_checkpoint = now + self.checkpoint.interval;
             }
             Fold::Failed => {
+                // Tried again when the backoff ends, batches or not: the log is still there,
+                // and a quiet gateway would otherwise wait a whole interval (issue 51).
                 self.backoff.failed(now, self.checkpoint.interval);
-                self.next_checkpoint = now + self.checkpoint.interval;
+                self.next_checkpoint = self.backoff.until(now);
             }
             Fold::Damaged => return Step::Stop,
         }
@@ -221,6 +223,11 @@ mod tests {
         let mut s = schedule(t0);
         s.folded(Fold::Failed, t0);
         assert!(!s.fold_due(t0, 5000), "not even by size during the backoff");
+        assert_eq!(
+            s.wait(t0),
+            Duration::from_secs(1),
+            "tried again when the backoff ends, without a batch"
+        );
         assert!(!s.journal_filling((900, 1000), 10, t0));
         assert!(
             s.fold_due(t0 + Duration::from_secs(1), 5000),
