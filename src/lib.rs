@@ -21,7 +21,8 @@
 //! - `promql` (feature `ui`): the PromQL subset of the Prometheus query API, over buckets.
 //!
 //! Shells and tasks:
-//! - [`stats`]: counters and gauges; [`metrics`]: their Prometheus rendering.
+//! - [`stats`]: counters and gauges; [`metrics`]: their Prometheus rendering. [`stop`]: a
+//!   signal's stop request, for the start-up's long work.
 //! - [`secret`], `tls` (feature `tls`): secrets from files, the rustls client configuration.
 //! - [`mqtt`]: the rumqttc client (v5 / v3.1.1). [`notify`]: systemd notifications.
 //! - [`store`]: the redb file; the only importer of redb. [`query`]: `bucketd query`.
@@ -84,6 +85,7 @@ pub mod series;
 pub mod sketch;
 pub mod source;
 pub mod stats;
+pub mod stop;
 pub mod store;
 pub mod summary;
 #[cfg(feature = "tls")]

@@ -353,6 +353,11 @@ fn serve(
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if stopped_while_starting(&e) => {
+            // SIGTERM during the start's long work (making the journal): a clean stop.
+            tracing::info!("{}", error_chain(&e));
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // Logging is up: one line on stderr (journald), not two.
             tracing::error!("{}", error_chain(&e));
@@ -364,17 +369,35 @@ fn serve(
     }
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-/// Installs the SIGTERM and SIGINT handlers now, and resolves when either signal arrives.
+/// Whether `e` is the start's long work ended by a signal (`bucketd::stop`).
+fn stopped_while_starting(e: &anyhow::Error) -> bool {
+    bucketd::stop::requested()
+        && e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted)
+        })
+}
+
+/// Installs the SIGTERM and SIGINT handlers now, and resolves when either signal arrives. The
+/// signal is watched by a task of its own (on a worker thread), which also sets
+/// `bucketd::stop`: the start-up runs on the thread that awaits the returned future, and its
+/// long work (making the journal) must see the request while it runs.
 fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
+        bucketd::stop::request();
+        let _ = tx.send(());
+    });
+    Ok(async move {
+        // The sender is dropped only with the runtime.
+        let _ = rx.await;
     })
 }
 

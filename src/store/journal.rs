@@ -171,6 +171,7 @@ fn io_advice(e: &io::Error) -> &'static str {
         | io::ErrorKind::ReadOnlyFilesystem => {
             "check that the directory exists and is writable by this user"
         }
+        io::ErrorKind::Interrupted => "nothing was lost",
         _ => {
             "the disk reported an error (a failing card?); the journal keeps every acknowledged \
              commit: fix the disk and start again, keeping the journal"
@@ -575,18 +576,32 @@ fn parse_header(h: &[u8; 40]) -> Option<(u64, u32)> {
 /// overwrite blocks that exist), synced under a temporary name (`<path>.new`) and renamed into
 /// place. On failure (a full disk, most likely) the partial file is removed, so that a failed
 /// first start does not leave up to `capacity` bytes taken on a full card.
+/// A SIGTERM (`crate::stop`) ends the zero fill within a mebibyte, as an `Interrupted` error.
 fn create(path: &Path, id: u64, capacity: u64) -> io::Result<()> {
+    create_unless(path, id, capacity, &crate::stop::requested)
+}
+
+/// [`create`], ended by `stop`.
+fn create_unless(path: &Path, id: u64, capacity: u64, stop: &dyn Fn() -> bool) -> io::Result<()> {
     let tmp = {
         let mut p = path.as_os_str().to_owned();
         p.push(".new");
         PathBuf::from(p)
     };
-    create_via(&tmp, path, id, capacity).inspect_err(|_| {
+    create_via(&tmp, path, (id, capacity), stop).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
 }
 
-fn create_via(tmp: &Path, path: &Path, id: u64, capacity: u64) -> io::Result<()> {
+/// How often the zero fill asks whether to stop: every 256 pages (1 MiB).
+const STOP_CHECK_PAGES: u64 = 256;
+
+fn create_via(
+    tmp: &Path,
+    path: &Path,
+    (id, capacity): (u64, u64),
+    stop: &dyn Fn() -> bool,
+) -> io::Result<()> {
     {
         let file = File::create(tmp)?;
         // A page at a time: the page cache then holds the file in single pages, and a commit
@@ -595,6 +610,13 @@ fn create_via(tmp: &Path, path: &Path, id: u64, capacity: u64) -> io::Result<()>
         let zeros = vec![0u8; 4096];
         let mut at = 0;
         while at < capacity {
+            if at % (STOP_CHECK_PAGES * 4096) == 0 && stop() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Interrupted,
+                    "stopped by a signal while the journal was being made (it is made again at \
+                     the next start)",
+                ));
+            }
             let n = zeros
                 .len()
                 .min(usize::try_from(capacity - at).unwrap_or(usize::MAX));

@@ -317,6 +317,42 @@ fn a_journal_that_cannot_be_made_leaves_nothing_behind_and_says_why() {
     );
 }
 
+/// Issue 51: making a journal of `store.journal_size` (up to 1 GiB, about 50 s on a card)
+/// ignored SIGTERM until it was done. A stop request ends the zero fill within a mebibyte,
+/// with an error that says nothing was lost, and leaves no partial file behind.
+#[test]
+fn a_stop_request_ends_the_zero_fill_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db.journal");
+    let asked = std::cell::Cell::new(0u32);
+    // Asked at the start and after each mebibyte: the third time, stop.
+    let stop = || {
+        asked.set(asked.get() + 1);
+        asked.get() == 3
+    };
+    let e = create_unless(&path, 3, 64 << 20, &stop).expect_err("stopped");
+    assert_eq!(e.kind(), io::ErrorKind::Interrupted);
+    assert_eq!(asked.get(), 3, "asked every mebibyte, not every page");
+    assert!(!path.exists());
+    assert!(
+        !dir.path().join("db.journal.new").exists(),
+        "the partial journal is removed"
+    );
+    let text = JournalError::Io { path, source: e }.to_string();
+    assert!(
+        text.contains("stopped by a signal") && text.contains("nothing was lost"),
+        "{text}"
+    );
+    // Not asked to stop: made whole.
+    create_unless(&dir.path().join("b.journal"), 3, 4 << 20, &|| false).unwrap();
+    assert_eq!(
+        std::fs::metadata(dir.path().join("b.journal"))
+            .unwrap()
+            .len(),
+        4 << 20
+    );
+}
+
 /// Issue 42: records were packed back to back, so each append rewrote the page holding the
 /// tail of the record before it (acknowledged), and a card that garbles or reverts the page it
 /// was writing in a power cut took that record away, and every one after it. Each record now
