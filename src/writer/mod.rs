@@ -542,6 +542,66 @@ mod tests {
         }
     }
 
+    /// Issue 51: a failed commit (no journal) that split a leaf wrote new pages for keys it did
+    /// not change (the half of the leaf its keys did not go to); after a failed fsync those pages
+    /// were read back from the page cache, and `confirm_landed`, putting again only the commit's
+    /// own keys, made a durable tree over pages never written. The reopen now reads the file from
+    /// the disk: after a power cut, every series is there once, the old ones included.
+    #[test]
+    fn a_failed_commit_that_split_leaves_counts_once_and_keeps_the_keys_beside_it() {
+        for (durability, skip, landed) in [
+            (Durability::Immediate, 0, Landed::Nothing),
+            (Durability::Immediate, 1, Landed::Nothing),
+            (Durability::Immediate, 0, Landed::FirstPage),
+            (Durability::TwoPhase, 1, Landed::Nothing),
+            (Durability::TwoPhase, 1, Landed::All),
+        ] {
+            let case = format!("{durability:?}, sync {skip}, {landed:?}");
+            let dir = tempfile::tempdir().unwrap();
+            let s = StoreSettings {
+                journal_bytes: 0,
+                durability,
+                ..settings(&dir.path().join("split.redb"))
+            };
+            // Series s0000/t .. s0399/t, then a few whose names fall between them: each goes
+            // into a full leaf of the names' table, which splits into a half with the new name
+            // and a half of old names only (a new page all the same).
+            let batch_of = |names: &mut dyn Iterator<Item = String>| {
+                let mut b = crate::batcher::Batcher::by_hand();
+                for name in names {
+                    let at = Timestamp::from_secs(100);
+                    b.push_reading(Arc::from(name), at, 1.0, true, Instant::now());
+                }
+                b.take().0
+            };
+            let faults = Arc::new(Faults::default());
+            let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+            store
+                .commit(&batch_of(&mut (0..400).map(|i| format!("s{i:04}/t"))))
+                .unwrap();
+            faults.arm_power_cut(u64::MAX, crate::store::Cut::Nothing);
+            faults.fail_sync_landing(skip, landed);
+            let stats = Stats::new(0);
+            let between = batch_of(&mut (0..400).step_by(40).map(|i| format!("s{i:04}x/t")));
+            commit_retrying(&mut store, &between, &stats, &CancellationToken::new())
+                .expect("committed after the retry");
+            assert_eq!(Stats::get(&stats.commit_errors), 1, "{case}");
+            faults.arm_power_cut(1, crate::store::Cut::Nothing);
+            let _ = store.commit(&one_reading("c/t", 300));
+            drop(store);
+            let store = Store::open(&s).unwrap_or_else(|e| panic!("{case}: {e}"));
+            let docs = store.reader().buckets(None, 0, 3600).unwrap();
+            let series: std::collections::BTreeSet<&str> =
+                docs.iter().map(|d| d.series.as_str()).collect();
+            assert_eq!(
+                series.len(),
+                410,
+                "{case}: the cut commit of c/t is not there"
+            );
+            assert!(docs.iter().all(|d| d.count == 1), "{case}: once each");
+        }
+    }
+
     /// Issue 51: the journal's fsync of a commit's record fails. Whether or not the record
     /// reached the disk (the kernel may have written it before the error), the reopen reads the
     /// journal back from the disk, not from the page cache that still shows the record: a record
