@@ -204,6 +204,30 @@ impl Power {
         }
     }
 
+    /// Where the cached writes (and ghosts) of `target` end: the file's length in the cache.
+    fn cached_end(&self, target: Target) -> u64 {
+        self.ghosts
+            .iter()
+            .chain(&self.cache)
+            .filter(|(t, _, _)| *t == target)
+            .map(|(_, at, data)| at + data.len() as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Cached writes (and ghosts) of `target` past `len` dropped, those across it cut short.
+    fn truncate(&mut self, target: Target, len: u64) {
+        for list in [&mut self.cache, &mut self.ghosts] {
+            list.retain_mut(|(t, at, data)| {
+                if *t != target || *at + data.len() as u64 <= len {
+                    return true;
+                }
+                data.truncate(usize::try_from(len.saturating_sub(*at)).unwrap_or(0));
+                !data.is_empty()
+            });
+        }
+    }
+
     /// A write of `target`: cached while a cut is armed (and counted), else written.
     fn write(&mut self, target: Target, offset: u64, data: &[u8]) -> std::io::Result<bool> {
         if self.armed.is_some() {
@@ -276,6 +300,15 @@ impl Faults {
         let mut power = self.power.lock().expect("not poisoned");
         power.fail_sync_after = Some(skip);
         power.failed_sync_landed = landed;
+    }
+
+    /// Moves an armed power cut to the `ops`-th write or sync from now, with `cut`, keeping
+    /// what waits in the simulated page cache ([`Faults::arm_power_cut`] starts afresh).
+    pub fn rearm_power_cut(&self, ops: u64, cut: Cut) {
+        let mut power = self.power.lock().expect("not poisoned");
+        if power.armed.is_some() {
+            power.armed = Some((ops.max(1), cut));
+        }
     }
 
     /// Brings an armed power cut forward to the next write or sync (of whichever thread makes
@@ -361,20 +394,49 @@ impl Faults {
 
 impl redb::StorageBackend for FaultyBackend {
     fn len(&self) -> std::io::Result<u64> {
-        self.inner.len()
+        // A write past the end makes the file longer at once, in the page cache.
+        let power = self.faults.power.lock().expect("not poisoned");
+        Ok(self.inner.len()?.max(power.cached_end(Target::Db)))
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read(offset, out)?;
-        // The page cache: unsynced writes overlay the file, in the order they were made.
+        // Under the lock, the file and the overlay together: a sync between the two (another
+        // thread's) would take its writes out of the overlay after the file was read without
+        // them, and a reader would see the page as it was before.
         let power = self.faults.power.lock().expect("not poisoned");
+        // After the cut the process is gone: nothing it could read would be the file's (its
+        // own writes, in the page cache, went with the power).
+        if power.off {
+            return Err(power_off());
+        }
+        // Past the file's end on the disk (grown by cached writes): zeros under the overlay.
+        let on_disk = self.inner.len()?;
+        let end = offset + out.len() as u64;
+        if end > on_disk {
+            if end > on_disk.max(power.cached_end(Target::Db)) {
+                return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+            }
+            let split = usize::try_from(on_disk.saturating_sub(offset)).unwrap_or(0);
+            let (below, past) = out.split_at_mut(split.min(out.len()));
+            if !below.is_empty() {
+                self.inner.read(offset, below)?;
+            }
+            past.fill(0);
+        } else {
+            self.inner.read(offset, out)?;
+        }
+        // The page cache: unsynced writes overlay the file, in the order they were made.
         power.overlay(Target::Db, offset, out);
         Ok(())
     }
     fn set_len(&self, len: u64) -> std::io::Result<()> {
         self.faults.check_for(Target::Db)?;
-        if self.faults.power.lock().expect("not poisoned").off {
+        let mut power = self.faults.power.lock().expect("not poisoned");
+        if power.off {
             return Err(power_off());
         }
+        // A truncation drops the cached pages past the new end, as the kernel does: they must
+        // not come back as the file grows again (read, or written by a later sync).
+        power.truncate(Target::Db, len);
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> std::io::Result<()> {
@@ -464,8 +526,12 @@ struct FaultyJournal {
 
 impl super::journal::JournalFile for FaultyJournal {
     fn read_at(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
-        self.inner.read_exact_at(out, offset)?;
+        // Under the lock, as for the database file; nothing after the cut.
         let power = self.faults.power.lock().expect("not poisoned");
+        if power.off {
+            return Err(power_off());
+        }
+        self.inner.read_exact_at(out, offset)?;
         power.overlay(Target::Journal, offset, out);
         Ok(())
     }

@@ -373,12 +373,30 @@ impl Store {
     }
 
     /// Closes redb's file, for readers too ([`StoreReader`] then answers "being reopened").
+    /// The handle is dropped here, not by a reader that happened to hold it: a handle dropped
+    /// after a new one opened the file would write its allocator state and shutdown header over
+    /// the new handle's commits (redb's file lock does not tell two handles of one process
+    /// apart). Readers hold it only while they begin a transaction.
     fn close_file(&mut self) {
         *self
             .shared
             .write()
             .expect("no panic while holding the lock") = None;
-        self.db = None;
+        let Some(mut db) = self.db.take() else {
+            return;
+        };
+        loop {
+            match Arc::try_unwrap(db) {
+                Ok(db) => {
+                    drop(db);
+                    return;
+                }
+                Err(held) => {
+                    db = held;
+                    std::thread::yield_now();
+                }
+            }
+        }
     }
 
     /// Drops the kernel's cached pages of the file (and of the journal, with `journal`), so that

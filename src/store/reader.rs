@@ -118,6 +118,8 @@ impl StoreReader {
                 .as_ref()
                 .map(Snapshot::take)
                 .unwrap_or_default();
+            #[cfg(test)]
+            between_for_tests::run();
             let tx = self.db.begin_read()?;
             let folded_through = match tx.open_table(DEDUP) {
                 Ok(t) => t.last()?.map(|(k, _)| k.value()),
@@ -519,5 +521,27 @@ fn series_ids(view: &View, series: Option<&str>) -> Result<Vec<u64>, redb::Error
             ids.dedup();
         }
         Ok(ids)
+    }
+}
+
+/// Test seam: work run once between a view's snapshot of the pending commits and its read
+/// transaction (the writer's commits and checkpoint parts that may fall there).
+#[cfg(test)]
+pub(super) mod between_for_tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static ONCE: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
+    }
+
+    /// Runs `work` in the next view taken on this thread.
+    pub(in crate::store) fn set(work: Box<dyn FnOnce()>) {
+        ONCE.with(|o| *o.borrow_mut() = Some(work));
+    }
+
+    pub(super) fn run() {
+        if let Some(work) = ONCE.with(|o| o.borrow_mut().take()) {
+            work();
+        }
     }
 }
