@@ -56,6 +56,24 @@ pub enum Landed {
     All,
 }
 
+/// Tests of a failed fsync: the durability settings (commit mode, quick repair) and which of a
+/// commit's fsyncs fails (0: its first, 1: the one after redb wrote its header), each of a
+/// one- and a two-phase commit, with and without quick repair.
+#[cfg(test)]
+pub(crate) const FAILING_SYNCS: [(crate::config::Durability, u32, bool); 7] = {
+    use crate::config::Durability::{Immediate, TwoPhase};
+    [
+        (Immediate, 0, true),
+        (Immediate, 1, true),
+        (TwoPhase, 0, true),
+        (TwoPhase, 1, true),
+        // Without quick repair, a one-phase commit syncs once.
+        (Immediate, 0, false),
+        (TwoPhase, 0, false),
+        (TwoPhase, 1, false),
+    ]
+};
+
 /// The unit a card programs at once.
 pub const PAGE_BYTES: u64 = 4096;
 const SECTOR_BYTES: usize = 512;

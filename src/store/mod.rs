@@ -53,6 +53,8 @@ mod pending;
 mod reader;
 mod retention;
 
+#[cfg(test)]
+pub(crate) use faults::FAILING_SYNCS;
 #[cfg(any(test, feature = "fault-injection"))]
 pub use faults::{Cut, Faults, Landed};
 pub use journal::{JournalError, Redo, path_for as journal_path};

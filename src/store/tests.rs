@@ -2343,14 +2343,7 @@ fn a_failed_fsync_of_the_file_is_read_back_from_the_disk_and_the_next_write_goes
         FileWrite::Retention,
         FileWrite::SyncFile,
     ] {
-        for (durability, skip, quick_repair) in [
-            (Durability::Immediate, 0, true),
-            (Durability::Immediate, 1, true),
-            (Durability::TwoPhase, 0, true),
-            (Durability::TwoPhase, 1, true),
-            (Durability::Immediate, 0, false),
-            (Durability::TwoPhase, 1, false),
-        ] {
+        for (durability, skip, quick_repair) in faults::FAILING_SYNCS {
             for (landed, outbox) in [
                 (Landed::Nothing, 0),
                 (Landed::FirstPage, 0),

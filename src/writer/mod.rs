@@ -492,16 +492,7 @@ mod tests {
         // The first sync of the commit failing leaves it out of the file; the second (after
         // redb wrote its header) leaves it in the page cache only: both are covered. (Without
         // the re-application, the file did not even open after the power cut.)
-        for (durability, skip, quick_repair) in [
-            (Durability::Immediate, 0, true),
-            (Durability::Immediate, 1, true),
-            (Durability::TwoPhase, 0, true),
-            (Durability::TwoPhase, 1, true),
-            // Without quick repair, a one-phase commit syncs once.
-            (Durability::Immediate, 0, false),
-            (Durability::TwoPhase, 0, false),
-            (Durability::TwoPhase, 1, false),
-        ] {
+        for (durability, skip, quick_repair) in crate::store::FAILING_SYNCS {
             let dir = tempfile::tempdir().unwrap();
             let s = StoreSettings {
                 journal_bytes: 0,
