@@ -1300,7 +1300,7 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
     };
     let mut model = CutModel::default();
     let (mut at_open, mut in_commit, mut in_checkpoint, mut landed) = (0, 0, 0, 0);
-    let (mut eio, mut passes, mut big) = (0, 0, 0);
+    let (mut eio, mut passes, mut big, mut reads) = (0, 0, 0, 0);
     let mut batch_no = 0u64;
     for cut in 0..cuts {
         let mut s = settings(&path);
@@ -1369,96 +1369,136 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                 "cut {cut}: the last commit's fingerprint"
             );
         }
-        // Commits, checkpoints and retention passes until the power fails.
-        while !faults.power_is_off() {
-            if next(12) == 0 {
-                // An fsync soon fails with EIO.
-                let landed = [Landed::Nothing, Landed::FirstPage, Landed::All][next(3) as usize];
-                faults.fail_sync_landing(next(3) as u32, landed);
-                eio += 1;
-            }
-            match next(12) {
-                0 => {
-                    // Retention: again after an I/O error, until done or the power fails.
-                    passes += 1;
-                    loop {
-                        let cutoff = (batch_no / CUT_COMMITS_AN_HOUR) as i64 * 3600 - 3600;
-                        match store.expire(cutoff, cutoff, usize::MAX) {
-                            Ok(_) => {
-                                model.acked.retain(|k, _| k.1 >= cutoff);
+        // A reader beside the writer until the cut: every answer it gets is a state the model
+        // went through (each commit and pass whole or not at all).
+        let states = std::sync::Mutex::new(vec![model.acked.clone()]);
+        let reading = std::sync::atomic::AtomicBool::new(true);
+        let beside_reader = store.reader();
+        std::thread::scope(|scope| {
+            let beside = scope.spawn(|| {
+                let mut answers: Vec<CutTotals> = Vec::new();
+                while reading.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Errors: the file reopened after an I/O error, or the cut.
+                    if let Ok((seen, _)) = cut_seen(&beside_reader)
+                        && answers.last() != Some(&seen)
+                    {
+                        answers.push(seen);
+                    }
+                }
+                answers
+            });
+            let went_through = |t: &CutTotals| states.lock().unwrap().push(t.clone());
+            // Commits, checkpoints and retention passes until the power fails.
+            while !faults.power_is_off() {
+                if next(12) == 0 {
+                    // An fsync soon fails with EIO.
+                    let landed =
+                        [Landed::Nothing, Landed::FirstPage, Landed::All][next(3) as usize];
+                    faults.fail_sync_landing(next(3) as u32, landed);
+                    eio += 1;
+                }
+                match next(12) {
+                    0 => {
+                        // Retention: again after an I/O error, until done or the power fails.
+                        passes += 1;
+                        loop {
+                            let cutoff = (batch_no / CUT_COMMITS_AN_HOUR) as i64 * 3600 - 3600;
+                            match store.expire(cutoff, cutoff, usize::MAX) {
+                                Ok(_) => {
+                                    model.acked.retain(|k, _| k.1 >= cutoff);
+                                    went_through(&model.acked);
+                                }
+                                Err(_) if faults.power_is_off() => model.expiring = Some(cutoff),
+                                Err(_) => continue,
                             }
-                            Err(_) if faults.power_is_off() => model.expiring = Some(cutoff),
-                            Err(_) => continue,
+                            break;
                         }
-                        break;
+                        continue;
                     }
-                    continue;
+                    1..=2 => {
+                        // Whole, or a part of a few buckets (a checkpoint left under way, or
+                        // finished by a later one). After an I/O error the next one reopens.
+                        let folded = if next(2) == 0 {
+                            store.checkpoint()
+                        } else {
+                            store.checkpoint_part(1 + next(10) as usize)
+                        };
+                        if folded.is_err() && faults.power_is_off() {
+                            in_checkpoint += 1;
+                        }
+                        continue;
+                    }
+                    _ => {}
                 }
-                1..=2 => {
-                    // Whole, or a part of a few buckets (a checkpoint left under way, or
-                    // finished by a later one). After an I/O error the next one reopens.
-                    let folded = if next(2) == 0 {
-                        store.checkpoint()
-                    } else {
-                        store.checkpoint_part(1 + next(10) as usize)
-                    };
-                    if folded.is_err() && faults.power_is_off() {
-                        in_checkpoint += 1;
-                    }
-                    continue;
-                }
-                _ => {}
-            }
-            batch_no += 1;
-            let mut b = Batcher::by_hand();
-            let mut totals = CutTotals::new();
-            let now = std::time::Instant::now();
-            // One in eight of several journal pages (random values do not compress: 2 to 6
-            // pages).
-            let readings = if next(8) == 0 {
-                big += 1;
-                1000 + next(2000)
-            } else {
-                1 + next(20)
-            };
-            for r in 0..readings {
-                let series = format!("p{}/t", next(7));
-                let hour = ((batch_no / CUT_COMMITS_AN_HOUR) + next(2)) as i64 * 3600;
-                let ts = Timestamp::from_secs(hour + r as i64);
-                // Whole numbers below 2^32: every sum is exact in an f64.
-                let v = next(1 << 32) as f64;
-                b.push_reading(Arc::from(series.as_str()), ts, v, true, now);
-                let e = totals.entry((series, hour)).or_insert((0, 0.0));
-                e.0 += 1;
-                e.1 += v;
-            }
-            let mut batch = b.take().0;
-            batch.fingerprints = vec![(u128::from(batch_no), None)];
-            if readings >= 1000 && next(4) == 0 {
-                // The cut at the second write or sync from here (this record's sync, unless
-                // redb left a write of its own in the cache), torn or its pages garbled: a
-                // record of several pages must be whole to be applied (its checksum covers all
-                // of it).
-                let torn = if next(2) == 0 {
-                    Cut::Torn {
-                        n: 0,
-                        bytes: 1 + next(16384) as usize,
-                    }
+                batch_no += 1;
+                let mut b = Batcher::by_hand();
+                let mut totals = CutTotals::new();
+                let now = std::time::Instant::now();
+                // One in eight of several journal pages (random values do not compress: 2 to 6
+                // pages).
+                let readings = if next(8) == 0 {
+                    big += 1;
+                    1000 + next(2000)
                 } else {
-                    Cut::Pages {
-                        seed: next(u64::MAX),
-                    }
+                    1 + next(20)
                 };
-                faults.rearm_power_cut(2, torn);
+                for r in 0..readings {
+                    let series = format!("p{}/t", next(7));
+                    let hour = ((batch_no / CUT_COMMITS_AN_HOUR) + next(2)) as i64 * 3600;
+                    let ts = Timestamp::from_secs(hour + r as i64);
+                    // Whole numbers below 2^32: every sum is exact in an f64.
+                    let v = next(1 << 32) as f64;
+                    b.push_reading(Arc::from(series.as_str()), ts, v, true, now);
+                    let e = totals.entry((series, hour)).or_insert((0, 0.0));
+                    e.0 += 1;
+                    e.1 += v;
+                }
+                let mut batch = b.take().0;
+                batch.fingerprints = vec![(u128::from(batch_no), None)];
+                if readings >= 1000 && next(4) == 0 {
+                    // The cut at the second write or sync from here (this record's sync, unless
+                    // redb left a write of its own in the cache), torn or its pages garbled: a
+                    // record of several pages must be whole to be applied (its checksum covers all
+                    // of it).
+                    let torn = if next(2) == 0 {
+                        Cut::Torn {
+                            n: 0,
+                            bytes: 1 + next(16384) as usize,
+                        }
+                    } else {
+                        Cut::Pages {
+                            seed: next(u64::MAX),
+                        }
+                    };
+                    faults.rearm_power_cut(2, torn);
+                }
+                if commit_until_done(&mut store, &faults, &batch) {
+                    add_totals(&mut model.acked, &totals);
+                    model.last_fp = Some(u128::from(batch_no));
+                    went_through(&model.acked);
+                } else {
+                    in_commit += 1;
+                    model.in_flight = Some((totals, u128::from(batch_no)));
+                }
             }
-            if commit_until_done(&mut store, &faults, &batch) {
-                add_totals(&mut model.acked, &totals);
-                model.last_fp = Some(u128::from(batch_no));
-            } else {
-                in_commit += 1;
-                model.in_flight = Some((totals, u128::from(batch_no)));
+            reading.store(false, std::sync::atomic::Ordering::Relaxed);
+            let answers = beside.join().unwrap();
+            let states = states.lock().unwrap();
+            for seen in &answers {
+                // A commit the cut interrupted may have been seen before it failed: not
+                // acknowledged, and the next open shows whether it landed.
+                let interrupted = model.in_flight.as_ref().is_some_and(|(t, _)| {
+                    let mut with = model.acked.clone();
+                    add_totals(&mut with, t);
+                    &with == seen
+                });
+                assert!(
+                    states.contains(seen) || interrupted,
+                    "cut {cut}: a reader saw a state no commit left"
+                );
             }
-        }
+            reads += answers.len();
+        });
         drop(reader);
         drop(store);
     }
@@ -1467,7 +1507,8 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
         "power cuts: {cuts} ({at_open} while opening, {in_commit} in a commit, {in_checkpoint} in \
          a checkpoint; {landed} interrupted commits or passes had landed), {batch_no} commits \
          ({big} of several pages), {passes} retention passes, {eio} fsyncs failing with EIO, \
-         {readings} readings kept: lost 0, twice 0, the file opened after every cut"
+         {readings} readings kept, {reads} distinct answers to a reader beside: lost 0, twice 0, \
+         the file opened after every cut, every answer a state the commits left"
     );
     assert!(
         at_open > 0 && in_commit > 0 && in_checkpoint > 0,
