@@ -74,12 +74,12 @@ pub const MIN_CHECKPOINT_BYTES: u64 = 64 * 1024;
 /// sensors fold in one part.
 pub const CHECKPOINT_PART_BUCKETS: usize = 256;
 
-/// Smallest `store.journal_size` other than 0 (validated): the journal's 4 KiB header and a
-/// few commits' records.
-pub const MIN_JOURNAL_BYTES: u64 = 64 * 1024;
+/// Smallest `store.journal_size` other than 0 (validated): the journal's header unit and 15
+/// commits' records (each starts on a 16 KiB program unit).
+pub const MIN_JOURNAL_BYTES: u64 = 256 * 1024;
 /// Largest `store.journal_size` (validated): the journal is zero-filled at the first start, and
 /// a size meant as bytes of something else ("16EiB") would write until the disk is full. 1 GiB
-/// holds 262,144 commits, hours of an outage of the checkpoint at a commit a second.
+/// holds 65,535 commits, 18 hours of an outage of the checkpoint at a commit a second.
 pub const MAX_JOURNAL_BYTES: u64 = 1 << 30;
 
 /// `store.sketch_accuracy`, and the accuracy a delta's sketch may have at a central.

@@ -35,9 +35,11 @@ pub enum Cut {
     /// All of them but the last; then every 4 KiB page the last one touched is, each by a draw
     /// from `seed`, as it was before that write (reverted), as the write left it, or torn as
     /// flash without power-loss protection can leave it: in the journal the whole page garbled,
-    /// including the bytes of it the write did not change (an earlier record's tail, say); in
-    /// the database file a mix of old and new 512-byte sectors (redb, like SQLite, counts on a
-    /// write not damaging bytes outside its range).
+    /// including the bytes of it the write did not change (an earlier record's tail, say), and
+    /// with a program unit set ([`Faults::set_program_unit`]) each other page of the units
+    /// the write touched garbled by a draw too (one in three), however long ago it was synced;
+    /// in the database file a mix of old and new 512-byte sectors (redb, like SQLite, counts on
+    /// a write not damaging bytes outside its range).
     Pages { seed: u64 },
 }
 
@@ -96,6 +98,9 @@ struct Power {
     /// before the error).
     failed_sync_landed: Landed,
     off: bool,
+    /// The journal's program unit (0: a page): a [`Cut::Pages`] may also garble the other pages
+    /// of each unit the torn write touched, synced earlier or not ([`Faults::set_program_unit`]).
+    unit: u64,
     /// Handles on the two files, for writing what a cut leaves.
     files: [Option<Arc<File>>; 2],
 }
@@ -155,12 +160,28 @@ impl Power {
             rng ^= rng << 17;
             rng
         };
-        let first = at / PAGE_BYTES * PAGE_BYTES;
         let end = at + data.len() as u64;
+        // In the journal, the program units the write touched; elsewhere its pages.
+        let unit = match target {
+            Target::Journal => self.unit.max(PAGE_BYTES),
+            Target::Db => PAGE_BYTES,
+        };
+        let (first, last) = (at / unit * unit, end.div_ceil(unit) * unit);
         // Pages past the file's end are not there to garble (the write would have grown it).
-        let limit = file.metadata()?.len().max(end);
+        let len = file.metadata()?.len();
+        let limit = len.max(end);
         let mut page_at = first;
-        while page_at < end {
+        while page_at < last {
+            if page_at + PAGE_BYTES <= at || page_at >= end {
+                // A page of the unit the write did not touch: garbled one time in three.
+                if page_at < len && next() % 3 == 0 {
+                    let garbled: Vec<u8> = (0..PAGE_BYTES).map(|_| (next() >> 24) as u8).collect();
+                    let n = (len - page_at).min(PAGE_BYTES) as usize;
+                    file.write_all_at(&garbled[..n], page_at)?;
+                }
+                page_at += PAGE_BYTES;
+                continue;
+            }
             let mut old = vec![0u8; PAGE_BYTES as usize];
             // Past the end of the file reads short: the rest stays zero.
             let _ = file.read_at(&mut old, page_at);
@@ -346,6 +367,13 @@ impl Faults {
         power
             .ghosts
             .retain(|(t, _, _)| *t == Target::Journal && !journal);
+    }
+
+    /// The journal's program unit: a [`Cut::Pages`] may garble every page of the units its torn
+    /// write touched (a card programs a unit at once, and can damage pages of it it was not
+    /// asked to write). A page by default.
+    pub fn set_program_unit(&self, bytes: u64) {
+        self.power.lock().expect("not poisoned").unit = bytes;
     }
 
     /// Whether the armed power cut has happened.

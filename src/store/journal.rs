@@ -11,21 +11,25 @@
 //! per reading at one commit per 20 messages; a journal record is the commit's bytes once, into
 //! blocks that already exist (no file-size change, so no journal commit of the filesystem's).
 //!
-//! File: a 4 KiB header (magic, format version, the database's `journal_id`, a checksum), then
-//! records, each starting on a 4 KiB page boundary: payload length (u32 LE), commit sequence
-//! number (u64 LE), an xxh3-64 checksum (u64 LE) of those twelve bytes, the payload and the
-//! journal id, then the payload ([`Redo`]), zeros to the end of its last page. The file keeps
-//! its size; new records overwrite old ones in place.
+//! File: a header (magic, format version, the database's `journal_id`, a checksum) alone in the
+//! first 16 KiB, then records, each starting on a 16 KiB unit boundary: payload length (u32
+//! LE), commit sequence number (u64 LE), an xxh3-64 checksum (u64 LE) of those twelve bytes,
+//! the payload and the journal id, then the payload ([`Redo`]), zeros to the end of its last
+//! 4 KiB page; the rest of its last unit is not written. The file keeps its size; new records
+//! overwrite old ones in place.
 //!
-//! Why pages: an SD card programs whole pages, and one without power-loss protection can leave
-//! a page it was writing garbled or as it was before, bytes the write did not change included.
-//! With records packed back to back (format 1), each append rewrote the page holding the tail
-//! of the record before it, already acknowledged, and a power cut could take that record (and
-//! every one after it) away. Now no write touches a page that holds an acknowledged record: a
-//! cut can only cost the record being written, which was never acknowledged. The cost: at
-//! least a page of the journal per commit, which its sync writes to the card anyway; the
-//! journal holds `journal_size / 4 KiB` commits not yet folded instead of more. A format-1
-//! journal (an unclean stop of an older release) is still read, then made anew as format 2.
+//! Why units: an SD card programs whole pages, 4 KiB or more at once (8 and 16 KiB program
+//! units are common), and one without power-loss protection can leave the unit it was
+//! programming garbled or as it was before, pages of it the write did not touch included,
+//! however long ago they were synced. With records packed back to back (format 1), each append
+//! rewrote the page holding the tail of the acknowledged record before it; with records on
+//! 4 KiB pages (format 2) it shared the unit with it. Either way a power cut could take the
+//! last acknowledged record away, and the replay could not tell it from a torn one. Now no
+//! write touches a unit that holds an acknowledged record: a cut can only cost the record
+//! being written, which was never acknowledged. The cost: at least a unit of the journal per
+//! commit (the journal holds `journal_size / 16 KiB` commits not yet folded); not bytes
+//! written, since only the record's pages are. Formats 1 and 2 (an unclean stop of an older
+//! release) are still read, then made anew as format 3.
 //!
 //! Which records are live: the checksum must hold, and the records that apply are the run whose
 //! sequence numbers continue the database's (`next_seq`, `next_seq + 1`, ...): the replay finds
@@ -35,8 +39,8 @@
 //! is overwritten only once the database holds it durably) and are skipped; the first record
 //! that is torn, blank or out of sequence ends the run. A record that a power cut tore was never acknowledged: acknowledgements wait for its
 //! `fdatasync`. The journal assumes less of the disk than redb and SQLite do (that a write does
-//! not damage bytes outside the range written): only that a write damages no page it does not
-//! touch, and it touches no page that holds an acknowledged record.
+//! not damage bytes outside the range written): only that a write damages no 16 KiB unit it does
+//! not touch, and it touches no unit that holds an acknowledged record.
 
 use std::fs::File;
 use std::io;
@@ -44,17 +48,22 @@ use std::path::{Path, PathBuf};
 
 use crate::sketch::{get_varint, put_varint};
 
-/// Bytes of the header; records start here.
+/// Bytes of the header of formats 1 and 2; records start here.
 pub const HEADER_BYTES: u64 = 4096;
 /// Bytes before each record's payload: length, sequence number, checksum.
 pub const RECORD_HEADER_BYTES: usize = 20;
-/// Records start on multiples of this (format 2): the page a card programs at once.
+/// A record is written to the end of its last page of this size: the least a card writes.
 pub const PAGE_BYTES: u64 = 4096;
+/// Records start on multiples of this (format 3), and the header has a unit to itself: the
+/// program unit assumed of a card, the most a cut can damage around a page it was writing.
+pub const UNIT_BYTES: u64 = 16 * 1024;
 #[cfg(test)]
 use crate::limits::MIN_JOURNAL_BYTES;
 const MAGIC: &[u8; 16] = b"bucketd journal\0";
-/// Records on page boundaries. Format 1 packed them back to back.
-const FORMAT: u32 = 2;
+/// Records on program-unit boundaries. Format 2 put them on page boundaries, format 1 packed
+/// them back to back; both are read, then made anew.
+const FORMAT: u32 = 3;
+const FORMAT_PAGES: u32 = 2;
 const FORMAT_PACKED: u32 = 1;
 const REDO_V1: u8 = 1;
 
@@ -186,6 +195,10 @@ pub(super) struct Journal {
     id: u64,
     /// The file's size: the records fit below it.
     capacity: u64,
+    /// Where the records start (after the header's page or unit).
+    start: u64,
+    /// Records start on multiples of this: 1 (format 1), a page (2) or a unit (3).
+    unit: u64,
     /// Where the next record goes (or, if it does not fit before the end, the first record's
     /// place: the records go round).
     end: u64,
@@ -234,12 +247,22 @@ impl Journal {
                 expected: id,
             });
         }
+        let (start, unit) = match format {
+            FORMAT_PACKED => (HEADER_BYTES, 1),
+            FORMAT_PAGES => (HEADER_BYTES, PAGE_BYTES),
+            _ => (UNIT_BYTES, UNIT_BYTES),
+        };
+        if len < start {
+            return Err(JournalError::BadHeader { path });
+        }
         Ok(Journal {
             file,
             path,
             id,
             capacity: len,
-            end: HEADER_BYTES,
+            start,
+            unit,
+            end: start,
             live: std::collections::VecDeque::new(),
             live_bytes: 0,
             buf: Vec::new(),
@@ -254,12 +277,12 @@ impl Journal {
 
     /// The bytes a record with a payload of `len` bytes takes, to where the next one starts.
     fn footprint(&self, len: usize) -> u64 {
-        let bytes = (RECORD_HEADER_BYTES + len) as u64;
-        if self.format == FORMAT_PACKED {
-            bytes
-        } else {
-            bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES
-        }
+        ((RECORD_HEADER_BYTES + len) as u64).div_ceil(self.unit) * self.unit
+    }
+
+    /// The file's size.
+    pub(super) fn size(&self) -> u64 {
+        self.capacity
     }
 
     /// Bytes the live records take (those whose commits the database does not hold durably).
@@ -269,7 +292,7 @@ impl Journal {
 
     /// Bytes the records may take in all.
     pub(super) fn room(&self) -> u64 {
-        self.capacity - HEADER_BYTES
+        self.capacity - self.start
     }
 
     /// Calls `apply` with every live record for a database whose next commit is `next_seq`, in
@@ -289,7 +312,7 @@ impl Journal {
         // means commits are missing.
         let mut first = None;
         let mut later: Option<u64> = None;
-        let mut at = HEADER_BYTES;
+        let mut at = self.start;
         while at + RECORD_HEADER_BYTES as u64 <= self.capacity {
             if let Some(seq) = self.seq_at(at).filter(|&s| s >= next_seq)
                 && self.record_at(at, &mut payload).is_some()
@@ -300,7 +323,7 @@ impl Journal {
                 }
                 later = Some(later.map_or(seq, |l| l.min(seq)));
             }
-            at += PAGE_BYTES;
+            at += self.unit;
         }
         let Some(mut at) = first else {
             if let Some(found) = later {
@@ -311,7 +334,7 @@ impl Journal {
                 }
                 .into());
             }
-            self.end = HEADER_BYTES;
+            self.end = self.start;
             return Ok(0);
         };
         let mut expected = next_seq;
@@ -319,9 +342,9 @@ impl Journal {
             // The next record follows this one, or starts the ring again.
             let (seq, len) = match self.record_at(at, &mut payload) {
                 Some((seq, len)) if seq == expected => (seq, len),
-                _ if at != HEADER_BYTES => match self.record_at(HEADER_BYTES, &mut payload) {
+                _ if at != self.start => match self.record_at(self.start, &mut payload) {
                     Some((seq, len)) if seq == expected => {
-                        at = HEADER_BYTES;
+                        at = self.start;
                         (seq, len)
                     }
                     _ => break,
@@ -357,7 +380,7 @@ impl Journal {
     /// The smallest sequence number at or above `seq` of a whole record anywhere in the file.
     fn first_record_from(&self, seq: u64, payload: &mut Vec<u8>) -> Option<u64> {
         let mut found: Option<u64> = None;
-        let mut at = HEADER_BYTES;
+        let mut at = self.start;
         while at + RECORD_HEADER_BYTES as u64 <= self.capacity {
             if let Some(s) = self.seq_at(at).filter(|&s| s >= seq)
                 && found.is_none_or(|f| s < f)
@@ -365,7 +388,7 @@ impl Journal {
             {
                 found = Some(s);
             }
-            at += PAGE_BYTES;
+            at += self.unit;
         }
         found
     }
@@ -476,7 +499,7 @@ impl Journal {
     /// before the end of the file, at the first record's place; never over a live record.
     /// `None` when it fits nowhere.
     fn place(&self, footprint: u64) -> Option<u64> {
-        let (start, end, cap) = (HEADER_BYTES, self.end, self.capacity);
+        let (start, end, cap) = (self.start, self.end, self.capacity);
         let fits_before =
             |at: u64, limit: u64| at.checked_add(footprint).is_some_and(|e| e <= limit);
         match self.live.front() {
@@ -513,9 +536,11 @@ impl Journal {
         buf[4..12].copy_from_slice(&seq.to_le_bytes());
         let sum = checksum(&buf[0..12], &buf[RECORD_HEADER_BYTES..], self.id);
         buf[12..20].copy_from_slice(&sum.to_le_bytes());
-        // To the end of its last page: the page holds this record and nothing else.
+        // To the end of its last page: the page holds this record and nothing else. The rest
+        // of its last unit is left as it was (nothing live is there), not written.
+        let pages = ((RECORD_HEADER_BYTES + len) as u64).div_ceil(PAGE_BYTES) * PAGE_BYTES;
         buf.resize(
-            usize::try_from(footprint).expect("a record fits in memory"),
+            usize::try_from(pages.min(footprint)).expect("a record fits in memory"),
             0,
         );
         let written = self.file.write_at(at, &buf).and_then(|()| self.file.sync());
@@ -564,7 +589,7 @@ fn parse_header(h: &[u8; 40]) -> Option<(u64, u32)> {
     let sum = u64::from_le_bytes(h[32..40].try_into().expect("h is 40 bytes: 32..40 is 8"));
     let format = u32::from_le_bytes(h[16..20].try_into().expect("h is 40 bytes: 16..20 is 4"));
     (h[0..16] == MAGIC[..]
-        && [FORMAT, FORMAT_PACKED].contains(&format)
+        && [FORMAT, FORMAT_PAGES, FORMAT_PACKED].contains(&format)
         && xxhash_rust::xxh3::xxh3_64(&h[0..32]) == sum)
         .then(|| {
             let id = u64::from_le_bytes(h[24..32].try_into().expect("h is 40 bytes: 24..32 is 8"));

@@ -499,7 +499,7 @@ impl Store {
         j.release_below(u64::MAX);
         // Made anew (now that the file holds its records) when its size changed, or when an
         // older release wrote it in a format this one only reads.
-        if wanted == 0 || j.room() + journal::HEADER_BYTES != wanted || !j.current_format() {
+        if wanted == 0 || j.size() != wanted || !j.current_format() {
             drop(j);
             // Kept as `<journal>.old`, not deleted: if the disk damaged it in a way the replay
             // could not see (a format-1 journal has no pages to scan), its bytes are still there

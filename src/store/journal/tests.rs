@@ -110,7 +110,7 @@ fn records_go_round_the_file_and_replay_across_its_end() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.journal");
     let mut j = open(&path, 2, MIN_JOURNAL_BYTES).unwrap();
-    let pages = (MIN_JOURNAL_BYTES - HEADER_BYTES) / PAGE_BYTES;
+    let pages = (MIN_JOURNAL_BYTES - UNIT_BYTES) / UNIT_BYTES;
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = || {
         rng ^= rng << 13;
@@ -132,7 +132,7 @@ fn records_go_round_the_file_and_replay_across_its_end() {
             );
         }
         let at = j.live.back().unwrap().1;
-        assert_eq!(at % PAGE_BYTES, 0);
+        assert_eq!(at % UNIT_BYTES, 0);
         wraps += usize::from(at < last_at);
         last_at = at;
         // The live records never overlap.
@@ -142,7 +142,7 @@ fn records_go_round_the_file_and_replay_across_its_end() {
         assert!(
             spans
                 .iter()
-                .all(|&(a, e)| a >= HEADER_BYTES && e <= MIN_JOURNAL_BYTES)
+                .all(|&(a, e)| a >= UNIT_BYTES && e <= MIN_JOURNAL_BYTES)
         );
         if next() % 4 == 0 {
             durable = (seq + 1).saturating_sub(next() % 6).max(durable);
@@ -173,8 +173,8 @@ fn a_torn_or_damaged_last_record_ends_the_replay_before_it() {
     for seq in 0..3u64 {
         assert!(j.append(seq, &redo_of(&[seq as u8; 100])).unwrap());
     }
-    // Each record starts on a page.
-    let third = HEADER_BYTES + 2 * PAGE_BYTES;
+    // Each record starts on a program unit.
+    let third = 3 * UNIT_BYTES;
     let record_len = RECORD_HEADER_BYTES as u64 + 100 + 6;
     drop(j);
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
@@ -212,7 +212,7 @@ fn a_damaged_record_before_whole_ones_refuses_the_replay() {
     drop(j);
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     // The third record (commit 12) garbled.
-    let third = HEADER_BYTES + 2 * PAGE_BYTES;
+    let third = 3 * UNIT_BYTES;
     JournalFile::write_at(&file, third + 25, &[0xAA; 40]).unwrap();
     let mut j = open(&path, 9, MIN_JOURNAL_BYTES).unwrap();
     match replayed(&mut j, 10) {
@@ -279,7 +279,8 @@ fn a_record_that_does_not_fit_is_not_written() {
     while j.append(written, &redo_of(&big)).unwrap() {
         written += 1;
     }
-    assert_eq!(written, (j.room() / (20_000 + 20 + 8)) as u64);
+    // 256 KiB: the header's 16 KiB unit, then seven records of two units each (20,028 bytes).
+    assert_eq!(written, 7);
     let used = j.used();
     assert!(!j.append(written, &redo_of(&big)).unwrap());
     assert_eq!(j.used(), used, "nothing written");
@@ -355,14 +356,16 @@ fn a_stop_request_ends_the_zero_fill_and_leaves_nothing_behind() {
 
 /// Issue 42: records were packed back to back, so each append rewrote the page holding the
 /// tail of the record before it (acknowledged), and a card that garbles or reverts the page it
-/// was writing in a power cut took that record away, and every one after it. Each record now
-/// starts on its own page: garbling every page the newest record touched leaves the others.
+/// was writing in a power cut took that record away, and every one after it. Issue 51: a card
+/// whose program unit is larger than a page can damage the other pages of the unit it was
+/// programming, so each record now starts on a 16 KiB unit of its own: garbling the whole
+/// unit the newest record starts in leaves the others.
 #[test]
-fn a_record_never_shares_a_page_with_the_one_before_it() {
+fn a_record_never_shares_a_program_unit_with_the_one_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db.journal");
     let mut j = open(&path, 3, MIN_JOURNAL_BYTES).unwrap();
-    // Sizes around a page: the next record starts on the next page boundary every time.
+    // Sizes around a page and a unit: the next record starts on the next unit every time.
     let mut starts = Vec::new();
     for (seq, len) in [
         (0u64, 10usize),
@@ -370,18 +373,30 @@ fn a_record_never_shares_a_page_with_the_one_before_it() {
         (2, 4076),
         (3, 4077),
         (4, 9000),
-        (5, 1),
+        (5, 16_300),
+        (6, 16_365),
+        (7, 1),
     ] {
-        starts.push(HEADER_BYTES + j.used());
+        starts.push(UNIT_BYTES + j.used());
         assert!(j.append(seq, &redo_of(&vec![seq as u8; len])).unwrap());
     }
-    assert!(starts.iter().all(|s| s % PAGE_BYTES == 0), "{starts:?}");
-    // The last record's pages garbled: every earlier record is still there.
+    assert!(starts.iter().all(|s| s % UNIT_BYTES == 0), "{starts:?}");
+    assert!(
+        starts
+            .windows(2)
+            .zip([1, 1, 1, 1, 1, 1, 2])
+            .all(|(w, units)| w[1] - w[0] == units * UNIT_BYTES),
+        "a record takes the units it needs and no more: {starts:?}"
+    );
+    // The last record's unit garbled, every page of it: every earlier record is still there.
     let last = *starts.last().unwrap();
     drop(j);
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    JournalFile::write_at(&file, last, &[0xA5; PAGE_BYTES as usize]).unwrap();
+    JournalFile::write_at(&file, last, &[0xA5; UNIT_BYTES as usize]).unwrap();
     let mut j = open(&path, 3, MIN_JOURNAL_BYTES).unwrap();
     let got = replayed(&mut j, 0).unwrap();
-    assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    assert_eq!(
+        got.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4, 5, 6]
+    );
 }
