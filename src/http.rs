@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::reading::{Timestamp, validate_series};
 use crate::rollup;
 use crate::secret::Secret;
-use crate::source::{ReadError, Source};
+use crate::source::{ReadError, Source, damaged_message};
 use crate::stats::Stats;
 
 /// A request to commit everything pending; answered with the readings committed.
@@ -88,6 +88,7 @@ pub fn router(state: ApiState) -> Router {
             source: state.source.clone(),
             bucket_width_secs: state.bucket_width_secs,
             max_points: state.max_points_per_query,
+            unreadable: crate::source::Unreadable::default(),
         }),
     );
     let queries = queries.route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
@@ -600,6 +601,10 @@ impl ApiError {
             ReadError::NotHere(why) => ApiError::new(StatusCode::NOT_FOUND, why),
             ReadError::TooLarge(why) => ApiError::bad(why),
             ReadError::Failed(e) => ApiError::internal(e),
+            ReadError::Damaged { series, cause } => {
+                let e = ApiError::internal(cause);
+                ApiError::new(e.status, damaged_message(&series, &e.message))
+            }
         }
     }
 
@@ -945,6 +950,81 @@ mod tests {
         };
         // The store stays open while the reader is used (dropping it closes the file).
         (state, requests, store)
+    }
+
+    /// Issue 51: one damaged bucket document failed every answer that read it, a fleet-wide
+    /// Prometheus query included, with only "reading the store failed". The JSON API now names
+    /// the damaged series; the Prometheus API answers the other series and names it in
+    /// `warnings`, Prometheus's place for a partial answer.
+    #[tokio::test]
+    async fn a_damaged_series_is_named_and_the_others_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, _, mut store) = test_state(&dir, 1);
+        let mut b = crate::batcher::Batcher::by_hand();
+        let now = std::time::Instant::now();
+        for (series, v) in [("a/t", 1.0), ("b/t", 2.0), ("c/t", 3.0)] {
+            b.push_reading(Arc::from(series), Timestamp::from_secs(3600), v, true, now);
+        }
+        store.commit(&b.take().0).unwrap();
+        store.checkpoint().unwrap();
+        store.damage_bucket("b/t", 3600);
+        let app = router(state);
+        let range = "from=0&to=7200";
+        let (status, _, body) = call(
+            &app,
+            "GET",
+            &format!("/api/v1/buckets?series=b/t&{range}"),
+            &[],
+        )
+        .await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            body.contains("series b/t could not be read") && body.contains("bucketd export"),
+            "{body}"
+        );
+        let (status, _, body) = call(
+            &app,
+            "GET",
+            &format!("/api/v1/buckets?series=c/t&{range}"),
+            &[],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        if cfg!(feature = "ui") {
+            for path in [
+                "/prom/api/v1/query?query=bucketd_bucket_count&time=7200",
+                "/prom/api/v1/query_range?query=bucketd_bucket_count&start=3600&end=7200&step=3600",
+            ] {
+                let (status, _, body) = call(&app, "GET", path, &[]).await;
+                assert_eq!(status, StatusCode::OK, "{path}: {body}");
+                let v: Value = serde_json::from_str(&body).unwrap();
+                let mut sensors: Vec<&str> = v["data"]["result"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["metric"]["sensor"].as_str().unwrap())
+                    .collect();
+                sensors.sort_unstable();
+                assert_eq!(sensors, ["a", "c"], "{path}: {body}");
+                let warnings = v["warnings"].as_array().unwrap();
+                assert_eq!(warnings.len(), 1, "{path}: {body}");
+                assert!(
+                    warnings[0].as_str().unwrap().contains("series b/t"),
+                    "{body}"
+                );
+            }
+            // A request that reads nothing damaged has no warnings.
+            let (_, _, body) = call(
+                &app,
+                "GET",
+                "/prom/api/v1/query?query=bucketd_bucket_count%7Bsensor%3D%22a%22%7D&time=7200",
+                &[],
+            )
+            .await;
+            let v: Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["data"]["result"].as_array().unwrap().len(), 1, "{body}");
+            assert!(v.get("warnings").is_none(), "{body}");
+        }
     }
 
     /// The dead letters are readable: a central's operator can see which gateway sent what.

@@ -15,7 +15,7 @@ use axum::routing::any;
 use serde_json::{Value, json};
 
 use crate::promql::{self, Budget, Field, Grid, SeriesLabels};
-use crate::source::Source;
+use crate::source::{Source, Unreadable, buckets_around, damaged_message};
 
 /// Largest form body a request may send (a query is at most [`promql::QUERY_BYTES_MAX`]).
 const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -30,6 +30,9 @@ pub struct PromState {
     /// `http.max_points_per_query`: stored buckets read and points answered per query, and
     /// label sets per `series` answer.
     pub max_points: u64,
+    /// The series this request left out because they could not be read (a fresh set for each
+    /// request, made in `dispatch`), named in the answer's `warnings`.
+    pub unreadable: Unreadable,
 }
 
 /// The routes, relative to where they are nested (`/prom`).
@@ -48,8 +51,27 @@ async fn dispatch(
     RawQuery(q): RawQuery,
     body: Body,
 ) -> Response {
+    let s = PromState {
+        unreadable: Unreadable::default(),
+        ..s
+    };
     match answer(&s, &endpoint, &method, q.as_deref(), body).await {
-        Ok(data) => axum::Json(json!({"status": "success", "data": data})).into_response(),
+        Ok(data) => {
+            let left_out = s
+                .unreadable
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let mut answer = json!({"status": "success", "data": data});
+            // Prometheus's own place for "this answer is partial".
+            if !left_out.is_empty() {
+                answer["warnings"] = left_out
+                    .iter()
+                    .map(|series| damaged_message(series, "see bucketd's log"))
+                    .collect();
+            }
+            axum::Json(answer).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -236,14 +258,14 @@ async fn evaluate(
     if let Some(n) = expr.number() {
         return Ok(Err(n));
     }
-    let (source, width) = (s.source.clone(), s.bucket_width_secs);
+    let (source, width, unreadable) = (s.source.clone(), s.bucket_width_secs, s.unreadable.clone());
     let budget = Budget {
         max_points: s.max_points,
     };
     read(move || {
         let names = source.series().map_err(PromError::read)?;
         let value = promql::evaluate(&expr, &names, grid, width, budget, |wanted, from, to| {
-            source.buckets_of(wanted, from, to)
+            buckets_around(&*source, wanted, from, to, &unreadable)
         })
         .map_err(|e| match e {
             promql::EvalError::TooLarge(m) => PromError::bad(m),
@@ -349,13 +371,11 @@ async fn selected(
     if buckets.saturating_mul(chosen.len() as u64) > s.max_points {
         return Ok(chosen);
     }
-    let source = s.source.clone();
+    let (source, unreadable) = (s.source.clone(), s.unreadable.clone());
     let names: Vec<String> = chosen.iter().map(|(n, _)| n.clone()).collect();
     let present = read(move || {
         let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
-        source
-            .buckets_of(&wanted, from, to)
-            .map_err(PromError::read)
+        buckets_around(&*source, &wanted, from, to, &unreadable).map_err(PromError::read)
     })
     .await?;
     Ok(chosen

@@ -21,6 +21,68 @@ pub enum ReadError {
     /// The query would read more than the source's bound; the text says what to narrow.
     #[error("{0}")]
     TooLarge(String),
+    /// One series could not be read (a damaged document on the disk): the others can be,
+    /// without it ([`buckets_around`]). The cause is for the log.
+    #[error("series {series} could not be read: {cause}")]
+    Damaged {
+        series: String,
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// What a client is told of a series that could not be read (`detail`: where the log has the
+/// cause).
+pub fn damaged_message(series: &str, detail: &str) -> String {
+    format!(
+        "series {series} could not be read: a document of it is damaged on the disk ({detail}); \
+         queries of other series are answered. `bucketd export`, with bucketd stopped, writes \
+         every series it can read and names the others"
+    )
+}
+
+/// The series a query left out because they could not be read, named in its answer.
+pub type Unreadable = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
+
+/// [`BucketSource::buckets_of`] around damaged series: each series whose documents cannot be
+/// read is left out and added to `unreadable`, and the rest read again, so that one damaged
+/// series takes only itself out of an answer (issue 51). Any other error is returned.
+pub fn buckets_around(
+    source: &dyn BucketSource,
+    names: &[&str],
+    from: i64,
+    to: i64,
+    unreadable: &Unreadable,
+) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError> {
+    let mut left_out = unreadable
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    loop {
+        let wanted: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| !left_out.contains(*n))
+            .collect();
+        match source.buckets_of(&wanted, from, to) {
+            // Each round leaves out one more of `names`: at most `names.len()` rounds.
+            Err(ReadError::Damaged { series, cause })
+                if wanted.contains(&series.as_str()) && !left_out.contains(&series) =>
+            {
+                tracing::error!(
+                    series = %series, error = %cause,
+                    "A series could not be read and was left out of a query's answer (a damaged \
+                     document on the disk?). Stop bucketd and run `bucketd export` to read every \
+                     other series."
+                );
+                left_out.insert(series.clone());
+                unreadable
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(series);
+            }
+            other => return other,
+        }
+    }
 }
 
 impl ReadError {
@@ -91,11 +153,19 @@ impl BucketSource for StoreReader {
         from: i64,
         to: i64,
     ) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError> {
-        StoreReader::buckets_of(self, names, from, to).map_err(ReadError::failed)
+        StoreReader::buckets_of(self, names, from, to).map_err(|e| {
+            // Which series it was, if one alone fails (read only when the whole read failed).
+            for name in names {
+                if let Err(alone) = StoreReader::buckets(self, Some(name), from, to) {
+                    return damaged(name, alone);
+                }
+            }
+            ReadError::failed(e)
+        })
     }
 
     fn buckets(&self, series: &str, from: i64, to: i64) -> Result<Vec<BucketDoc>, ReadError> {
-        StoreReader::buckets(self, Some(series), from, to).map_err(ReadError::failed)
+        StoreReader::buckets(self, Some(series), from, to).map_err(|e| damaged(series, e))
     }
 
     fn raw(
@@ -106,6 +176,17 @@ impl BucketSource for StoreReader {
         visit: &mut Visit<'_>,
     ) -> Result<(), ReadError> {
         StoreReader::raw(self, Some(series), from, to, |_, readings| visit(readings))
-            .map_err(ReadError::failed)
+            .map_err(|e| damaged(series, e))
+    }
+}
+
+/// A read of one series that failed: damage to its documents, unless the file itself failed.
+fn damaged(series: &str, e: redb::Error) -> ReadError {
+    match e {
+        redb::Error::Corrupted(_) => ReadError::Damaged {
+            series: series.to_owned(),
+            cause: e.into(),
+        },
+        e => ReadError::failed(e),
     }
 }
