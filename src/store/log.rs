@@ -250,6 +250,19 @@ impl Store {
         self.log_bytes
     }
 
+    /// Whether anything waits to be folded: a checkpoint under way, a pending commit, or a
+    /// record in the `log` table. Read from the state itself, not from [`Store::log_bytes`]
+    /// (a count kept beside it, which only schedules checkpoints): a count that drifted must
+    /// not end a checkpoint early, or leave commits waiting in the journal while a commit
+    /// goes durably past them (issue 51).
+    pub fn has_unfolded(&self) -> Result<bool, CommitError> {
+        if self.fold.is_some() || !super::pending::now(&self.pending).is_empty() {
+            return Ok(true);
+        }
+        let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
+        Ok(redb::ReadableTable::first(&tx.open_table(LOG)?)?.is_some())
+    }
+
     /// Whether a commit not folded yet adds to a bucket that starts before `before` (seconds),
     /// or a checkpoint is under way. Retention deletes only buckets (and pages) older than its
     /// cutoffs; when no commit waiting touches one, none can come back from a later fold, and
@@ -307,7 +320,7 @@ impl Store {
             total.buckets_created += part.buckets_created;
             total.bytes += part.bytes;
             debug_assert!(!part.more, "an unbounded part finishes its fold");
-            if self.log_bytes == 0 {
+            if !self.has_unfolded()? {
                 break;
             }
         }

@@ -198,6 +198,11 @@ pub enum CommitError {
     },
     #[error("writing the journal failed: {0}")]
     Journal(std::io::Error),
+    #[error(
+        "commits waiting in the journal were not folded before a commit that does not fit in it; \
+         nothing was written (it is retried after the next checkpoint)"
+    )]
+    Unfolded,
 }
 
 impl From<JournalError> for CommitError {
@@ -1073,10 +1078,14 @@ impl Store {
                 commit_outbox(tx, o, outbox_write.as_ref(), &self.outbox)?;
             }
         } else {
-            debug_assert!(
-                !pending,
-                "pending commits are folded before a durable commit"
-            );
+            if pending {
+                // A durable commit past commits that wait in the journal would move the file's
+                // next commit number beyond them, and the replay after a power cut would skip
+                // them as held. `commit` folds them first; should they still be there, refuse
+                // (nothing written, nothing acknowledged) rather than lose them.
+                self.record_buf = record;
+                return Err(CommitError::Unfolded);
+            }
             let tx = match tx.take() {
                 Some(tx) => tx,
                 None => self.open_db()?.begin_write()?,

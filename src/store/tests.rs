@@ -1656,6 +1656,50 @@ fn a_full_journal_is_folded_and_its_records_freed() {
     assert_eq!(raw.len(), 50 * 1000, "every reading, once");
 }
 
+/// Issue 51: whether a checkpoint had folded everything, and so whether a commit too large for
+/// the full journal could go durably into the file, was judged by `log_bytes`, a count kept
+/// beside the state and checked only by a `debug_assert`. A count that drifted to 0 ended the
+/// checkpoint early, and a release build then committed durably past commits that waited in
+/// the journal: after a power cut the replay skipped them as held. Judged from the state now.
+#[test]
+fn a_drifted_log_count_neither_ends_a_checkpoint_early_nor_loses_waiting_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("drift.redb");
+    let s = StoreSettings {
+        journal_bytes: crate::limits::MIN_JOURNAL_BYTES,
+        ..settings(&path)
+    };
+    let faults = Arc::new(Faults::default());
+    let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+    let hour = 3_600_000_000_000i64;
+    let mut want = 0;
+    let mut commit = |store: &mut Store, series: &str, n: i64, at: i64| {
+        let readings: Vec<(i64, f64)> = (0..n).map(|k| (at + k, k as f64 / 3.0)).collect();
+        store.commit(&raw_batch(series, &readings)).unwrap();
+        want += readings.len();
+    };
+    // A commit of two buckets, and a checkpoint part of one: a fold under way.
+    commit(&mut store, "a/t", 10, 0);
+    commit(&mut store, "b/t", 10, hour);
+    store.checkpoint_part(1).unwrap();
+    // Small commits after it, until the journal (15 units) is nearly full.
+    for i in 0..12 {
+        commit(&mut store, "c/t", 10, 2 * hour + i * 100);
+    }
+    // The count drifted (any bug in its bookkeeping would do); then a commit of four units
+    // finds the journal full, and folds first.
+    store.log_bytes = 0;
+    commit(&mut store, "d/t", 5000, 3 * hour);
+    faults.arm_power_cut(1, Cut::Nothing);
+    drop(store);
+    let store = Store::open(&s).unwrap();
+    let got: usize = ["a/t", "b/t", "c/t", "d/t"]
+        .iter()
+        .map(|n| raw_in(&store.reader(), Some(n), i64::MIN, i64::MAX).len())
+        .sum();
+    assert_eq!(got, want, "every reading, once");
+}
+
 #[test]
 fn a_journal_is_applied_by_a_run_without_one_or_with_another_size() {
     let dir = tempfile::tempdir().unwrap();

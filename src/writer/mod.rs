@@ -334,7 +334,7 @@ fn sleep_unless_cancelled(d: Duration, cancel: &CancellationToken) -> bool {
 /// if it holds anything (see [`Fold`]). A failure changes nothing; a failing store shows up in
 /// the next commit too, which reopens it.
 fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> Fold {
-    if store.log_bytes() == 0 {
+    if store.log_bytes() == 0 && !store.has_unfolded().unwrap_or(true) {
         return Fold::Done;
     }
     tracing::debug!(log_bytes = store.log_bytes(), "Checkpoint starting.");
