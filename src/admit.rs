@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::config::{GatewayLimits, Limits};
 use crate::decode::{self, DecodeContext, Decoded, Format, Subscription};
-use crate::dedup::{self, Fingerprint, Tag, Window};
+use crate::dedup::{self, Fingerprint, Fingerprinter, Ident, Tag, Window};
 use crate::delta::Position;
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
@@ -133,6 +133,8 @@ pub struct Admitter {
     bucket_width_secs: i64,
     series: SeriesSet,
     dedup: Window,
+    /// The database's fingerprints (keyed, issue 52).
+    fingerprinter: Fingerprinter,
     resends: Resends,
     ledger: Option<Box<dyn DeltaLedger>>,
     /// A subscription takes delta messages (this is a central): device sensors may not hold `:`.
@@ -168,6 +170,7 @@ impl Admitter {
             bucket_width_secs,
             series,
             dedup,
+            fingerprinter: Fingerprinter::default(),
             resends,
             ledger,
             decoded: Decoded::default(),
@@ -180,6 +183,13 @@ impl Admitter {
     pub fn with_gateway_limits(mut self, limits: GatewayLimits, sketch: SketchParams) -> Admitter {
         self.gateway_limits = limits;
         self.sketch = sketch;
+        self
+    }
+
+    /// The database's fingerprints (its key; unkeyed by default).
+    #[must_use]
+    pub fn with_fingerprinter(mut self, fingerprinter: Fingerprinter) -> Admitter {
+        self.fingerprinter = fingerprinter;
         self
     }
 
@@ -258,11 +268,11 @@ impl Admitter {
         }
         // See `crate::dedup` for what identifies a message and when a copy is dropped.
         let receive_time = self.decoded.receive_time;
-        let fingerprint = match (receive_time, m.qos) {
+        let ident = match (receive_time, m.qos) {
             _ if self.decoded.delta_from.is_some() => None, // told apart by position instead
-            (false, _) => Some(dedup::fingerprint(m.topic, m.payload, None)),
+            (false, _) => Some(self.fingerprinter.ident(m.topic, m.payload, None)),
             (true, 0) => None, // never redelivered, and identical copies are distinct
-            (true, _) => Some(dedup::fingerprint(
+            (true, _) => Some(self.fingerprinter.ident(
                 m.topic,
                 m.payload,
                 Some(dedup::PacketId {
@@ -271,6 +281,7 @@ impl Admitter {
                 }),
             )),
         };
+        let fingerprint = ident.map(|i| i.keyed);
         // A resend in a reconnect's burst waits for the burst's end (`crate::resend`), if it
         // counts: one whose readings are all refused is in no sequence, and goes on now.
         if let Some(fp) = fingerprint.filter(|_| m.qos > 0)
@@ -282,19 +293,19 @@ impl Admitter {
             if self.counts() {
                 let copy = if self.resends.hold(m.session, fp, m.arrival) {
                     Verdict::Held
-                } else if self.dedup.contains(fp) {
+                } else if ident.is_some_and(|i| self.dedup.holds(i)) {
                     // No room left (the caller ends a full burst first): the window's word.
                     Verdict::Copy
                 } else {
-                    return self.record(m, fingerprint, receive_time);
+                    return self.record(m, ident, receive_time);
                 };
                 self.out.clear();
                 self.out.verdict = copy;
                 return &mut self.out;
             }
-            return self.record(m, fingerprint, receive_time);
+            return self.record(m, ident, receive_time);
         }
-        let copy = match (&self.decoded.delta_from, fingerprint) {
+        let copy = match (&self.decoded.delta_from, ident) {
             (Some((gateway, at)), _) => self
                 .ledger
                 .as_ref()
@@ -305,8 +316,8 @@ impl Admitter {
                 // A packet id given again: new, unless its content says it is the same
                 // readings (device timestamps).
                 Some(BurstPart::New) if receive_time => false,
-                Some(BurstPart::New | BurstPart::Unknown) => self.dedup.contains(fp),
-                None => (m.dup || !receive_time) && self.dedup.contains(fp),
+                Some(BurstPart::New | BurstPart::Unknown) => self.dedup.holds(fp),
+                None => (m.dup || !receive_time) && self.dedup.holds(fp),
             },
         };
         if copy {
@@ -315,7 +326,7 @@ impl Admitter {
             return &mut self.out;
         }
         self.collect();
-        self.record(m, fingerprint, receive_time)
+        self.record(m, ident, receive_time)
     }
 
     /// Takes the decoded readings and delta buckets into `out`: series interned, a gateway's
@@ -377,16 +388,12 @@ impl Admitter {
 
     /// A new message that counts leaves its fingerprint (in the window, in its session's
     /// sequence, and with the batch) or its gateway position.
-    fn record(
-        &mut self,
-        m: &Message,
-        fingerprint: Option<Fingerprint>,
-        receive_time: bool,
-    ) -> &mut Admitted {
+    fn record(&mut self, m: &Message, ident: Option<Ident>, receive_time: bool) -> &mut Admitted {
         let counted = self.counts();
-        if let Some(fp) = fingerprint.filter(|_| counted) {
+        if let Some(id) = ident.filter(|_| counted) {
+            let fp = id.keyed;
             // A receive-time fingerprint seen again: its packet id was given again.
-            let seen = receive_time && self.dedup.contains(fp);
+            let seen = receive_time && self.dedup.holds(id);
             self.dedup.insert(fp);
             let tag = if m.qos > 0 {
                 self.out.replay = self.resends.counted(m.session, fp, m.pkid, m.arrival, seen);

@@ -304,6 +304,8 @@ struct Recovered {
     resends: crate::resend::Resends,
     ledger: Option<Box<dyn crate::admit::DeltaLedger>>,
     series: SeriesSet,
+    /// How the store's messages are fingerprinted (its key).
+    fingerprinter: crate::dedup::Fingerprinter,
     /// The store's identity (when it was created): the forwarder's origin.
     origin: String,
 }
@@ -356,6 +358,7 @@ impl Recovered {
             resends,
             ledger,
             series,
+            fingerprinter: store.fingerprinter(),
             origin,
         })
     }
@@ -419,7 +422,8 @@ fn new_ingest(
                 recovered.resends,
                 recovered.ledger,
             )
-            .with_gateway_limits(config.gateway_limits, config.store.sketch),
+            .with_gateway_limits(config.gateway_limits, config.store.sketch)
+            .with_fingerprinter(recovered.fingerprinter),
             batcher: Batcher::with_sketch(policy, width_secs, config.store.sketch),
             stats: stats.clone(),
             sessions: config.mqtt.sessions,

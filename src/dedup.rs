@@ -22,8 +22,10 @@
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A hash of what identifies one message: the low 64 bits of its XXH3-128 (the type keeps 128
-/// bits; the high ones are 0). Stable across releases: it is stored. 64 bits against a window
+/// A hash of what identifies one message: its SipHash-2-4 under the database's key
+/// ([`Fingerprinter`]; before issue 52 the low 64 bits of an unkeyed XXH3-128, see
+/// [`fingerprint`]). The type keeps 128 bits; the high ones are 0. Stable across releases: it
+/// is stored. 64 bits against a window
 /// of at most 1,048,576 fingerprints: a new message is taken for a copy with a chance below
 /// 2^-44 (one in 17 trillion). Releases before issue 42 stored all 128 bits; those read back as
 /// their low 64 ([`decode`]), so stored windows stay valid.
@@ -40,26 +42,117 @@ pub struct PacketId {
     pub pkid: u16,
 }
 
-/// The fingerprint of a message. `id` is `Some` for receive-time messages (see the module docs).
-pub fn fingerprint(topic: &[u8], payload: &[u8], id: Option<PacketId>) -> Fingerprint {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    match id {
-        None => h.update(&[0]),
-        // Session 0 hashes as before sessions existed: stored windows stay valid.
-        Some(PacketId { session: 0, pkid }) => {
-            h.update(&[1]);
-            h.update(&pkid.to_le_bytes());
+/// The secret the fingerprints of one database are keyed with (`meta.fingerprint_key`, made
+/// with the file): with it, SipHash-2-4, a keyed pseudo-random function. Unkeyed, a 64-bit
+/// XXH3 of a message can be computed by anyone, and a device that can predict another's next
+/// message could publish one of its own that hashes the same, so that the other is taken for
+/// a copy and dropped (issue 52).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct FingerprintKey([u64; 2]);
+
+impl std::fmt::Debug for FingerprintKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FingerprintKey(..)")
+    }
+}
+
+impl FingerprintKey {
+    /// A new key from the operating system's random source.
+    pub fn generate() -> std::io::Result<FingerprintKey> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(std::io::Error::other)?;
+        let (a, b) = bytes.split_at(8);
+        let word = |w: &[u8]| u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        Ok(FingerprintKey([word(a), word(b)]))
+    }
+
+    /// As stored: 32 hex digits.
+    pub fn to_hex(self) -> String {
+        format!("{:016x}{:016x}", self.0[0], self.0[1])
+    }
+
+    pub fn parse(text: &str) -> Option<FingerprintKey> {
+        if text.len() != 32 || !text.is_ascii() {
+            return None;
         }
-        Some(PacketId { session, pkid }) => {
-            h.update(&[2]);
-            h.update(&session.to_le_bytes());
-            h.update(&pkid.to_le_bytes());
+        let (a, b) = text.split_at(16);
+        Some(FingerprintKey([
+            u64::from_str_radix(a, 16).ok()?,
+            u64::from_str_radix(b, 16).ok()?,
+        ]))
+    }
+}
+
+/// Computes a database's fingerprints: keyed with its [`FingerprintKey`] and, while its window
+/// may still hold fingerprints stored before it had one (a file made by a release before issue
+/// 52), unkeyed as well, so that a redelivery of a message committed before the upgrade is
+/// still recognised ([`Ident`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fingerprinter {
+    /// `None`: unkeyed (tests, and tools reading a file without a key).
+    key: Option<FingerprintKey>,
+    legacy: bool,
+}
+
+impl Fingerprinter {
+    pub fn new(key: Option<FingerprintKey>, legacy: bool) -> Fingerprinter {
+        Fingerprinter { key, legacy }
+    }
+
+    /// What identifies a message (see [`fingerprint`]).
+    pub fn ident(&self, topic: &[u8], payload: &[u8], id: Option<PacketId>) -> Ident {
+        let Some(FingerprintKey([k0, k1])) = self.key else {
+            return Ident {
+                keyed: fingerprint(topic, payload, id),
+                unkeyed: None,
+            };
+        };
+        let mut h = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
+        frame(topic, payload, id, |bytes| {
+            std::hash::Hasher::write(&mut h, bytes);
+        });
+        Ident {
+            keyed: u128::from(std::hash::Hasher::finish(&h)),
+            unkeyed: self.legacy.then(|| fingerprint(topic, payload, id)),
         }
     }
-    // Length-prefixed so that topic/payload boundaries cannot shift.
-    h.update(&(topic.len() as u64).to_le_bytes());
-    h.update(topic);
-    h.update(payload);
+}
+
+/// A message's fingerprint as stored from now on, and the one a release before issue 52 stored
+/// for it, while a window may still hold those.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ident {
+    pub keyed: Fingerprint,
+    pub unkeyed: Option<Fingerprint>,
+}
+
+/// Feeds what identifies a message to `update`: a tag for its kind (with the packet id and
+/// session of a receive-time message), then the topic, length-prefixed so that topic/payload
+/// boundaries cannot shift, then the payload.
+fn frame(topic: &[u8], payload: &[u8], id: Option<PacketId>, mut update: impl FnMut(&[u8])) {
+    match id {
+        None => update(&[0]),
+        // Session 0 hashes as before sessions existed: stored windows stay valid.
+        Some(PacketId { session: 0, pkid }) => {
+            update(&[1]);
+            update(&pkid.to_le_bytes());
+        }
+        Some(PacketId { session, pkid }) => {
+            update(&[2]);
+            update(&session.to_le_bytes());
+            update(&pkid.to_le_bytes());
+        }
+    }
+    update(&(topic.len() as u64).to_le_bytes());
+    update(topic);
+    update(payload);
+}
+
+/// The unkeyed fingerprint of a message, as releases before issue 52 stored it (and as a file
+/// without a key has it). `id` is `Some` for receive-time messages (see the module docs).
+pub fn fingerprint(topic: &[u8], payload: &[u8], id: Option<PacketId>) -> Fingerprint {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    frame(topic, payload, id, |bytes| h.update(bytes));
     u128::from(h.digest128() as u64)
 }
 
@@ -95,6 +188,12 @@ impl Window {
             w.insert(fp);
         }
         w
+    }
+
+    /// Whether the window holds the message `id` names: its keyed fingerprint, or the unkeyed
+    /// one a release before issue 52 stored for it.
+    pub fn holds(&self, id: Ident) -> bool {
+        self.contains(id.keyed) || id.unkeyed.is_some_and(|fp| self.contains(fp))
     }
 
     pub fn contains(&self, fp: Fingerprint) -> bool {
@@ -337,6 +436,56 @@ mod tests {
             fingerprint(b"a/b", b"1", id(1, 2)),
             fingerprint(b"a/b", b"1", id(2, 1))
         );
+    }
+
+    /// Issue 52: fingerprints were an unkeyed XXH3 anyone can compute, so a device that can
+    /// predict another's message could publish one that hashes the same and have the other
+    /// dropped as a copy. Keyed, the fingerprint depends on a secret the device does not have:
+    /// what it can compute (the unkeyed hash) is not what the window holds, and two keys give
+    /// unrelated fingerprints of the same message.
+    #[test]
+    fn keyed_fingerprints_are_not_what_anyone_can_compute() {
+        let key = FingerprintKey::generate().unwrap();
+        let other = FingerprintKey::generate().unwrap();
+        assert_ne!(key, other, "random keys");
+        let keyed = Fingerprinter::new(Some(key), false);
+        let (topic, payload) = (&b"sensors/t1/temp"[..], &b"21.5"[..]);
+        let id = keyed.ident(topic, payload, None);
+        assert_ne!(id.keyed, fingerprint(topic, payload, None));
+        assert_eq!(
+            id.unkeyed, None,
+            "no fingerprint from before the key to look for"
+        );
+        assert_ne!(
+            id.keyed,
+            Fingerprinter::new(Some(other), false)
+                .ident(topic, payload, None)
+                .keyed
+        );
+        // Stable for one key (it is stored), and still telling messages apart.
+        assert_eq!(id, keyed.ident(topic, payload, None));
+        assert_ne!(id.keyed, keyed.ident(topic, b"21.6", None).keyed);
+        assert_ne!(
+            id.keyed,
+            keyed.ident(b"sensors/t1/tem", b"p21.5", None).keyed
+        );
+        let pkid = |pkid| Some(PacketId { session: 0, pkid });
+        assert_ne!(
+            keyed.ident(topic, payload, pkid(1)).keyed,
+            keyed.ident(topic, payload, pkid(2)).keyed
+        );
+        // As stored and read back.
+        assert_eq!(FingerprintKey::parse(&key.to_hex()), Some(key));
+        assert_eq!(FingerprintKey::parse("zz"), None);
+        // A window holding what a forged message would leave (the victim's unkeyed hash: a
+        // crafted collision) does not hold the victim's message.
+        let mut w = Window::new(8, []);
+        w.insert(fingerprint(topic, payload, None));
+        assert!(!w.holds(id));
+        // While a window may hold fingerprints from before the key, both are looked for.
+        let upgraded = Fingerprinter::new(Some(key), true).ident(topic, payload, None);
+        assert_eq!(upgraded.keyed, id.keyed);
+        assert!(w.holds(upgraded));
     }
 
     #[test]

@@ -275,6 +275,8 @@ pub struct Store {
     next_seq: u64,
     /// The `dedup` table's entries: (commit sequence number, fingerprints), oldest first.
     dedup_log: VecDeque<(u64, usize)>,
+    /// How this file's messages are fingerprinted (its key, read or made at the first open).
+    fingerprinter: Option<crate::dedup::Fingerprinter>,
     /// Fingerprints in `dedup_log`.
     dedup_total: usize,
     /// Bytes of the log's records and of the fingerprints stored since the last checkpoint.
@@ -349,6 +351,7 @@ impl Store {
             forgotten: Vec::new(),
             next_seq: 0,
             dedup_log: VecDeque::new(),
+            fingerprinter: None,
             dedup_total: 0,
             log_bytes: 0,
             record_buf: Vec::new(),
@@ -448,6 +451,10 @@ impl Store {
         self.next_seq = next_seq;
         self.dedup_total = log.iter().map(|e| e.1).sum();
         self.dedup_log = log;
+        // Chosen once, at the first open: the admission keeps what it was given.
+        if self.fingerprinter.is_none() {
+            self.fingerprinter = Some(self.fingerprint_key().map_err(corrupt)?);
+        }
         let tx = db.begin_read().map_err(|e| corrupt(e.into()))?;
         self.log_bytes = log::bytes(&tx).map_err(corrupt)?;
         let meta = tx.open_table(META).map_err(|e| corrupt(e.into()))?;
@@ -459,6 +466,63 @@ impl Store {
             .expect("no panic while holding the lock")
             .clone_from(&self.db);
         Ok(())
+    }
+
+    /// The file's fingerprint key (`meta.fingerprint_key`), made (durably, with
+    /// `meta.fingerprint_key_since`: the first commit whose fingerprints it keys) when the file
+    /// has none: a new file, or one of a release before issue 52. While the dedup log still
+    /// holds commits from before it, their unkeyed fingerprints are looked for too. Called
+    /// after the journal's replay, whose records an older release may have written.
+    fn fingerprint_key(&self) -> Result<crate::dedup::Fingerprinter, redb::Error> {
+        use crate::dedup::{FingerprintKey, Fingerprinter};
+        let db = self.db();
+        let stored = {
+            let tx = db.begin_read()?;
+            let meta = tx.open_table(META)?;
+            let key = meta
+                .get("fingerprint_key")?
+                .and_then(|v| FingerprintKey::parse(v.value()));
+            let since = meta
+                .get("fingerprint_key_since")?
+                .and_then(|v| v.value().parse::<u64>().ok());
+            key.zip(since)
+        };
+        let (key, since) = if let Some(stored) = stored {
+            stored
+        } else {
+            let made = FingerprintKey::generate()
+                .map_err(redb::Error::Io)
+                .and_then(|key| {
+                    let tx = self.durable_tx().map_err(commit_to_redb)?;
+                    {
+                        let mut meta = tx.open_table(META)?;
+                        meta.insert("fingerprint_key", key.to_hex().as_str())?;
+                        let since = self.next_seq.to_string();
+                        meta.insert("fingerprint_key_since", since.as_str())?;
+                    }
+                    tx.commit()?;
+                    Ok(key)
+                });
+            match made {
+                Ok(key) => (key, self.next_seq),
+                Err(e) => {
+                    // Unkeyed for this run (as before issue 52); made at the next start.
+                    tracing::warn!(
+                        error = %e,
+                        "Could not store a fingerprint key in the database file; this run \
+                         recognises redelivered messages by unkeyed fingerprints."
+                    );
+                    return Ok(Fingerprinter::default());
+                }
+            }
+        };
+        let legacy = self.dedup_log.front().is_some_and(|&(seq, _)| seq < since);
+        Ok(Fingerprinter::new(Some(key), legacy))
+    }
+
+    /// The fingerprints of this file's messages (keyed with its key).
+    pub fn fingerprinter(&self) -> crate::dedup::Fingerprinter {
+        self.fingerprinter.unwrap_or_default()
     }
 
     /// Opens the journal (creating it when `journal_bytes` asks for one), and applies the records

@@ -1700,6 +1700,115 @@ fn a_drifted_log_count_neither_ends_a_checkpoint_early_nor_loses_waiting_commits
     assert_eq!(got, want, "every reading, once");
 }
 
+/// Issue 52: a file's fingerprint key is made with it and kept: a message redelivered after a
+/// restart hashes as before. A file of a release before the key gets one at its first open
+/// here, and while its dedup log holds commits from before it, their unkeyed fingerprints are
+/// still found; once those have left the log, only keyed ones are looked for.
+#[test]
+fn the_fingerprint_key_is_kept_and_an_older_files_fingerprints_still_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.redb");
+    let s = StoreSettings {
+        dedup_window: 4,
+        ..settings(&path)
+    };
+    let (topic, payload) = (&b"sensors/a/t"[..], &b"1.5"[..]);
+    let store = Store::open(&s).unwrap();
+    let first = store.fingerprinter().ident(topic, payload, None);
+    assert_ne!(
+        first.keyed,
+        crate::dedup::fingerprint(topic, payload, None),
+        "keyed"
+    );
+    assert_eq!(
+        first.unkeyed, None,
+        "a new file has nothing from before its key"
+    );
+    drop(store);
+    let store = Store::open(&s).unwrap();
+    assert_eq!(
+        store.fingerprinter().ident(topic, payload, None),
+        first,
+        "the same key"
+    );
+    drop(store);
+    // A file as a release before issue 52 left it: no key, and the message's unkeyed
+    // fingerprint in its dedup log.
+    let old = dir.path().join("old.redb");
+    let s = StoreSettings {
+        path: old.clone(),
+        ..s
+    };
+    let mut store = Store::open(&s).unwrap();
+    let unkeyed = crate::dedup::fingerprint(topic, payload, None);
+    let mut b = Batcher::by_hand();
+    b.push_reading(
+        Arc::from("a/t"),
+        Timestamp::from_secs(60),
+        1.5,
+        true,
+        std::time::Instant::now(),
+    );
+    b.push_fingerprint(unkeyed, None);
+    store.commit(&b.take().0).unwrap();
+    store.sync_file().unwrap();
+    {
+        let tx = store.durable_tx().unwrap();
+        let mut meta = tx.open_table(META).unwrap();
+        meta.remove("fingerprint_key").unwrap();
+        meta.remove("fingerprint_key_since").unwrap();
+        drop(meta);
+        tx.commit().unwrap();
+    }
+    drop(store);
+    let mut store = Store::open(&s).unwrap();
+    let ident = store.fingerprinter().ident(topic, payload, None);
+    assert_eq!(
+        ident.unkeyed,
+        Some(unkeyed),
+        "the older fingerprint is looked for"
+    );
+    let window = crate::dedup::Window::new(
+        4,
+        store
+            .recent_fingerprints()
+            .unwrap()
+            .iter()
+            .map(|&(fp, _)| fp),
+    );
+    assert!(
+        window.holds(ident),
+        "a redelivery across the upgrade is a copy"
+    );
+    // Once the older commits have left the dedup log (4 fingerprints), only keyed ones.
+    for i in 0..5 {
+        let mut b = Batcher::by_hand();
+        b.push_reading(
+            Arc::from("a/t"),
+            Timestamp::from_secs(120 + i),
+            1.0,
+            true,
+            std::time::Instant::now(),
+        );
+        b.push_fingerprint(
+            store.fingerprinter().ident(topic, &[i as u8], None).keyed,
+            None,
+        );
+        store.commit(&b.take().0).unwrap();
+    }
+    store.checkpoint().unwrap();
+    drop(store);
+    let store = Store::open(&s).unwrap();
+    assert_eq!(
+        store.fingerprinter().ident(topic, payload, None).unkeyed,
+        None
+    );
+    assert_eq!(
+        store.fingerprinter().ident(topic, payload, None).keyed,
+        ident.keyed
+    );
+}
+
 #[test]
 fn a_journal_is_applied_by_a_run_without_one_or_with_another_size() {
     let dir = tempfile::tempdir().unwrap();
