@@ -100,8 +100,9 @@ impl Forwarder {
                     Err(e) => warn!(
                         error = format!("{e:#}"),
                         "Fleet retention failed; retrying in an hour. It drops every \
-                         gateway's old months, so only members of bucketd_maintainer may run \
-                         it: grant that role to this gateway's (deploy/postgres/roles.sql), or \
+                         gateway's old months, so only members of the database's maintainer \
+                         group may run it (<database>_maintainer): grant that role to this \
+                         gateway's (deploy/postgres/roles.sql), or \
                          unset upstream.postgres_retention here and run it from one trusted \
                          role."
                     ),

@@ -319,9 +319,22 @@ mod pg {
             conninfo_of(&self.name)
         }
 
+        /// The name of one of the database's group roles (`deploy/postgres/roles.sql`):
+        /// `gateway`, `reader` or `maintainer`.
+        pub fn group(&self, kind: &str) -> String {
+            format!("{}_{kind}", self.name)
+        }
+
         pub async fn drop_it(self) {
             self.admin
                 .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+                .await
+                .unwrap();
+            // Roles are global to the server: the groups roles.sql made for this database.
+            let groups =
+                ["gateway", "reader", "maintainer"].map(|k| format!("\"{}\"", self.group(k)));
+            self.admin
+                .batch_execute(&format!("DROP ROLE IF EXISTS {}", groups.join(", ")))
                 .await
                 .unwrap();
         }

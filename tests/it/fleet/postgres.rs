@@ -320,7 +320,8 @@ async fn a_gateway_role_touches_only_its_own_rows() {
     for role in [&a, &b] {
         admin
             .batch_execute(&format!(
-                "CREATE ROLE \"{role}\" LOGIN IN ROLE bucketd_gateway"
+                "CREATE ROLE \"{role}\" LOGIN IN ROLE \"{}\"",
+                testdb.group("gateway")
             ))
             .await
             .unwrap();
@@ -461,6 +462,33 @@ async fn a_gateway_role_touches_only_its_own_rows() {
         (1, 0),
         "gw-b's row and position are as gw-b left them"
     );
+    // Issue 52: another fleet's database on the same server. Its groups are its own (roles
+    // are global: with one bucketd_gateway group, gw-a was a gateway of every fleet), and only
+    // they may connect: gw-a cannot even log in there, let alone write as itself.
+    let other = TestDb::create().await;
+    let other_admin = connect(&other.conninfo()).await;
+    other_admin.batch_execute(SCHEMA).await.unwrap();
+    other_admin.batch_execute(roles).await.unwrap();
+    let into_other = {
+        let conninfo = other.conninfo();
+        let words: Vec<&str> = conninfo
+            .split_whitespace()
+            .filter(|w| !w.starts_with("user="))
+            .collect();
+        format!("{} user={a}", words.join(" "))
+    };
+    let refused = FleetDb::open(&into_other, None, "gw-a".into())
+        .await
+        .err()
+        .expect("a gateway of one fleet may not connect to another's database");
+    assert!(
+        format!("{refused:#}").contains("permission denied for database"),
+        "{refused:#}"
+    );
+    // And the groups of one fleet are not the other's.
+    assert_ne!(testdb.group("gateway"), other.group("gateway"));
+    drop(other_admin);
+    other.drop_it().await;
     drop((gw_a, gw_b, admin));
     testdb.drop_it().await;
     let server = connect(&admin_conninfo()).await;

@@ -1,5 +1,5 @@
 //! The query node (issue 43): `bucketd query-node` serving the fleet's PostgreSQL through a
-//! read-only role (`deploy/postgres/roles.sql`, `bucketd_reader`). Gateways' deltas are applied
+//! read-only role (`deploy/postgres/roles.sql`, the database's reader group). Gateways' deltas are applied
 //! by bucketd's own batched apply; the answers are checked bucket by bucket against a ground
 //! truth computed from the readings themselves (type-7 quantiles, `support::type7`), per
 //! gateway and fleet-wide, and two nodes must answer alike.
@@ -64,7 +64,8 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
     let role = unique("qn-reader").to_lowercase();
     admin
         .batch_execute(&format!(
-            "CREATE ROLE \"{role}\" LOGIN IN ROLE bucketd_reader"
+            "CREATE ROLE \"{role}\" LOGIN IN ROLE \"{}\"",
+            testdb.group("reader")
         ))
         .await
         .unwrap();
