@@ -11,8 +11,10 @@
 //! reading for an old hour is a delta for that hour like any other.
 //!
 //! Bounded by `upstream.outbox_max_entries`: at the bound, a commit's deltas are merged into
-//! the newest entry instead of a new one (summaries are mergeable), unless that entry may have
-//! been shipped: its sequence number then names content the upstream may already hold, and
+//! the newest entry instead of a new one (summaries are mergeable) while that keeps it to at
+//! most [`MERGE_BUCKETS_MAX`] buckets (else the commit starts an entry: an outage adds one per
+//! 256 buckets it brings, and no commit rewrites more than one such entry), unless that entry
+//! may have been shipped: its sequence number then names content the upstream may already hold, and
 //! merging into it would lose (PostgreSQL skips a sequence number it applied) or double (a
 //! copy with other bytes) what it held. So a commit at the bound takes [`OutboxShared`]'s gate
 //! until it has committed, and the forwarder reads and marks what it ships under the same gate
@@ -152,36 +154,20 @@ pub(super) fn plan<'a>(
     } else {
         None
     };
-    let doc = match merge_into {
+    let deltas: Vec<BucketDoc> = deltas.collect();
+    let merged = match merge_into {
         Some((key, bytes)) => {
-            let mut doc = OutboxDoc::decode(&bytes)
+            let doc = OutboxDoc::decode(&bytes)
                 .map_err(|source| CommitError::Outbox { seq: key, source })?;
-            let mut merged: BTreeMap<(String, i64), BucketDoc> = doc
-                .buckets
-                .drain(..)
-                .map(|b| ((b.series.clone(), b.start), b))
-                .collect();
-            for d in deltas {
-                match merged.get_mut(&(d.series.clone(), d.start)) {
-                    Some(have) => {
-                        let mut s = have.summary();
-                        s.merge(&d.summary());
-                        *have = have.clone().with_summary(&s);
-                    }
-                    None => {
-                        merged.insert((d.series.clone(), d.start), d);
-                    }
-                }
-            }
-            doc.buckets = merged.into_values().collect();
-            doc
+            merged(doc, &deltas)
         }
-        None => OutboxDoc {
-            seq: i64::try_from(next_key).expect("fewer than 2^63 entries"),
-            created_ns: crate::reading::Timestamp::now().as_nanos(),
-            buckets: deltas.collect(),
-        },
+        None => None,
     };
+    let doc = merged.unwrap_or_else(|| OutboxDoc {
+        seq: i64::try_from(next_key).expect("fewer than 2^63 entries"),
+        created_ns: crate::reading::Timestamp::now().as_nanos(),
+        buckets: deltas,
+    });
     let key = u64::try_from(doc.seq).expect("sequence numbers are not negative");
     let write = OutboxWrite {
         trim_below: acked_below,
@@ -189,6 +175,38 @@ pub(super) fn plan<'a>(
         doc: doc.encode(),
     };
     Ok((write, gate))
+}
+
+/// Most buckets an entry holds by merging at the bound: what one commit at the bound rewrites
+/// (about 64 KiB of documents), however long the upstream has been away.
+pub const MERGE_BUCKETS_MAX: usize = 256;
+
+/// `doc` (the newest entry) with `deltas` merged in, if that keeps it to at most
+/// [`MERGE_BUCKETS_MAX`] buckets (or adds none). `None`: the commit starts an entry of its own.
+/// An entry merged into again and again for a whole outage grew with every new hour and
+/// series, and each commit rewrote all of it (issue 52: 28.5 MB per commit within a minute);
+/// now an outage adds an entry per 256 buckets it brings (about one per bucket width at 256
+/// series), and a commit rewrites at most one such entry.
+fn merged(mut doc: OutboxDoc, deltas: &[BucketDoc]) -> Option<OutboxDoc> {
+    let mut merged: BTreeMap<(String, i64), BucketDoc> = doc
+        .buckets
+        .drain(..)
+        .map(|b| ((b.series.clone(), b.start), b))
+        .collect();
+    for d in deltas {
+        let key = (d.series.clone(), d.start);
+        if let Some(have) = merged.get_mut(&key) {
+            let mut s = have.summary();
+            s.merge(&d.summary());
+            *have = have.clone().with_summary(&s);
+        } else if merged.len() >= MERGE_BUCKETS_MAX {
+            return None;
+        } else {
+            merged.insert(key, d.clone());
+        }
+    }
+    doc.buckets = merged.into_values().collect();
+    Some(doc)
 }
 
 /// After a commit's outbox write, in its transaction: the table's size, newest key and oldest

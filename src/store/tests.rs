@@ -986,6 +986,77 @@ fn at_its_bound_the_outbox_merges_into_the_newest_entry_and_loses_nothing() {
     assert_eq!(now.iter().map(|e| e.seq).collect::<Vec<_>>(), [5]);
 }
 
+/// Issue 52: at its bound the outbox merged every commit into its newest entry, which then held
+/// every bucket of the whole outage and was rewritten whole by each commit (28.5 MB a commit
+/// within a minute, and climbing). A long outage at the bound: 300 sensors, a commit every 20
+/// minutes for two days. What each commit writes to the outbox (its entry, as stored) stays
+/// within one entry of at most 256 buckets, the same on the second day as on the first, and
+/// the entries together still hold every reading once.
+#[test]
+fn at_its_bound_the_outbox_writes_a_bounded_entry_per_commit_however_long_the_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(&StoreSettings {
+        outbox_max_entries: 4,
+        ..settings(&dir.path().join("long.redb"))
+    })
+    .unwrap();
+    let outbox = store.outbox();
+    let t0 = 1_700_000_000 / 3600 * 3600 * 1_000_000_000;
+    let names: Vec<String> = (0..300).map(|i| format!("s{i}/t")).collect();
+    let mut want: BTreeMap<(String, i64), (i64, f64)> = BTreeMap::new();
+    let (mut first_day, mut second_day) = (0usize, 0usize);
+    for c in 0..144i64 {
+        let ts = t0 + c * 1200 * 1_000_000_000;
+        let readings: Vec<(&str, i64, f64)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.as_str(), ts + i as i64, (c + i as i64) as f64))
+            .collect();
+        store.commit(&batch_of(&readings)).unwrap();
+        for &(n, t, v) in &readings {
+            let w = want
+                .entry((n.to_owned(), t.div_euclid(HOUR_NS) * 3600))
+                .or_insert((0, 0.0));
+            w.0 += 1;
+            w.1 += v;
+        }
+        // The entry this commit wrote: the newest.
+        let newest = outbox.newest_seq.load(std::sync::atomic::Ordering::Relaxed);
+        let entry = store
+            .reader()
+            .outbox(newest.checked_sub(1), 1)
+            .unwrap()
+            .remove(0);
+        assert_eq!(u64::try_from(entry.seq).unwrap(), newest);
+        let bytes = bson::serialize_to_vec(&entry).unwrap().len();
+        assert!(
+            entry.buckets.len() <= 300.max(super::outbox::MERGE_BUCKETS_MAX),
+            "commit {c}: an entry of {} buckets",
+            entry.buckets.len()
+        );
+        if c < 72 {
+            first_day = first_day.max(bytes);
+        } else {
+            second_day = second_day.max(bytes);
+        }
+    }
+    assert!(
+        second_day <= first_day,
+        "bytes per commit grew with the outage: {first_day} on the first day, {second_day} on \
+         the second"
+    );
+    assert!(
+        first_day < 256 * 1024,
+        "{first_day} bytes in one commit's entry"
+    );
+    assert_eq!(outbox_totals(&store.reader()), want, "every reading once");
+    eprintln!(
+        "outbox at its bound, 300 sensors, 2 days: at most {first_day} bytes per commit on the \
+         first day, {second_day} on the second; {} entries",
+        outbox.entries.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
 /// A sequence number the upstream may hold names fixed content: after a restart the entries
 /// found may have been shipped by the earlier process (PostgreSQL would skip a changed entry
 /// it applied; a central would count a changed copy again), so at the bound a new entry is
