@@ -863,14 +863,43 @@ async fn raw(State(s): State<ApiState>, Query(params): Params) -> Result<Respons
             format!("parameter `series`: no series `{series}`"),
         ));
     };
-    let list: Vec<Value> = readings
-        .iter()
-        .map(|(ts, v)| json!({"ts": Timestamp::from_nanos(*ts).to_rfc3339_millis(), "value": v}))
-        .collect();
-    Ok(
-        axum::Json(json!({"series": series, "readings": list, "truncated": truncated}))
-            .into_response(),
+    Ok(raw_answer(&series, readings, truncated))
+}
+
+/// Readings per chunk of a streamed `/api/v1/raw` answer (about 3 KB of JSON).
+const RAW_CHUNK_READINGS: usize = 64;
+
+/// `{"series":..,"readings":[{"ts":..,"value":..},..],"truncated":..}`, written a chunk at a
+/// time as the client reads it: what a request holds until its client has read the answer is
+/// its readings (16 bytes each), not their JSON (issue 52: 32 slow clients of a 100,000-reading
+/// answer held +280 MiB, as JSON values and then text).
+fn raw_answer(series: &str, readings: Vec<(i64, f64)>, truncated: bool) -> Response {
+    let head = format!(r#"{{"series":{},"readings":["#, json!(series)).into_bytes();
+    let tail = format!(r#"],"truncated":{truncated}}}"#).into_bytes();
+    let n = readings.len();
+    let chunks = (0..n).step_by(RAW_CHUNK_READINGS).map(move |at| {
+        let mut out = Vec::with_capacity(RAW_CHUNK_READINGS * 48);
+        for (k, (ts, v)) in readings[at..n.min(at + RAW_CHUNK_READINGS)]
+            .iter()
+            .enumerate()
+        {
+            if at + k > 0 {
+                out.push(b',');
+            }
+            let reading = json!({"ts": Timestamp::from_nanos(*ts).to_rfc3339_millis(), "value": v});
+            serde_json::to_writer(&mut out, &reading).expect("JSON of a number and a string");
+        }
+        out
+    });
+    let body = std::iter::once(head)
+        .chain(chunks)
+        .chain(std::iter::once(tail))
+        .map(|chunk| Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk)));
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(futures_util::stream::iter(body)),
     )
+        .into_response()
 }
 
 async fn flush(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError> {
@@ -1024,6 +1053,37 @@ mod tests {
             let v: Value = serde_json::from_str(&body).unwrap();
             assert_eq!(v["data"]["result"].as_array().unwrap().len(), 1, "{body}");
             assert!(v.get("warnings").is_none(), "{body}");
+        }
+    }
+
+    /// Issue 52: `/api/v1/raw` is written a chunk at a time; across chunk boundaries (0, 1, 64,
+    /// 65 and 200 readings) it is the JSON it was when built whole, reading for reading.
+    #[tokio::test]
+    async fn a_streamed_raw_answer_is_the_whole_json_chunk_by_chunk() {
+        for n in [0usize, 1, 64, 65, 200] {
+            let readings: Vec<(i64, f64)> = (0..n)
+                .map(|i| {
+                    (
+                        1_763_719_200_000_000_000 + i as i64 * 1_500_000,
+                        i as f64 / 4.0 - 3.0,
+                    )
+                })
+                .collect();
+            let whole = json!({
+                "series": "a/\"t\"",
+                "readings": readings
+                    .iter()
+                    .map(|(ts, v)| json!({"ts": Timestamp::from_nanos(*ts).to_rfc3339_millis(), "value": v}))
+                    .collect::<Vec<_>>(),
+                "truncated": n == 65,
+            });
+            let response = raw_answer("a/\"t\"", readings, n == 65);
+            assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+            let body = axum::body::to_bytes(response.into_body(), 1 << 24)
+                .await
+                .unwrap();
+            let got: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(got, whole, "{n} readings");
         }
     }
 
