@@ -171,8 +171,9 @@ fn bench_promql(c: &mut Criterion) {
                 &names,
                 grid,
                 3600,
-                Budget {
+                &Budget {
                     max_points: 100_000,
+                    cancel: None,
                 },
                 |_, _, _| {
                     Ok::<_, std::convert::Infallible>(

@@ -89,6 +89,7 @@ pub fn router(state: ApiState) -> Router {
             bucket_width_secs: state.bucket_width_secs,
             max_points: state.max_points_per_query,
             unreadable: crate::source::Unreadable::default(),
+            hangup: None,
         }),
     );
     let queries = queries.route_layer(from_fn_with_state(state.query_slots.clone(), take_turn));
@@ -413,13 +414,18 @@ struct Guard {
 /// hangs up does not end it early: its turn is given back only when its work is done.
 async fn take_turn(
     State(slots): State<Arc<tokio::sync::Semaphore>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let Ok(turn) = slots.acquire_owned().await else {
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucketd is shutting down")
             .into_response();
     };
+    // The work runs in a task of its own (the turn is held until it ends); this future is what
+    // the server drops when the client hangs up, and the flag it then sets stops the query.
+    let hangup = crate::source::Hangup::default();
+    let _set_when_gone = hangup.on_drop();
+    request.extensions_mut().insert(hangup);
     let work = tokio::spawn(async move {
         let response = next.run(request).await;
         drop(turn);
@@ -1085,6 +1091,65 @@ mod tests {
             let got: Value = serde_json::from_slice(&body).unwrap();
             assert_eq!(got, whole, "{n} readings");
         }
+    }
+
+    /// Issue 53: the query turn runs the request in a task of its own, so a client that hung
+    /// up left its query running to the end. The turn now gives the request a flag
+    /// ([`crate::source::Hangup`]) that is set when the server drops the request (the client
+    /// went away), which the Prometheus API's evaluation stops on; a request answered in full
+    /// never sees it set.
+    #[tokio::test]
+    async fn a_request_whose_client_has_gone_sees_its_hangup_flag_set() {
+        use crate::source::Hangup;
+        use axum::Extension;
+        let (started, mut running) = mpsc::channel::<()>(1);
+        let (report, mut seen) = mpsc::channel::<bool>(1);
+        let release = Arc::new(tokio::sync::Notify::new());
+        let released = release.clone();
+        let handler = move |Extension(hangup): Extension<Hangup>| {
+            let (started, report, released) = (started.clone(), report.clone(), released.clone());
+            async move {
+                started.send(()).await.unwrap();
+                // Until the flag is set (looked at every 5 ms), or the test lets it finish.
+                let set = loop {
+                    if hangup.0.load(Ordering::Relaxed) {
+                        break true;
+                    }
+                    tokio::select! {
+                        () = released.notified() => break false,
+                        () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                    }
+                };
+                report.send(set).await.unwrap();
+                "done"
+            }
+        };
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let app = Router::new()
+            .route("/q", get(handler))
+            .route_layer(from_fn_with_state(slots, take_turn));
+        // The client hangs up while the request runs.
+        let request = app
+            .clone()
+            .oneshot(Request::get("/q").body(Body::empty()).unwrap());
+        let waiting = tokio::spawn(request);
+        running.recv().await.unwrap();
+        waiting.abort();
+        let set = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+        assert!(
+            matches!(set, Ok(Some(true))),
+            "the flag is set when the request is dropped: {set:?}"
+        );
+        // A request answered in full: its flag stays clear while it runs.
+        let answered = tokio::spawn({
+            let app = app.clone();
+            async move { call(&app, "GET", "/q", &[]).await }
+        });
+        running.recv().await.unwrap();
+        release.notify_one();
+        assert!(!seen.recv().await.unwrap());
+        let (status, _, body) = answered.await.unwrap();
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "done"));
     }
 
     /// The dead letters are readable: a central's operator can see which gateway sent what.

@@ -5,6 +5,8 @@
 //! Prometheus serves them (Grafana and promtool POST by default).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use axum::Router;
 use axum::body::Body;
@@ -33,6 +35,9 @@ pub struct PromState {
     /// The series this request left out because they could not be read (a fresh set for each
     /// request, made in `dispatch`), named in the answer's `warnings`.
     pub unreadable: Unreadable,
+    /// Set when this request's client has gone ([`crate::source::Hangup`], per request): its
+    /// evaluation stops.
+    pub hangup: Option<Arc<AtomicBool>>,
 }
 
 /// The routes, relative to where they are nested (`/prom`).
@@ -46,6 +51,7 @@ pub fn router(state: PromState) -> Router {
 
 async fn dispatch(
     State(s): State<PromState>,
+    hangup: Option<axum::Extension<crate::source::Hangup>>,
     Path(endpoint): Path<String>,
     method: Method,
     RawQuery(q): RawQuery,
@@ -53,6 +59,7 @@ async fn dispatch(
 ) -> Response {
     let s = PromState {
         unreadable: Unreadable::default(),
+        hangup: hangup.map(|h| h.0.0),
         ..s
     };
     match answer(&s, &endpoint, &method, q.as_deref(), body).await {
@@ -261,15 +268,22 @@ async fn evaluate(
     let (source, width, unreadable) = (s.source.clone(), s.bucket_width_secs, s.unreadable.clone());
     let budget = Budget {
         max_points: s.max_points,
+        cancel: s.hangup.clone(),
     };
     read(move || {
         let names = source.series().map_err(PromError::read)?;
-        let value = promql::evaluate(&expr, &names, grid, width, budget, |wanted, from, to| {
+        let value = promql::evaluate(&expr, &names, grid, width, &budget, |wanted, from, to| {
             buckets_around(&*source, wanted, from, to, &unreadable)
         })
         .map_err(|e| match e {
             promql::EvalError::TooLarge(m) => PromError::bad(m),
             promql::EvalError::Read(e) => PromError::read(e),
+            // No one reads this answer.
+            promql::EvalError::Cancelled => PromError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "canceled",
+                message: "the client went away; the query was stopped".into(),
+            },
         })?;
         Ok(match value {
             promql::Value::Vector(series) => Ok(series),

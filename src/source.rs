@@ -190,3 +190,22 @@ fn damaged(series: &str, e: redb::Error) -> ReadError {
         e => ReadError::failed(e),
     }
 }
+
+/// A request extension (set by the HTTP layer's query turn, `http::take_turn`): set when the
+/// request's client has gone, so that a query no one waits for stops (issue 53).
+#[derive(Clone, Debug, Default)]
+pub struct Hangup(pub Arc<std::sync::atomic::AtomicBool>);
+
+impl Hangup {
+    /// Sets the flag when dropped: held by the part of the request that the server drops when
+    /// the client hangs up.
+    pub fn on_drop(&self) -> impl Drop + Send + use<> {
+        struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for SetOnDrop {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        SetOnDrop(self.0.clone())
+    }
+}

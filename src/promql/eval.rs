@@ -129,13 +129,26 @@ pub enum EvalError<E> {
     TooLarge(String),
     /// Reading the buckets failed.
     Read(E),
+    /// [`Budget::cancel`] was set: no one waits for the answer.
+    Cancelled,
 }
 
 /// What bounds one evaluation.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Budget {
     /// Stored buckets read, and points in the answer, each at most this many.
     pub max_points: u64,
+    /// Set when no one waits for the answer any more (its client hung up): the evaluation
+    /// stops at its next point.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Budget {
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// The buckets of one stored series, in time order: their starts (ms) and summaries.
@@ -250,6 +263,7 @@ impl<'a> Sliding<'a> {
 }
 
 struct Ctx<'a> {
+    budget: &'a Budget,
     grid: Grid,
     width_ms: i64,
     window_ms: i64,
@@ -295,7 +309,7 @@ pub fn evaluate<E>(
     names: &[String],
     grid: Grid,
     width_secs: i64,
-    budget: Budget,
+    budget: &Budget,
     fetch: impl FnOnce(&[&str], i64, i64) -> Result<BTreeMap<String, Vec<BucketDoc>>, E>,
 ) -> Result<Value, EvalError<E>> {
     let width_ms = width_secs.saturating_mul(1000);
@@ -368,13 +382,18 @@ pub fn evaluate<E>(
         }
     }
     let ctx = Ctx {
+        budget,
         grid,
         width_ms,
         window_ms,
         names,
         data,
     };
-    let value = ctx.eval(expr).map_err(EvalError::TooLarge)?;
+    let value = ctx.eval(expr);
+    if budget.cancelled() {
+        return Err(EvalError::Cancelled);
+    }
+    let value = value.map_err(EvalError::TooLarge)?;
     Ok(match value {
         Value::Vector(series) => Value::Vector(
             series
@@ -554,6 +573,7 @@ impl Ctx<'_> {
                 let points = self
                     .grid
                     .times()
+                    .take_while(|_| !self.budget.cancelled())
                     .filter_map(|t| {
                         let span = in_range(t);
                         let value = match last {
@@ -576,6 +596,7 @@ impl Ctx<'_> {
                 let points = self
                     .grid
                     .times()
+                    .take_while(|_| !self.budget.cancelled())
                     .filter_map(|t| {
                         let span = in_range(t);
                         let value = match last {

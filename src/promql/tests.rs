@@ -244,7 +244,10 @@ fn times_and_durations_parse_as_prometheus_writes_them() {
     );
 }
 
-const BUDGET: Budget = Budget { max_points: 10_000 };
+const BUDGET: Budget = Budget {
+    max_points: 10_000,
+    cancel: None,
+};
 
 /// What the store answers for `wanted` in `[from, to)`: their documents among `docs`.
 fn fetch(
@@ -277,7 +280,7 @@ fn try_eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Result<Value, EvalErr
         &names,
         grid,
         HOUR,
-        BUDGET,
+        &BUDGET,
         |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
     )
 }
@@ -442,7 +445,10 @@ fn a_query_past_the_budget_is_refused_before_reading() {
         &names,
         grid,
         HOUR,
-        Budget { max_points: 10_000 },
+        &Budget {
+            max_points: 10_000,
+            cancel: None,
+        },
         |_, _, _| {
             reads += 1;
             Ok::<_, ()>(BTreeMap::new())
@@ -511,7 +517,7 @@ proptest::proptest! {
             let docs = hourly_docs();
             let grid = Grid::range(DAY0 * 1000, (DAY0 + 30 * HOUR) * 1000, step).unwrap();
             let names = vec!["a/t".to_owned(), "b/t".to_owned()];
-            let _ = evaluate(&e, &names, grid, HOUR, BUDGET, |wanted, from, to| {
+            let _ = evaluate(&e, &names, grid, HOUR, &BUDGET, |wanted, from, to| {
                 Ok::<_, ()>(fetch(&docs, wanted, from, to))
             });
         }
@@ -870,7 +876,7 @@ fn the_example_dashboards_queries_all_parse() {
             &["a/t".to_owned()],
             Grid::range(at(0), at(29), HOUR * 1000).unwrap(),
             HOUR,
-            BUDGET,
+            &BUDGET,
             |wanted, from, to| Ok::<_, ()>(fetch(&hourly_docs(), wanted, from, to)),
         );
         assert!(out.is_ok(), "{e}: {out:?}");
@@ -900,4 +906,34 @@ fn huge_offsets_and_ranges_saturate() {
             }
         }
     }
+}
+
+/// Issue 53: a query whose client has gone is stopped. With the budget's flag set (as the HTTP
+/// layer sets it when the client hangs up), the evaluation ends as cancelled, not with an
+/// answer no one reads; unset, the same query is answered.
+#[test]
+fn a_query_no_one_waits_for_is_cancelled() {
+    let docs: Vec<BucketDoc> = (0..48)
+        .map(|h| doc("a/t", DAY0 + h * HOUR, &[1.0, 2.0]))
+        .collect();
+    let names = vec!["a/t".to_owned()];
+    let grid = Grid::range(DAY0 * 1000, (DAY0 + 47 * HOUR) * 1000, 60_000).unwrap();
+    let expr = parse(r#"max_over_time(bucketd_reading{sensor="a"}[24h])"#).unwrap();
+    let run = |flag: bool| {
+        let budget = Budget {
+            cancel: Some(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
+                flag,
+            ))),
+            ..BUDGET
+        };
+        evaluate(&expr, &names, grid, HOUR, &budget, |w, f, t| {
+            Ok::<_, ()>(fetch(&docs, w, f, t))
+        })
+    };
+    assert!(matches!(run(true), Err(EvalError::Cancelled)));
+    let Ok(Value::Vector(series)) = run(false) else {
+        panic!("answered")
+    };
+    // Every point but the first, whose window (the day before it) holds no bucket.
+    assert_eq!(series[0].points.len(), 47 * 60);
 }
