@@ -133,7 +133,8 @@ fn bench_merge(c: &mut Criterion) {
 /// hours (10,801 points) of hourly buckets with ~100-bin sketches took 35 s a query, merging the
 /// window's 700 buckets afresh at each point. `range_700h_step_1s`: the whole query now;
 /// `one_700_bucket_window_afresh`: what the old evaluation paid at each of its 10,801 points
-/// (the reference, in the same run).
+/// (the reference, in the same run). The Prometheus API is in the `ui` feature.
+#[cfg(feature = "ui")]
 fn bench_promql(c: &mut Criterion) {
     use bucketd::doc::BucketDoc;
     use bucketd::promql::{Budget, Grid, Value, evaluate, parse};
@@ -408,6 +409,7 @@ fn write_bytes() -> u64 {
         .expect("write_bytes in /proc/self/io")
 }
 
+#[cfg(feature = "ui")]
 criterion_group!(
     benches,
     bench_decode,
@@ -417,5 +419,15 @@ criterion_group!(
     bench_store_path,
     bench_checkpoint,
     bench_promql
+);
+#[cfg(not(feature = "ui"))]
+criterion_group!(
+    benches,
+    bench_decode,
+    bench_merge,
+    bench_batcher,
+    bench_commit,
+    bench_store_path,
+    bench_checkpoint
 );
 criterion_main!(benches);
