@@ -490,8 +490,10 @@ impl Store {
         let (key, since) = if let Some(stored) = stored {
             stored
         } else {
-            let made = FingerprintKey::generate()
-                .map_err(redb::Error::Io)
+            let mut secret = [0u8; 16];
+            let made = getrandom::fill(&mut secret)
+                .map_err(|e| redb::Error::Io(std::io::Error::other(e)))
+                .map(|()| FingerprintKey::from_bytes(secret))
                 .and_then(|key| {
                     let tx = self.durable_tx().map_err(commit_to_redb)?;
                     {
