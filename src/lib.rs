@@ -88,6 +88,8 @@ pub mod stats;
 pub mod stop;
 pub mod store;
 pub mod summary;
+#[cfg(test)]
+mod test_rng;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod writer;

@@ -908,13 +908,7 @@ mod sliding_tests {
     /// sketches' bins add in any order).
     #[test]
     fn a_sliding_window_merges_what_each_window_holds() {
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut next = crate::test_rng::below(0x9E37_79B9_7F4A_7C15);
         for round in 0..200 {
             let items: Vec<Summary> = (0..=next(60))
                 .map(|i| {

@@ -1362,13 +1362,7 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
         .unwrap_or(100);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p.redb");
-    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut next = crate::test_rng::below(0x9E37_79B9_7F4A_7C15);
     let mut model = CutModel::default();
     let (mut at_open, mut in_commit, mut in_checkpoint, mut landed) = (0, 0, 0, 0);
     let (mut eio, mut passes, mut big, mut reads) = (0, 0, 0, 0);

@@ -111,16 +111,10 @@ fn records_go_round_the_file_and_replay_across_its_end() {
     let path = dir.path().join("db.journal");
     let mut j = open(&path, 2, MIN_JOURNAL_BYTES).unwrap();
     let pages = (MIN_JOURNAL_BYTES - UNIT_BYTES) / UNIT_BYTES;
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = crate::test_rng::below(0x2545_f491_4f6c_dd1d);
     let (mut durable, mut wraps, mut last_at) = (0u64, 0, 0u64);
     for seq in 0..(pages * 6) {
-        let len = (next() % (3 * PAGE_BYTES)) as usize;
+        let len = next(3 * PAGE_BYTES) as usize;
         let body = vec![seq as u8; len];
         if !j.append(seq, &redo_of(&body)).unwrap() {
             // Full: the database folds what is live, as a checkpoint would.
@@ -144,8 +138,8 @@ fn records_go_round_the_file_and_replay_across_its_end() {
                 .iter()
                 .all(|&(a, e)| a >= UNIT_BYTES && e <= MIN_JOURNAL_BYTES)
         );
-        if next() % 4 == 0 {
-            durable = (seq + 1).saturating_sub(next() % 6).max(durable);
+        if next(4) == 0 {
+            durable = (seq + 1).saturating_sub(next(6)).max(durable);
             j.release_below(durable);
         }
         if seq % 37 == 0 {

@@ -319,6 +319,16 @@ mod pg {
             conninfo_of(&self.name)
         }
 
+        /// [`TestDb::conninfo`], logging in as `user`.
+        pub fn conninfo_as(&self, user: &str) -> String {
+            let conninfo = self.conninfo();
+            let words: Vec<&str> = conninfo
+                .split_whitespace()
+                .filter(|w| !w.starts_with("user="))
+                .collect();
+            format!("{} user={user}", words.join(" "))
+        }
+
         /// The name of one of the database's group roles (`deploy/postgres/roles.sql`):
         /// `gateway`, `reader` or `maintainer`.
         pub fn group(&self, kind: &str) -> String {

@@ -326,14 +326,7 @@ async fn a_gateway_role_touches_only_its_own_rows() {
             .await
             .unwrap();
     }
-    let as_role = |role: &str| {
-        let conninfo = testdb.conninfo();
-        let words: Vec<&str> = conninfo
-            .split_whitespace()
-            .filter(|w| !w.starts_with("user="))
-            .collect();
-        format!("{} user={role}", words.join(" "))
-    };
+    let as_role = |role: &str| testdb.conninfo_as(role);
     let hour = 1_763_719_200;
     let entry = |seq: i64, value: f64| OutboxDoc {
         seq,
@@ -469,14 +462,7 @@ async fn a_gateway_role_touches_only_its_own_rows() {
     let other_admin = connect(&other.conninfo()).await;
     other_admin.batch_execute(SCHEMA).await.unwrap();
     other_admin.batch_execute(roles).await.unwrap();
-    let into_other = {
-        let conninfo = other.conninfo();
-        let words: Vec<&str> = conninfo
-            .split_whitespace()
-            .filter(|w| !w.starts_with("user="))
-            .collect();
-        format!("{} user={a}", words.join(" "))
-    };
+    let into_other = other.conninfo_as(&a);
     let refused = FleetDb::open(&into_other, None, "gw-a".into())
         .await
         .err()

@@ -69,15 +69,7 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
         ))
         .await
         .unwrap();
-    let as_reader = {
-        let words: Vec<String> = testdb
-            .conninfo()
-            .split_whitespace()
-            .filter(|w| !w.starts_with("user="))
-            .map(str::to_owned)
-            .collect();
-        format!("{} user={role}", words.join(" "))
-    };
+    let as_reader = testdb.conninfo_as(&role);
 
     // Three recent hours of every gateway's series, each bucket applied as two deltas (two
     // entries), so that PostgreSQL's upsert merges them as a forwarder's retries would.
