@@ -89,9 +89,11 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION bucketd_drop_partitions_before(timestamptz) TO %I',
         maintainer);
 
-    -- Only this database's groups (and the owner and superusers) connect to it.
+    -- Only this database's groups (and its owner, superusers and whoever runs this script, the
+    -- tables' owner) connect to it.
     EXECUTE format('REVOKE CONNECT ON DATABASE %I FROM PUBLIC', db);
-    EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I, %I, %I', db, gateway, reader, maintainer);
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO %I, %I, %I, %I', db, gateway, reader,
+        maintainer, current_user);
 
     -- The shared groups of earlier releases lose what they had here (in a database of another
     -- name); their members are named with the GRANT they need.
