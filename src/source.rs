@@ -154,13 +154,25 @@ impl BucketSource for StoreReader {
         to: i64,
     ) -> Result<BTreeMap<String, Vec<BucketDoc>>, ReadError> {
         StoreReader::buckets_of(self, names, from, to).map_err(|e| {
-            // Which series it was, if one alone fails (read only when the whole read failed).
+            // Which series it was, if some alone fail and others do not (read only when the
+            // whole read failed). When every one fails, the damage is not one series' (a
+            // commit log record, say): the read failed.
+            let mut failing = None;
+            let mut readable = false;
             for name in names {
-                if let Err(alone) = StoreReader::buckets(self, Some(name), from, to) {
-                    return damaged(name, alone);
+                match StoreReader::buckets(self, Some(name), from, to) {
+                    Err(alone) if failing.is_none() => failing = Some((name, alone)),
+                    Err(_) => {}
+                    Ok(_) => readable = true,
+                }
+                if readable && failing.is_some() {
+                    break;
                 }
             }
-            ReadError::failed(e)
+            match failing {
+                Some((name, alone)) if readable || names.len() == 1 => damaged(name, alone),
+                _ => ReadError::failed(e),
+            }
         })
     }
 
