@@ -178,7 +178,7 @@ pub(super) fn plan<'a>(
 }
 
 /// Most buckets an entry holds by merging at the bound: what one commit at the bound rewrites
-/// (about 64 KiB of documents), however long the upstream has been away.
+/// (about 80 KiB of documents with sketches), however long the upstream has been away.
 pub const MERGE_BUCKETS_MAX: usize = 256;
 
 /// `doc` (the newest entry) with `deltas` merged in, if that keeps it to at most
