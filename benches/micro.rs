@@ -1,7 +1,8 @@
 //! Micro-benchmarks of the hot paths: decode (value, JSON object, JSON array of 100), summary
 //! merge, folding readings into the open batch, one commit of N touched buckets through the
 //! journal (the default) and without one at each durability setting, and a range function over
-//! a long window at a short step (`promql`).
+//! a long window at a short step (`promql`), and one series' read with commits waiting to be
+//! folded and without (`read`).
 //!
 //! `cargo bench --bench micro` (criterion; `-- decode` etc. to pick some). `MICRO_CACHE_MIB`
 //! sets the stores' redb cache (default 16, as config/default.toml); `MICRO_CHECKPOINT_SERIES` the
@@ -403,6 +404,41 @@ fn bench_checkpoint(c: &mut Criterion) {
     }
 }
 
+/// One series' buckets over a day, read while 100,000 readings of 1,000 series wait to be
+/// folded (100 commits, as after about eight minutes at 200 readings a second), and the same
+/// read once a checkpoint folded them: the ratio is what the waiting commits cost a query.
+fn bench_read(c: &mut Criterion) {
+    let mut g = c.benchmark_group("read");
+    g.sample_size(30);
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open_store(dir.path(), Durability::Immediate, true, JOURNAL);
+    for commit in 0..100i64 {
+        let mut batcher = Batcher::by_hand();
+        let now = Instant::now();
+        for i in 0..1000i64 {
+            let name = Arc::from(format!("s{i}/t"));
+            let ts = Timestamp::from_secs(NOW_S + (commit * 860 + i) % 86_400);
+            batcher.push_reading(name, ts, 21.5 + (i % 10) as f64, true, now);
+        }
+        store.commit(&batcher.take().0).unwrap();
+    }
+    let reader = store.reader();
+    let day = (NOW_S, NOW_S + 86_400);
+    let read = || {
+        let got = reader.buckets_of(&["s7/t"], day.0, day.1).unwrap();
+        assert_eq!(got["s7/t"].iter().map(|d| d.count).sum::<i64>(), 100);
+        got
+    };
+    g.bench_function("one_series_100000_readings_waiting", |b| {
+        b.iter(|| black_box(read()));
+    });
+    store.checkpoint().unwrap();
+    g.bench_function("one_series_folded", |b| {
+        b.iter(|| black_box(read()));
+    });
+    g.finish();
+}
+
 /// Bytes this process has caused to be written to storage (`/proc/self/io`).
 fn write_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/io")
@@ -421,6 +457,7 @@ criterion_group!(
     bench_commit,
     bench_store_path,
     bench_checkpoint,
+    bench_read,
     bench_promql
 );
 

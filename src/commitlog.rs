@@ -369,6 +369,8 @@ pub struct Entries<'a> {
 
 impl<'a> Entries<'a> {
     fn next_entry(&mut self) -> Option<Entry<'a>> {
+        #[cfg(test)]
+        decoded_for_tests::add();
         let r = &mut self.rest;
         let mut series_id = get_varint(r)?;
         if self.codes.id_deltas {
@@ -568,6 +570,28 @@ fn get_summary(r: &mut &[u8], start: i64) -> Option<Summary> {
         m2,
         sketch,
     })
+}
+
+mod index;
+pub use index::{RecordIndex, SEEK_EVERY, SeriesEntries};
+
+/// Test seam: the entries decoded on this thread, to tell what a read touches.
+#[cfg(test)]
+pub(crate) mod decoded_for_tests {
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn add() {
+        COUNT.with(|c| c.set(c.get() + 1));
+    }
+
+    /// The entries decoded since the last call.
+    pub(crate) fn take() -> u64 {
+        COUNT.with(|c| c.replace(0))
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use super::{
     APPLIED, BUCKETS, CommitError, DEDUP, META, PAGES, SERIES_BY_ID, SERIES_BY_NAME, Store,
     append_pages,
 };
-use crate::commitlog::{Entry, Record};
+use crate::commitlog::{Entry, Record, RecordIndex};
 use crate::doc::BucketDoc;
 use crate::summary::Summary;
 
@@ -133,14 +133,21 @@ fn visit_table<T: ReadableTable<u64, &'static [u8]>>(
     Ok(bytes)
 }
 
-/// Bytes of the log's records, at open.
-pub(super) fn bytes(tx: &redb::ReadTransaction) -> Result<u64, redb::Error> {
+/// Bytes of the log's records, and their indexes for the readers ([`super::pending::Logged`]):
+/// at open, after the journal's replay, and when the file is read again after a write error.
+pub(super) fn scan(
+    tx: &redb::ReadTransaction,
+) -> Result<(u64, Vec<super::pending::LoggedIndex>), redb::Error> {
     let table = tx.open_table(LOG)?;
     let mut total = 0u64;
+    let mut indexes = Vec::new();
     for row in table.iter()? {
-        total = total.saturating_add(row?.1.value().len() as u64);
+        let (key, value) = row?;
+        total = total.saturating_add(value.value().len() as u64);
+        let index = RecordIndex::of(value.value()).ok().map(std::sync::Arc::new);
+        indexes.push((key.value(), index));
     }
-    Ok(total)
+    Ok((total, indexes))
 }
 
 /// What the log holds for some buckets, for a reader: the deltas in commit order, and the raw
@@ -153,13 +160,30 @@ pub(super) struct Unfolded {
     pub raw_counts: BTreeMap<(u64, i64), u64>,
 }
 
+/// Which buckets a reader wants: of the series `ids` (sorted; all when `None`), starting in
+/// `starts` (seconds).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Which<'a> {
+    pub ids: Option<&'a [u64]>,
+    pub starts: (i64, i64),
+}
+
+impl Which<'_> {
+    fn wants(&self, key: (u64, i64)) -> bool {
+        (self.starts.0..self.starts.1).contains(&key.1)
+            && self.ids.is_none_or(|ids| ids.binary_search(&key.0).is_ok())
+    }
+}
+
 impl Unfolded {
-    /// For the buckets `wanted` accepts: the unfolded deltas (merged in commit order onto
-    /// `base`, the stored document's summary when there is one), or with `raw_only` only their
-    /// raw readings (a raw read needs no summary, and folding one per entry is the costly part).
+    /// For the buckets `which` names: the unfolded deltas (merged in commit order onto `base`,
+    /// the stored document's summary when there is one), or with `raw_only` only their raw
+    /// readings (a raw read needs no summary, and folding one per entry is the costly part).
+    /// Of the commits waiting, only the wanted series' entries are decoded ([`visit_indexed`]):
+    /// a read's cost follows what it asks for, not how much waits to be folded.
     pub(super) fn read(
         view: &super::reader::View,
-        wanted: impl Fn(u64, i64) -> bool,
+        which: Which<'_>,
         raw_only: bool,
         base: impl Fn(u64, i64) -> Result<Option<Summary>, redb::Error>,
     ) -> Result<Unfolded, redb::Error> {
@@ -168,7 +192,7 @@ impl Unfolded {
         let mut visit = |seq: u64, e: &Entry<'_>| {
             let key = (e.series_id, e.start);
             // A checkpoint under way folded it into the document already.
-            if !wanted(key.0, key.1) || cursor.is_some_and(|c| c.folded(seq, key)) {
+            if !which.wants(key) || cursor.is_some_and(|c| c.folded(seq, key)) {
                 return Ok(());
             }
             let corrupt = |_| {
@@ -206,18 +230,75 @@ impl Unfolded {
         // The `log` table's records (a journal's replay left them), then the pending commits:
         // in commit order, as a checkpoint folds them.
         match view.tx.open_table(LOG) {
-            Ok(table) => {
-                visit_table(&table, u64::MAX, &mut visit)?;
-            }
+            Ok(table) => visit_logged(&table, view.logged(), which.ids, &mut visit)?,
             // A file opened read-only before its first open by this release (format 1).
             Err(redb::TableError::TableDoesNotExist(_)) => {}
             Err(e) => return Err(e.into()),
         }
         for commit in view.pending() {
-            visit_record(commit.seq, &commit.record, &mut visit)?;
+            commit.visit(which.ids, &mut visit)?;
         }
         Ok(out)
     }
+}
+
+/// Calls `visit` with the entries of series `ids` (sorted; all when `None`) of the `log`
+/// table's records, in commit order: those `logged` indexes (the reader's copy, taken before
+/// its transaction) are read only when they may hold one of `ids`, and then only those
+/// series' entries; records committed after the copy was taken are read whole. An index of a
+/// record the transaction no longer holds (folded since) is passed over.
+fn visit_logged<T: ReadableTable<u64, &'static [u8]>>(
+    table: &T,
+    logged: &[super::pending::LoggedIndex],
+    ids: Option<&[u64]>,
+    mut visit: impl FnMut(u64, &Entry<'_>) -> Result<(), redb::Error>,
+) -> Result<(), redb::Error> {
+    let Some(wanted) = ids else {
+        visit_table(table, u64::MAX, &mut visit)?;
+        return Ok(());
+    };
+    for (seq, index) in logged {
+        let index = index.as_deref();
+        if index.is_some_and(|i| !wanted.iter().any(|&id| i.may_hold(id))) {
+            continue;
+        }
+        if let Some(record) = table.get(*seq)? {
+            visit_indexed(*seq, record.value(), index, ids, &mut visit)?;
+        }
+    }
+    let after = logged.last().map_or(0, |l| l.0.saturating_add(1));
+    for row in table.range(after..)? {
+        let (key, value) = row?;
+        visit_record(key.value(), value.value(), &mut visit)?;
+    }
+    Ok(())
+}
+
+/// Calls `visit` with the entries of series `ids` (sorted; all when `None`) of commit `seq`'s
+/// record: found with its `index` when there is one and `ids` are few beside its entries, else
+/// by reading it whole.
+pub(super) fn visit_indexed(
+    seq: u64,
+    bytes: &[u8],
+    index: Option<&RecordIndex>,
+    ids: Option<&[u64]>,
+    mut visit: impl FnMut(u64, &Entry<'_>) -> Result<(), redb::Error>,
+) -> Result<(), redb::Error> {
+    let (Some(index), Some(ids)) = (index, ids) else {
+        return visit_record(seq, bytes, visit);
+    };
+    // Looking a series up costs a few bit tests, and up to `SEEK_EVERY` entries of others
+    // when the record may hold it: past an eighth of the entries, one pass is cheaper.
+    if ids.len() > 1 && ids.len() as u64 * 8 > u64::from(index.entries()) {
+        return visit_record(seq, bytes, visit);
+    }
+    let record = Record::parse(bytes).map_err(corrupt_record(seq))?;
+    for &id in ids {
+        for entry in record.entries_of(index, id) {
+            visit(seq, &entry.map_err(corrupt_record(seq))?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Calls `visit` with every entry of the record of commit `seq`.

@@ -456,7 +456,9 @@ impl Store {
             self.fingerprinter = Some(self.fingerprint_key().map_err(corrupt)?);
         }
         let tx = db.begin_read().map_err(|e| corrupt(e.into()))?;
-        self.log_bytes = log::bytes(&tx).map_err(corrupt)?;
+        let (log_bytes, logged) = log::scan(&tx).map_err(corrupt)?;
+        self.log_bytes = log_bytes;
+        pending::set_logged(&self.pending, logged);
         let meta = tx.open_table(META).map_err(|e| corrupt(e.into()))?;
         self.fold = log::FoldCursor::read(&meta).map_err(corrupt)?;
         drop((meta, tx));
@@ -715,7 +717,9 @@ impl Store {
         self.dedup_log = dedup_log;
         let tx = db.begin_read().map_err(redb::Error::from)?;
         let waiting: u64 = pending.iter().map(|c| c.record.len() as u64).sum();
-        self.log_bytes = log::bytes(&tx)? + waiting;
+        let (log_bytes, logged) = log::scan(&tx)?;
+        self.log_bytes = log_bytes + waiting;
+        pending::set_logged(&self.pending, logged);
         let meta = tx.open_table(META).map_err(redb::Error::from)?;
         self.fold = log::FoldCursor::read(&meta)?;
         drop((meta, tx));
@@ -972,7 +976,7 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn recount_log_bytes(&self) -> u64 {
         let tx = self.db().begin_read().unwrap();
-        let table = log::bytes(&tx).unwrap();
+        let table = log::scan(&tx).unwrap().0;
         let pending: u64 = pending::now(&self.pending)
             .iter()
             .map(|c| c.record.len() as u64)
@@ -1171,17 +1175,10 @@ impl Store {
         stats.log_bytes = record.len() + fingerprints.len();
         self.log_bytes = self.log_bytes.saturating_add(record.len() as u64);
         if journaled {
-            pending::push(
-                &self.pending,
-                pending::PendingCommit {
-                    seq,
-                    record: record.clone(),
-                    fingerprints,
-                    series: new_in_order,
-                    applied,
-                },
-            );
+            let commit = pending::PendingCommit::new(seq, record.clone(), fingerprints);
+            pending::push(&self.pending, commit.with(new_in_order, applied));
         } else {
+            pending::push_logged(&self.pending, seq, &record);
             self.durable_committed();
         }
         self.record_buf = record;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::log::{FoldCursor, Unfolded, bucket_doc, decode_bucket};
+use super::log::{FoldCursor, Unfolded, Which, bucket_doc, decode_bucket};
 use super::outbox::{self, OutboxDoc};
 use super::pending::{SharedPending, Snapshot};
 use super::{
@@ -42,6 +42,11 @@ impl View {
     /// The pending commits the transaction does not hold, oldest first.
     pub(super) fn pending(&self) -> impl Iterator<Item = &super::pending::PendingCommit> {
         self.pending.after(self.folded_through)
+    }
+
+    /// The indexes of the `log` table's records the snapshot holds.
+    pub(super) fn logged(&self) -> &[(u64, Option<Arc<crate::commitlog::RecordIndex>>)] {
+        self.pending.logged()
     }
 
     /// The id of `name` among the pending commits' new series.
@@ -284,16 +289,11 @@ impl StoreReader {
         let ids = series_ids(&view, series)?;
         let first_start = from.div_euclid(1_000_000_000).div_euclid(width) * width;
         let end_start = to.div_euclid(1_000_000_000) + 1; // buckets starting before `to`
-        let one = (series.is_some()).then(|| ids.first().copied());
-        let mut unfolded = Unfolded::read(
-            &view,
-            |id, start| {
-                one.is_none_or(|o| o == Some(id)) && (first_start..end_start).contains(&start)
-            },
-            true,
-            |_, _| Ok(None),
-        )?
-        .raw;
+        let which = Which {
+            ids: series.is_some().then_some(ids.as_slice()),
+            starts: (first_start, end_start),
+        };
+        let mut unfolded = Unfolded::read(&view, which, true, |_, _| Ok(None))?.raw;
         let in_range = |r: &(i64, f64)| (from..to).contains(&r.0);
         for id in ids {
             let name = view.name_of(id)?;
@@ -374,8 +374,7 @@ impl StoreReader {
         }
         let view = self.view()?;
         let ids = series_ids(&view, series)?;
-        let wanted = series.map(|_| ids.iter().copied().collect());
-        self.read_buckets(&view, &ids, wanted.as_ref(), from, to)
+        self.read_buckets(&view, &ids, series.is_some(), from, to)
     }
 
     /// Every series' buckets with `from <= start < to` (seconds), read series by series, and
@@ -419,8 +418,7 @@ impl StoreReader {
         }
         ids.sort_unstable();
         ids.dedup();
-        let wanted: std::collections::HashSet<u64> = ids.iter().copied().collect();
-        for doc in self.read_buckets(&view, &ids, Some(&wanted), from, to)? {
+        for doc in self.read_buckets(&view, &ids, true, from, to)? {
             out.entry(doc.series.clone())
                 .or_insert_with(Vec::new)
                 .push(doc);
@@ -428,13 +426,13 @@ impl StoreReader {
         Ok(out)
     }
 
-    /// The buckets of series `ids` (the log's entries of `wanted` ones, or of all) in
-    /// `[from, to)`, in series-id then time order.
+    /// The buckets of series `ids` (sorted) in `[from, to)`, in series-id then time order,
+    /// with the log's entries of those series (`only`) or of every series (`ids` are all).
     fn read_buckets(
         &self,
         view: &View,
         ids: &[u64],
-        wanted: Option<&std::collections::HashSet<u64>>,
+        only: bool,
         from: i64,
         to: i64,
     ) -> Result<Vec<BucketDoc>, redb::Error> {
@@ -446,12 +444,13 @@ impl StoreReader {
                 docs.insert(key.value(), decode_bucket(key.value(), value.value())?);
             }
         }
-        let unfolded = Unfolded::read(
-            view,
-            |id, start| wanted.is_none_or(|w| w.contains(&id)) && (from..to).contains(&start),
-            false,
-            |id, start| Ok(docs.get(&(id, start)).map(BucketDoc::summary)),
-        )?;
+        let which = Which {
+            ids: only.then_some(ids),
+            starts: (from, to),
+        };
+        let unfolded = Unfolded::read(view, which, false, |id, start| {
+            Ok(docs.get(&(id, start)).map(BucketDoc::summary))
+        })?;
         if !unfolded.deltas.is_empty() {
             let width = self.bucket_width_secs()?;
             let pages = view.tx.open_table(PAGES)?;
