@@ -411,6 +411,51 @@ impl<'a> Entries<'a> {
     }
 }
 
+impl Entries<'_> {
+    /// Passes over the entries of series below `id`, reading of each only what finding the
+    /// next needs (a [`Record::entries_of`] lookup passes over up to a seek interval of them).
+    fn skip_below(&mut self, id: u64) -> Result<(), Corrupt> {
+        while self.left > 0 && !self.failed {
+            let mut rest = self.rest;
+            let r = &mut rest;
+            let mut series_id = get_varint(r).ok_or(Corrupt)?;
+            if self.codes.id_deltas {
+                series_id = self.prev_id.wrapping_add(series_id);
+            }
+            if series_id >= id {
+                return Ok(());
+            }
+            #[cfg(test)]
+            decoded_for_tests::add();
+            let start = self
+                .prev_start
+                .wrapping_add(unzigzag(get_varint(r).ok_or(Corrupt)?));
+            let (&kind, rest) = r.split_first().ok_or(Corrupt)?;
+            *r = rest;
+            let len = match kind {
+                KIND_ONE | KIND_ONE_RAW if self.v2 => {
+                    get_varint(r).ok_or(Corrupt)?;
+                    if self.codes.decimals.is_some() {
+                        get_varint(r).ok_or(Corrupt)?;
+                        0
+                    } else {
+                        8
+                    }
+                }
+                KIND_READINGS | KIND_SUMMARY | KIND_SUMMARY_RAW => {
+                    usize::try_from(get_varint(r).ok_or(Corrupt)?).map_err(|_| Corrupt)?
+                }
+                _ => return Err(Corrupt),
+            };
+            self.rest = r.get(len..).ok_or(Corrupt)?;
+            self.left -= 1;
+            self.prev_id = series_id;
+            self.prev_start = start;
+        }
+        Ok(())
+    }
+}
+
 impl<'a> Iterator for Entries<'a> {
     type Item = Result<Entry<'a>, Corrupt>;
 
@@ -488,6 +533,32 @@ impl Entry<'_> {
             return out.ok_or(Corrupt);
         }
         get_summary(&mut r, self.start).ok_or(Corrupt)
+    }
+
+    /// Merges the delta into `s`: `s.merge(&self.summary()?)`, bit for bit, without building a
+    /// summary (and its sketch) for a single reading of `s`'s sketch accuracy. Readers and the
+    /// checkpoint both merge through here (issue 53: a read merged hundreds of such summaries).
+    pub fn merge_into(&self, s: &mut Summary) -> Result<(), Corrupt> {
+        if (self.kind == KIND_ONE || self.kind == KIND_ONE_RAW)
+            && s.sketch.params().alpha == self.params.alpha
+        {
+            let (ts, v) = self.one()?;
+            s.push(ts, v);
+        } else {
+            s.merge(&self.summary()?);
+        }
+        Ok(())
+    }
+
+    /// The delta merged onto `base` (a stored summary), or the delta alone.
+    pub fn onto(&self, base: Option<Summary>) -> Result<Summary, Corrupt> {
+        match base {
+            Some(mut s) => {
+                self.merge_into(&mut s)?;
+                Ok(s)
+            }
+            None => self.summary(),
+        }
     }
 
     /// Appends the entry's raw readings (none for a summary-only entry) to `out`.

@@ -145,7 +145,11 @@ impl<'a> Record<'a> {
             entries.left = 0;
             entries.rest = &[];
         }
-        SeriesEntries { entries, id }
+        SeriesEntries {
+            entries,
+            id,
+            skipped: false,
+        }
     }
 }
 
@@ -153,12 +157,21 @@ impl<'a> Record<'a> {
 pub struct SeriesEntries<'a> {
     entries: Entries<'a>,
     id: u64,
+    /// The entries of series below `id` are passed over.
+    skipped: bool,
 }
 
 impl<'a> Iterator for SeriesEntries<'a> {
     type Item = Result<Entry<'a>, Corrupt>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if !self.skipped {
+            self.skipped = true;
+            if let Err(e) = self.entries.skip_below(self.id) {
+                self.entries.failed = true;
+                return Some(Err(e));
+            }
+        }
         loop {
             match self.entries.next()? {
                 Ok(e) if e.series_id < self.id => {}

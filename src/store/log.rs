@@ -208,7 +208,6 @@ impl Unfolded {
                 }
                 return Ok(());
             }
-            let delta = e.summary().map_err(corrupt)?;
             if e.has_raw() {
                 let n = if let Some(n) = e.raw_count() {
                     n
@@ -220,10 +219,10 @@ impl Unfolded {
                 *out.raw_counts.entry(key).or_insert(0) += n;
             }
             if let Some(have) = out.deltas.get_mut(&key) {
-                have.merge(&delta);
+                e.merge_into(have).map_err(corrupt)?;
             } else {
-                out.deltas
-                    .insert(key, merged_onto(base(key.0, key.1)?, &delta));
+                let summary = e.onto(base(key.0, key.1)?).map_err(corrupt)?;
+                out.deltas.insert(key, summary);
             }
             Ok(())
         };
@@ -523,16 +522,17 @@ fn fold_entries(
                 key.0
             ))
         };
-        let delta = e.summary().map_err(corrupt)?;
         let f = if let Some(f) = folding.get_mut(&key) {
-            f.summary.merge(&delta);
+            e.merge_into(&mut f.summary).map_err(corrupt)?;
             f
         } else {
             let stored = buckets
                 .get(key)?
                 .map(|v| decode_bucket(key, v.value()))
                 .transpose()?;
-            let summary = merged_onto(stored.as_ref().map(BucketDoc::summary), &delta);
+            let summary = e
+                .onto(stored.as_ref().map(BucketDoc::summary))
+                .map_err(corrupt)?;
             folding.entry(key).or_insert(Folding {
                 summary,
                 pages: stored.as_ref().map_or(0, |d| d.pages),
@@ -662,16 +662,6 @@ impl super::Store {
             }
         }
         Ok(trimmed)
-    }
-}
-
-/// `delta` merged onto `base` (the stored summary), or `delta` alone.
-fn merged_onto(base: Option<Summary>, delta: &Summary) -> Summary {
-    if let Some(mut s) = base {
-        s.merge(delta);
-        s
-    } else {
-        delta.clone()
     }
 }
 
