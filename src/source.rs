@@ -21,8 +21,9 @@ pub enum ReadError {
     /// The query would read more than the source's bound; the text says what to narrow.
     #[error("{0}")]
     TooLarge(String),
-    /// One series could not be read (a damaged document on the disk): the others can be,
-    /// without it ([`buckets_around`]). The cause is for the log.
+    /// One series could not be read (a damaged document on the disk, a row in the fleet's
+    /// PostgreSQL no bucketd wrote): the others can be, without it ([`buckets_around`]). The
+    /// cause is for the log.
     #[error("series {series} could not be read: {cause}")]
     Damaged {
         series: String,
@@ -34,9 +35,10 @@ pub enum ReadError {
 /// cause).
 pub fn damaged_message(series: &str, detail: &str) -> String {
     format!(
-        "series {series} could not be read: a document of it is damaged on the disk ({detail}); \
-         queries of other series are answered. `bucketd export`, with bucketd stopped, writes \
-         every series it can read and names the others"
+        "series {series} could not be read ({detail}); queries of other series are answered. \
+         On a gateway or a central a document of it is damaged on the disk: `bucketd export`, \
+         with bucketd stopped, writes every series it can read and names the others. On a query \
+         node a row of it in PostgreSQL is not one a bucketd wrote: the log names the row"
     )
 }
 
@@ -70,9 +72,9 @@ pub fn buckets_around(
             {
                 tracing::error!(
                     series = %series, error = %cause,
-                    "A series could not be read and was left out of a query's answer (a damaged \
-                     document on the disk?). Stop bucketd and run `bucketd export` to read every \
-                     other series."
+                    "A series could not be read and was left out of a query's answer: a damaged \
+                     document on the disk (stop bucketd and run `bucketd export` to read every \
+                     other series), or at a query node a row no bucketd wrote."
                 );
                 left_out.insert(series.clone());
                 unreadable

@@ -265,7 +265,7 @@ impl Reader {
         // Fleet-wide names: every member's bucket merged per start.
         let mut merged: BTreeMap<(&str, i64), Summary> = BTreeMap::new();
         for row in &rows {
-            let (series, start, summary) = decode_row(row)?;
+            let (series, start, summary) = decode_row(row).map_err(|e| damaged(row, &wanted, e))?;
             for &name in wanted.get(series.as_str()).into_iter().flatten() {
                 if name.starts_with(FLEET_PREFIX) {
                     match merged.entry((name, start)) {
@@ -312,6 +312,28 @@ fn time(secs: i64) -> SystemTime {
 fn sketch_bytes_max() -> i32 {
     let bins = *crate::limits::SKETCH_MAX_BINS.end();
     i32::try_from(Sketch::encoded_len_max(bins)).unwrap_or(i32::MAX)
+}
+
+/// A row that [`decode_row`] refused, as the damage of the first asked-for name it feeds (a
+/// gateway's series, or the fleet-wide one it is part of): the query is answered without that
+/// name (`source::buckets_around`) rather than failed for every series (issue 52: one forged
+/// row of a compromised gateway made every fleet-wide query a 500).
+fn damaged(
+    row: &tokio_postgres::Row,
+    wanted: &BTreeMap<&str, Vec<&str>>,
+    e: ReadError,
+) -> ReadError {
+    let feeds = row
+        .try_get::<_, String>(0)
+        .ok()
+        .and_then(|series| wanted.get(series.as_str())?.first().copied());
+    match (feeds, e) {
+        (Some(name), ReadError::Failed(cause)) => ReadError::Damaged {
+            series: name.to_owned(),
+            cause,
+        },
+        (_, e) => e,
+    }
 }
 
 /// A row of [`BUCKETS`] as its series, start (seconds) and summary. A row no bucketd wrote

@@ -305,3 +305,115 @@ async fn admin_drop_role(role: &str) {
         .await
         .unwrap();
 }
+
+/// Issue 52, the separate round of attacks: one row a compromised gateway's role wrote into its
+/// own series (here a sketch that does not decode) made every query that read it a 500, the
+/// fleet-wide ones included, so one gateway could blind the whole fleet's dashboards. Now the
+/// row takes out only the names it feeds (its series and the fleet-wide series it is part of),
+/// named in Prometheus's `warnings`; every other series is answered as its readings say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_row_takes_only_the_series_it_feeds_out_of_a_query_nodes_answers() {
+    let testdb = TestDb::create().await;
+    let admin = connect(&testdb.conninfo()).await;
+    admin.batch_execute(SCHEMA).await.unwrap();
+    let start = (chrono::Utc::now().timestamp() / HOUR - 2) * HOUR;
+    let mut counts = BTreeMap::new();
+    for (g, gateway) in GATEWAYS.iter().enumerate() {
+        let mut db = FleetDb::open(&testdb.conninfo(), None, format!("bucketd {gateway}"))
+            .await
+            .unwrap();
+        let buckets: Vec<BucketDoc> = SERIES
+            .iter()
+            .enumerate()
+            .map(|(s, series)| {
+                let rs = readings(g, s, 0, start);
+                counts.insert(format!("{gateway}:{series}"), rs.len());
+                BucketDoc::new(series, start, HOUR, &summary(&rs))
+            })
+            .collect();
+        let entry = OutboxDoc {
+            seq: 0,
+            created_ns: 0,
+            buckets,
+        };
+        postgres::apply(&mut db, gateway, "origin", &[entry], None)
+            .await
+            .unwrap();
+    }
+    let forged = admin
+        .execute(
+            "UPDATE bucketd_buckets SET sketch = '\\x01ff'::bytea WHERE series = 'qn-a:boiler/temp'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(forged, 1);
+
+    let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
+    raw.query_node.postgres = testdb.conninfo();
+    raw.http.bind = "127.0.0.1:0".into();
+    let node = bucketd::daemon::start_query_node(&bucketd::config::Config::try_from(raw).unwrap())
+        .unwrap();
+    let addr = node.http_addr.to_string();
+
+    // Every series at once, as a dashboard's panel of all sensors asks.
+    let path = format!(
+        "/prom/api/v1/query?query=bucketd_bucket_count&time={}",
+        start + HOUR / 2
+    );
+    let answer = get(&addr, &path, 200).await;
+    let warnings = answer["warnings"].to_string();
+    for left_out in ["qn-a:boiler/temp", "*:boiler/temp"] {
+        assert!(warnings.contains(left_out), "{left_out} named: {answer}");
+    }
+    let mut answered = BTreeMap::new();
+    for r in answer["data"]["result"].as_array().unwrap() {
+        let series = format!(
+            "{}/{}",
+            r["metric"]["sensor"].as_str().unwrap(),
+            r["metric"]["metric"].as_str().unwrap()
+        );
+        let count: usize = r["value"][1].as_str().unwrap().parse().unwrap();
+        answered.insert(series, count);
+    }
+    let mut expected: BTreeMap<String, usize> = counts
+        .iter()
+        .filter(|(name, _)| *name != "qn-a:boiler/temp")
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let fleet_pump: usize = GATEWAYS
+        .iter()
+        .map(|g| counts[&format!("{g}:pump/temp")])
+        .sum();
+    expected.insert("*:pump/temp".into(), fleet_pump);
+    assert_eq!(answered, expected, "{answer}");
+
+    // The JSON API names the series it cannot read, and answers the others.
+    let (from, to) = (start, start + HOUR);
+    let refused = get(
+        &addr,
+        &format!("/api/v1/buckets?series=qn-a:boiler/temp&from={from}&to={to}"),
+        500,
+    )
+    .await;
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("series qn-a:boiler/temp could not be read"),
+        "{refused}"
+    );
+    let other = get(
+        &addr,
+        &format!("/api/v1/buckets?series=qn-b:boiler/temp&from={from}&to={to}"),
+        200,
+    )
+    .await;
+    assert_eq!(
+        other["buckets"][0]["count"].as_u64().unwrap() as usize,
+        counts["qn-b:boiler/temp"]
+    );
+    node.stop().await;
+    drop(admin);
+    testdb.drop_it().await;
+}
