@@ -307,7 +307,7 @@ async fn admin_drop_role(role: &str) {
 }
 
 /// Issue 52, the separate round of attacks: one row a compromised gateway's role wrote into its
-/// own series (here a sketch that does not decode) made every query that read it a 500, the
+/// own series (a sketch that does not decode, or one of 2 MB) made every query that read it a 500, the
 /// fleet-wide ones included, so one gateway could blind the whole fleet's dashboards. Now the
 /// row takes out only the names it feeds (its series and the fleet-wide series it is part of),
 /// named in Prometheus's `warnings`; every other series is answered as its readings say.
@@ -340,14 +340,24 @@ async fn a_forged_row_takes_only_the_series_it_feeds_out_of_a_query_nodes_answer
             .await
             .unwrap();
     }
-    let forged = admin
-        .execute(
-            "UPDATE bucketd_buckets SET sketch = '\\x01ff'::bytea WHERE series = 'qn-a:boiler/temp'",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(forged, 1);
+    // One sketch that does not decode, one longer than any bucketd writes (2 MB: PostgreSQL
+    // sends NULL in its place, so the node never holds it).
+    for (series, sketch) in [
+        ("qn-a:boiler/temp", "'\\x01ff'::bytea"),
+        (
+            "qn-b:boiler/temp",
+            "'\\x01'::bytea || decode(repeat('00', 2000000), 'hex')",
+        ),
+    ] {
+        let forged = admin
+            .execute(
+                &format!("UPDATE bucketd_buckets SET sketch = {sketch} WHERE series = '{series}'"),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(forged, 1);
+    }
 
     let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
     raw.query_node.postgres = testdb.conninfo();
@@ -363,7 +373,7 @@ async fn a_forged_row_takes_only_the_series_it_feeds_out_of_a_query_nodes_answer
     );
     let answer = get(&addr, &path, 200).await;
     let warnings = answer["warnings"].to_string();
-    for left_out in ["qn-a:boiler/temp", "*:boiler/temp"] {
+    for left_out in ["qn-a:boiler/temp", "qn-b:boiler/temp", "*:boiler/temp"] {
         assert!(warnings.contains(left_out), "{left_out} named: {answer}");
     }
     let mut answered = BTreeMap::new();
@@ -378,7 +388,7 @@ async fn a_forged_row_takes_only_the_series_it_feeds_out_of_a_query_nodes_answer
     }
     let mut expected: BTreeMap<String, usize> = counts
         .iter()
-        .filter(|(name, _)| *name != "qn-a:boiler/temp")
+        .filter(|(name, _)| !["qn-a:boiler/temp", "qn-b:boiler/temp"].contains(&name.as_str()))
         .map(|(k, v)| (k.clone(), *v))
         .collect();
     let fleet_pump: usize = GATEWAYS
@@ -405,13 +415,13 @@ async fn a_forged_row_takes_only_the_series_it_feeds_out_of_a_query_nodes_answer
     );
     let other = get(
         &addr,
-        &format!("/api/v1/buckets?series=qn-b:boiler/temp&from={from}&to={to}"),
+        &format!("/api/v1/buckets?series=qn-c:boiler/temp&from={from}&to={to}"),
         200,
     )
     .await;
     assert_eq!(
         other["buckets"][0]["count"].as_u64().unwrap() as usize,
-        counts["qn-b:boiler/temp"]
+        counts["qn-c:boiler/temp"]
     );
     node.stop().await;
     drop(admin);
