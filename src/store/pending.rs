@@ -7,6 +7,11 @@
 //! Bounded by the journal: a commit goes here only when its record is in the journal, and a
 //! journal three quarters full is folded (`writer`). Reopening the file empties it: the journal's
 //! replay puts the same commits into the `log` table.
+//!
+//! Beside them, the readers' index of every waiting record ([`crate::commitlog::RecordIndex`],
+//! about 30% of its bytes): of each pending commit, and of each record in the `log` table
+//! ([`Logged`], as many as a checkpoint leaves there), so that a read of some series decodes
+//! only their entries (issue 53).
 
 use std::sync::{Arc, RwLock};
 
