@@ -407,43 +407,52 @@ fn bench_checkpoint(c: &mut Criterion) {
 /// One series' buckets over a day, read while the commits waiting to be folded reach the
 /// default `store.checkpoint_bytes` (4 MiB: about 600 commits of one reading for each of 1,000
 /// series, raw kept, as after 50 minutes at 200 readings a second), and the same read once a
-/// checkpoint folded them: the ratio is what the waiting commits cost a query.
+/// checkpoint folded them: the ratio is what the waiting commits cost a query. Two arrival
+/// patterns: readings of the current time (`now`: 5 s of readings a commit, so each series has
+/// one or two buckets waiting, their deltas merged as committed), and a backfill whose commits
+/// each cover 140 s more of the day (`backfill`: 23 buckets a series, 23,000 in all, past the
+/// merged bound of `limits::MERGED_BUCKETS`, so most series are read from the records).
 fn bench_read(c: &mut Criterion) {
     let mut g = c.benchmark_group("read");
     g.sample_size(30);
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open_store(dir.path(), Durability::Immediate, true, 32 << 20);
-    let mut commits = 0i64;
-    while store.log_bytes() < 4 << 20 {
-        let mut batcher = Batcher::by_hand();
-        let now = Instant::now();
-        for i in 0..1000i64 {
-            let name = Arc::from(format!("s{i}/t"));
-            let ts = Timestamp::from_secs(NOW_S + (commits * 140 + i) % 86_400);
-            batcher.push_reading(name, ts, 21.5 + (i % 10) as f64, true, now);
+    for (pattern, step_s) in [("now", 5i64), ("backfill", 140)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open_store(dir.path(), Durability::Immediate, true, 32 << 20);
+        let mut commits = 0i64;
+        while store.log_bytes() < 4 << 20 {
+            let mut batcher = Batcher::by_hand();
+            let now = Instant::now();
+            for i in 0..1000i64 {
+                let name = Arc::from(format!("s{i}/t"));
+                let ts = Timestamp::from_secs(NOW_S + (commits * step_s + i % step_s) % 86_400);
+                batcher.push_reading(name, ts, 21.5 + (i % 10) as f64, true, now);
+            }
+            store.commit(&batcher.take().0).unwrap();
+            commits += 1;
         }
-        store.commit(&batcher.take().0).unwrap();
-        commits += 1;
+        let reader = store.reader();
+        let day = (NOW_S, NOW_S + 86_400);
+        // A series past the first thousand buckets of the run: read from the records in the
+        // backfill.
+        let read = || {
+            let got = reader.buckets_of(&["s777/t"], day.0, day.1).unwrap();
+            assert_eq!(got["s777/t"].iter().map(|d| d.count).sum::<i64>(), commits);
+            got
+        };
+        let buckets = read()["s777/t"].len();
+        g.bench_function(format!("one_series_log_full/{pattern}"), |b| {
+            b.iter(|| black_box(read()));
+        });
+        store.checkpoint().unwrap();
+        g.bench_function(format!("one_series_folded/{pattern}"), |b| {
+            b.iter(|| black_box(read()));
+        });
+        println!(
+            "read/{pattern}: {commits} commits waiting, {} readings, {buckets} buckets read",
+            commits * 1000
+        );
     }
-    let reader = store.reader();
-    let day = (NOW_S, NOW_S + 86_400);
-    let read = || {
-        let got = reader.buckets_of(&["s7/t"], day.0, day.1).unwrap();
-        assert_eq!(got["s7/t"].iter().map(|d| d.count).sum::<i64>(), commits);
-        got
-    };
-    g.bench_function("one_series_log_full", |b| {
-        b.iter(|| black_box(read()));
-    });
-    store.checkpoint().unwrap();
-    g.bench_function("one_series_folded", |b| {
-        b.iter(|| black_box(read()));
-    });
     g.finish();
-    println!(
-        "read: {commits} commits waiting, {} readings",
-        commits * 1000
-    );
 }
 
 /// Bytes this process has caused to be written to storage (`/proc/self/io`).

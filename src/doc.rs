@@ -96,6 +96,14 @@ impl PageDoc {
         bson::deserialize_from_slice(bytes).ok()
     }
 
+    /// The readings a stored page holds, read without decoding the page.
+    pub fn count_in(bytes: &[u8]) -> Option<i32> {
+        bson::RawDocument::from_bytes(bytes)
+            .ok()?
+            .get_i32("count")
+            .ok()
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         bson::serialize_to_vec(self).expect("a PageDoc has only BSON-representable fields")
     }

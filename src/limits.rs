@@ -74,6 +74,12 @@ pub const MIN_CHECKPOINT_BYTES: u64 = 64 * 1024;
 /// sensors fold in one part.
 pub const CHECKPOINT_PART_BUCKETS: usize = 256;
 
+/// Buckets whose waiting deltas are kept merged for the readers (`store::merged`), over all
+/// the commits waiting: ~0.3 KiB each with a small sketch, so ~5 MiB at most. A gateway's
+/// thousand sensors use one or two buckets each between checkpoints; a series whose bucket
+/// finds no room is read from the records instead, as fast as before the merging.
+pub const MERGED_BUCKETS: usize = 16_384;
+
 /// Smallest `store.journal_size` other than 0 (validated): the journal's header unit and 15
 /// commits' records (each starts on a 16 KiB program unit).
 pub const MIN_JOURNAL_BYTES: u64 = 256 * 1024;

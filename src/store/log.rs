@@ -133,21 +133,33 @@ fn visit_table<T: ReadableTable<u64, &'static [u8]>>(
     Ok(bytes)
 }
 
-/// Bytes of the log's records, and their indexes for the readers ([`super::pending::Logged`]):
+/// What [`scan`] finds in the `log` table: its records' bytes, their indexes and their runs.
+pub(super) type Scanned = (u64, Vec<super::pending::LoggedIndex>, super::merged::Runs);
+
+/// Bytes of the log's records, their indexes for the readers ([`super::pending::Logged`]) and
+/// their runs ([`super::merged`], cut after commit `cut`, where a checkpoint under way ends):
 /// at open, after the journal's replay, and when the file is read again after a write error.
-pub(super) fn scan(
-    tx: &redb::ReadTransaction,
-) -> Result<(u64, Vec<super::pending::LoggedIndex>), redb::Error> {
+pub(super) fn scan(tx: &redb::ReadTransaction, cut: Option<u64>) -> Result<Scanned, redb::Error> {
     let table = tx.open_table(LOG)?;
     let mut total = 0u64;
     let mut indexes = Vec::new();
+    let mut runs = super::merged::Runs::default();
     for row in table.iter()? {
         let (key, value) = row?;
-        total = total.saturating_add(value.value().len() as u64);
-        let index = RecordIndex::of(value.value()).ok().map(std::sync::Arc::new);
-        indexes.push((key.value(), index));
+        let (seq, record) = (key.value(), value.value());
+        total = total.saturating_add(record.len() as u64);
+        let index = RecordIndex::of(record).ok().map(std::sync::Arc::new);
+        indexes.push((seq, index));
+        if let Some(cut) = cut.filter(|&c| seq > c) {
+            runs.close_through(cut);
+        }
+        runs.add(seq, record);
     }
-    Ok((total, indexes))
+    if let Some(cut) = cut {
+        // The checkpoint under way folds no commit after it.
+        runs.close_through(cut);
+    }
+    Ok((total, indexes, runs))
 }
 
 /// What the log holds for some buckets, for a reader: the deltas in commit order, and the raw
@@ -179,96 +191,202 @@ impl Unfolded {
     /// For the buckets `which` names: the unfolded deltas (merged in commit order onto `base`,
     /// the stored document's summary when there is one), or with `raw_only` only their raw
     /// readings (a raw read needs no summary, and folding one per entry is the costly part).
-    /// Of the commits waiting, only the wanted series' entries are decoded ([`visit_indexed`]):
-    /// a read's cost follows what it asks for, not how much waits to be folded.
+    /// Run by run ([`super::merged`]): a series' buckets merged in the run, else its entries
+    /// in the run's records, found with their indexes ([`visit_indexed`]); a run without the
+    /// series is passed over. So a read's cost follows what it asks for, not how much waits to
+    /// be folded, and it merges what the checkpoint will fold, the same way.
     pub(super) fn read(
         view: &super::reader::View,
         which: Which<'_>,
         raw_only: bool,
         base: impl Fn(u64, i64) -> Result<Option<Summary>, redb::Error>,
     ) -> Result<Unfolded, redb::Error> {
-        let mut out = Unfolded::default();
-        let cursor = view.cursor;
-        let mut visit = |seq: u64, e: &Entry<'_>| {
-            let key = (e.series_id, e.start);
-            // A checkpoint under way folded it into the document already.
-            if !which.wants(key) || cursor.is_some_and(|c| c.folded(seq, key)) {
-                return Ok(());
-            }
-            let corrupt = |_| {
-                redb::Error::Corrupted(format!(
-                    "a commit log entry of series id {} is unreadable",
-                    key.0
-                ))
-            };
-            if raw_only {
-                if e.has_raw() {
-                    e.raw_into(out.raw.entry(key).or_default())
-                        .map_err(corrupt)?;
-                }
-                return Ok(());
-            }
-            if e.has_raw() {
-                let n = if let Some(n) = e.raw_count() {
-                    n
-                } else {
-                    let mut raw = Vec::new();
-                    e.raw_into(&mut raw).map_err(corrupt)?;
-                    raw.len() as u64
-                };
-                *out.raw_counts.entry(key).or_insert(0) += n;
-            }
-            if let Some(have) = out.deltas.get_mut(&key) {
-                e.merge_into(have).map_err(corrupt)?;
-            } else {
-                let summary = e.onto(base(key.0, key.1)?).map_err(corrupt)?;
-                out.deltas.insert(key, summary);
-            }
-            Ok(())
+        let mut read = Reading {
+            out: Unfolded::default(),
+            which,
+            raw_only,
+            cursor: view.cursor,
+            base,
         };
-        // The `log` table's records (a journal's replay left them), then the pending commits:
-        // in commit order, as a checkpoint folds them.
-        match view.tx.open_table(LOG) {
-            Ok(table) => visit_logged(&table, view.logged(), which.ids, &mut visit)?,
+        let table = match view.tx.open_table(LOG) {
+            Ok(table) => Some(table),
             // A file opened read-only before its first open by this release (format 1).
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(e.into()),
+        };
+        let mut after = view.logged().last().map_or(0, |l| l.0.saturating_add(1));
+        for run in view.runs() {
+            after = after.max(run.last.saturating_add(1));
+            let holds = |seq: u64| -> Result<bool, redb::Error> {
+                Ok(match (view.is_pending(seq), &table) {
+                    (Some(waits), _) => waits,
+                    (None, Some(t)) => t.get(seq)?.is_some(),
+                    (None, None) => false,
+                })
+            };
+            let (first, last) = (holds(run.first)?, holds(run.last)?);
+            if !first && !last {
+                continue;
+            }
+            // The run's merged deltas stand for its commits when the view holds all of them
+            // and a checkpoint under way folded all of them or none (a checkpoint folds whole
+            // runs: anything else is read entry by entry).
+            let whole = !raw_only
+                && first
+                && last
+                && read
+                    .cursor
+                    .is_none_or(|c| run.last <= c.through || run.first > c.through);
+            if whole {
+                read.merged(run)?;
+            }
+            let from_records = |id: u64| match run.series(id) {
+                None => false,
+                Some(super::merged::Series::Spilled) => true,
+                Some(super::merged::Series::Cached(_)) => !whole,
+            };
+            let ids: Option<Vec<u64>> = which
+                .ids
+                .map(|ids| ids.iter().copied().filter(|&id| from_records(id)).collect());
+            if ids.as_ref().is_some_and(Vec::is_empty) {
+                continue;
+            }
+            let mut visit = |seq: u64, e: &Entry<'_>| {
+                if which.ids.is_none() && !from_records(e.series_id) {
+                    return Ok(());
+                }
+                read.entry(seq, e)
+            };
+            visit_run(view, table.as_ref(), run, ids.as_deref(), &mut visit)?;
         }
-        for commit in view.pending() {
-            commit.visit(which.ids, &mut visit)?;
+        // The `log` table's records committed after the view's runs were taken: read whole.
+        if let Some(table) = &table {
+            for row in table.range(after..)? {
+                let (key, value) = row?;
+                visit_record(key.value(), value.value(), |seq, e| read.entry(seq, e))?;
+            }
         }
-        Ok(out)
+        Ok(read.out)
     }
 }
 
-/// Calls `visit` with the entries of series `ids` (sorted; all when `None`) of the `log`
-/// table's records, in commit order: those `logged` indexes (the reader's copy, taken before
-/// its transaction) are read only when they may hold one of `ids`, and then only those
-/// series' entries; records committed after the copy was taken are read whole. An index of a
-/// record the transaction no longer holds (folded since) is passed over.
-fn visit_logged<T: ReadableTable<u64, &'static [u8]>>(
-    table: &T,
-    logged: &[super::pending::LoggedIndex],
+/// An [`Unfolded::read`] under way.
+struct Reading<'a, B> {
+    out: Unfolded,
+    which: Which<'a>,
+    raw_only: bool,
+    cursor: Option<FoldCursor>,
+    base: B,
+}
+
+impl<B: Fn(u64, i64) -> Result<Option<Summary>, redb::Error>> Reading<'_, B> {
+    /// The wanted buckets' merged deltas of `run`.
+    fn merged(&mut self, run: &super::merged::Run) -> Result<(), redb::Error> {
+        let mut add = |id: u64, buckets: &BTreeMap<i64, super::merged::Merged>| {
+            for (&start, m) in buckets.range(self.which.starts.0..self.which.starts.1) {
+                let key = (id, start);
+                // A checkpoint under way folded it into the document already.
+                if self.cursor.is_some_and(|c| c.folded(run.last, key)) {
+                    continue;
+                }
+                if m.raw > 0 {
+                    *self.out.raw_counts.entry(key).or_insert(0) += m.raw;
+                }
+                if let Some(have) = self.out.deltas.get_mut(&key) {
+                    have.merge(&m.summary);
+                    continue;
+                }
+                let summary = match (self.base)(id, start)? {
+                    Some(mut s) => {
+                        s.merge(&m.summary);
+                        s
+                    }
+                    None => m.summary.clone(),
+                };
+                self.out.deltas.insert(key, summary);
+            }
+            Ok::<(), redb::Error>(())
+        };
+        match self.which.ids {
+            Some(ids) => {
+                for &id in ids {
+                    if let Some(super::merged::Series::Cached(b)) = run.series(id) {
+                        add(id, b)?;
+                    }
+                }
+            }
+            None => {
+                for (id, b) in run.cached() {
+                    add(id, b)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One entry of commit `seq`, if its bucket is wanted and not folded yet.
+    fn entry(&mut self, seq: u64, e: &Entry<'_>) -> Result<(), redb::Error> {
+        let key = (e.series_id, e.start);
+        // A checkpoint under way folded it into the document already.
+        if !self.which.wants(key) || self.cursor.is_some_and(|c| c.folded(seq, key)) {
+            return Ok(());
+        }
+        let corrupt = |_| {
+            redb::Error::Corrupted(format!(
+                "a commit log entry of series id {} is unreadable",
+                key.0
+            ))
+        };
+        if self.raw_only {
+            if e.has_raw() {
+                e.raw_into(self.out.raw.entry(key).or_default())
+                    .map_err(corrupt)?;
+            }
+            return Ok(());
+        }
+        if e.has_raw() {
+            let n = super::merged::raw_count(e).map_err(corrupt)?;
+            *self.out.raw_counts.entry(key).or_insert(0) += n;
+        }
+        if let Some(have) = self.out.deltas.get_mut(&key) {
+            e.merge_into(have).map_err(corrupt)?;
+        } else {
+            let summary = e.onto((self.base)(key.0, key.1)?).map_err(corrupt)?;
+            self.out.deltas.insert(key, summary);
+        }
+        Ok(())
+    }
+}
+
+/// Calls `visit` with the entries of series `ids` (sorted; all when `None`) of `run`'s
+/// records in the view, in commit order: the `log` table's (those whose index says they
+/// cannot hold one of `ids` are passed over, and a record the transaction no longer holds,
+/// folded since, too), then the pending commits'.
+fn visit_run<T: ReadableTable<u64, &'static [u8]>>(
+    view: &super::reader::View,
+    table: Option<&T>,
+    run: &super::merged::Run,
     ids: Option<&[u64]>,
     mut visit: impl FnMut(u64, &Entry<'_>) -> Result<(), redb::Error>,
 ) -> Result<(), redb::Error> {
-    let Some(wanted) = ids else {
-        visit_table(table, u64::MAX, &mut visit)?;
-        return Ok(());
-    };
-    for (seq, index) in logged {
-        let index = index.as_deref();
-        if index.is_some_and(|i| !wanted.iter().any(|&id| i.may_hold(id))) {
-            continue;
-        }
-        if let Some(record) = table.get(*seq)? {
-            visit_indexed(*seq, record.value(), index, ids, &mut visit)?;
+    let range = run.first..=run.last;
+    if let Some(table) = table {
+        let logged = view.logged();
+        let from = logged.partition_point(|l| l.0 < run.first);
+        for (seq, index) in logged[from..].iter().take_while(|l| range.contains(&l.0)) {
+            let index = index.as_deref();
+            let none_held =
+                |i: &RecordIndex| ids.is_some_and(|w| !w.iter().any(|&id| i.may_hold(id)));
+            if index.is_some_and(none_held) {
+                continue;
+            }
+            if let Some(record) = table.get(*seq)? {
+                visit_indexed(*seq, record.value(), index, ids, &mut visit)?;
+            }
         }
     }
-    let after = logged.last().map_or(0, |l| l.0.saturating_add(1));
-    for row in table.range(after..)? {
-        let (key, value) = row?;
-        visit_record(key.value(), value.value(), &mut visit)?;
+    for commit in view.pending().filter(|c| range.contains(&c.seq)) {
+        commit.visit(ids, &mut visit)?;
     }
     Ok(())
 }
@@ -437,10 +555,20 @@ impl Store {
                 return Ok(stats);
             }
             None => match self.next_seq.checked_sub(1) {
-                Some(last) => FoldCursor::new(last),
+                Some(last) => {
+                    // Commits from now on wait for the next checkpoint: in a run of their own.
+                    super::pending::close_run(&self.pending);
+                    FoldCursor::new(last)
+                }
                 None => return Ok(stats),
             },
         };
+        let runs = super::pending::runs_now(&self.pending);
+        let runs: Vec<&super::merged::Run> = runs
+            .iter()
+            .take_while(|r| r.last <= cursor.through)
+            .map(|r| &**r)
+            .collect();
         let budget = budget.max(1);
         let in_fold: Vec<&super::pending::PendingCommit> = pending
             .iter()
@@ -461,7 +589,7 @@ impl Store {
             next = next_part;
             let folding = fold_entries(
                 (&log, &buckets, &mut pages),
-                &in_fold,
+                (&runs, &in_fold),
                 (cursor, &keys),
                 self.settings.page_capacity,
             )?;
@@ -502,56 +630,101 @@ impl Store {
 }
 
 /// A checkpoint part's fold: the log entries (table and pending commits) of the part's `keys`
-/// merged onto their stored documents, raw readings appended to their pages.
+/// merged onto their stored documents, raw readings appended to their pages. Run by run
+/// ([`super::merged`]): a series' merged deltas of a run, or its entries where it spilled;
+/// the readers merge the same, so a document after the fold is what they showed before it.
 fn fold_entries(
     (log, buckets, pages): (&LogTable<'_>, &DocTable<'_>, &mut PageTable<'_>),
-    in_fold: &[&super::pending::PendingCommit],
+    (runs, in_fold): (&[&super::merged::Run], &[&super::pending::PendingCommit]),
     (cursor, keys): (FoldCursor, &BTreeSet<(u64, i64)>),
     cap: u32,
 ) -> Result<BTreeMap<(u64, i64), Folding>, CommitError> {
     let mut folding: BTreeMap<(u64, i64), Folding> = BTreeMap::new();
-    let mut raw = Vec::new();
-    let mut visit = |seq: u64, e: &Entry<'_>| {
-        let key = (e.series_id, e.start);
-        if seq > cursor.through || !keys.contains(&key) {
-            return Ok(());
-        }
-        let corrupt = |_| {
-            redb::Error::Corrupted(format!(
-                "a commit log entry of series id {} is unreadable",
-                key.0
-            ))
-        };
-        let f = if let Some(f) = folding.get_mut(&key) {
-            e.merge_into(&mut f.summary).map_err(corrupt)?;
-            f
-        } else {
-            let stored = buckets
-                .get(key)?
-                .map(|v| decode_bucket(key, v.value()))
-                .transpose()?;
-            let summary = e
-                .onto(stored.as_ref().map(BucketDoc::summary))
-                .map_err(corrupt)?;
-            folding.entry(key).or_insert(Folding {
-                summary,
-                pages: stored.as_ref().map_or(0, |d| d.pages),
-                stored,
-            })
-        };
-        if e.has_raw() {
-            raw.clear();
-            e.raw_into(&mut raw).map_err(corrupt)?;
-            f.pages = append_pages(pages, key, f.pages, &raw, cap).map_err(|e| match e {
-                CommitError::Redb(e) => e,
-                other => redb::Error::Corrupted(other.to_string()),
-            })?;
-        }
-        Ok(())
+    let stored = |key: (u64, i64)| -> Result<Option<BucketDoc>, redb::Error> {
+        buckets
+            .get(key)?
+            .map(|v| decode_bucket(key, v.value()))
+            .transpose()
     };
-    visit_table(log, cursor.through, &mut visit)?;
-    for commit in in_fold {
-        visit_record(commit.seq, &commit.record, &mut visit)?;
+    let mut raw = Vec::new();
+    for run in runs {
+        for (id, merged) in run.cached() {
+            for (&start, m) in merged {
+                let key = (id, start);
+                if !keys.contains(&key) {
+                    continue;
+                }
+                if let Some(f) = folding.get_mut(&key) {
+                    f.summary.merge(&m.summary);
+                    continue;
+                }
+                let stored = stored(key)?;
+                let summary = match stored.as_ref().map(BucketDoc::summary) {
+                    Some(mut s) => {
+                        s.merge(&m.summary);
+                        s
+                    }
+                    None => m.summary.clone(),
+                };
+                folding.insert(
+                    key,
+                    Folding {
+                        summary,
+                        pages: stored.as_ref().map_or(0, |d| d.pages),
+                        stored,
+                    },
+                );
+            }
+        }
+        let mut visit = |seq: u64, e: &Entry<'_>| {
+            let key = (e.series_id, e.start);
+            if seq > cursor.through || !keys.contains(&key) {
+                return Ok(());
+            }
+            let corrupt = |_| {
+                redb::Error::Corrupted(format!(
+                    "a commit log entry of series id {} is unreadable",
+                    key.0
+                ))
+            };
+            let spilled = run.spilled(key.0);
+            let f = if let Some(f) = folding.get_mut(&key) {
+                if spilled {
+                    e.merge_into(&mut f.summary).map_err(corrupt)?;
+                }
+                f
+            } else {
+                debug_assert!(spilled, "a merged bucket's document is read above");
+                let stored = stored(key)?;
+                let summary = e
+                    .onto(stored.as_ref().map(BucketDoc::summary))
+                    .map_err(corrupt)?;
+                folding.entry(key).or_insert(Folding {
+                    summary,
+                    pages: stored.as_ref().map_or(0, |d| d.pages),
+                    stored,
+                })
+            };
+            if e.has_raw() {
+                raw.clear();
+                e.raw_into(&mut raw).map_err(corrupt)?;
+                f.pages = append_pages(pages, key, f.pages, &raw, cap).map_err(|e| match e {
+                    CommitError::Redb(e) => e,
+                    other => redb::Error::Corrupted(other.to_string()),
+                })?;
+            }
+            Ok(())
+        };
+        for row in log.range(run.first..=run.last)? {
+            let (key, value) = row?;
+            visit_record(key.value(), value.value(), &mut visit)?;
+        }
+        for commit in in_fold
+            .iter()
+            .filter(|c| (run.first..=run.last).contains(&c.seq))
+        {
+            visit_record(commit.seq, &commit.record, &mut visit)?;
+        }
     }
     Ok(folding)
 }

@@ -48,6 +48,7 @@ use crate::doc::{BucketDoc, PageDoc};
 mod faults;
 mod journal;
 mod log;
+mod merged;
 mod outbox;
 mod pending;
 mod reader;
@@ -456,12 +457,14 @@ impl Store {
             self.fingerprinter = Some(self.fingerprint_key().map_err(corrupt)?);
         }
         let tx = db.begin_read().map_err(|e| corrupt(e.into()))?;
-        let (log_bytes, logged) = log::scan(&tx).map_err(corrupt)?;
-        self.log_bytes = log_bytes;
-        pending::set_logged(&self.pending, logged);
         let meta = tx.open_table(META).map_err(|e| corrupt(e.into()))?;
         self.fold = log::FoldCursor::read(&meta).map_err(corrupt)?;
-        drop((meta, tx));
+        drop(meta);
+        let cut = self.fold.map(|c| c.through);
+        let (log_bytes, logged, runs) = log::scan(&tx, cut).map_err(corrupt)?;
+        self.log_bytes = log_bytes;
+        pending::set_logged(&self.pending, logged, runs);
+        drop(tx);
         outbox::load(db, &self.outbox).map_err(corrupt)?;
         self.shared
             .write()
@@ -688,7 +691,8 @@ impl Store {
         let (file_next, file_log) = read_dedup_log(db)?;
         // A fold whose commit failed may have landed after all: its commits are in the file.
         if let Some(last) = file_next.checked_sub(1) {
-            pending::drop_through(&self.pending, last);
+            // The runs are made again below, from what the file holds.
+            drop(pending::drop_commits_through(&self.pending, last));
         }
         let pending = pending::now(&self.pending);
         let next = pending.last().map_or(file_next, |c| c.seq + 1);
@@ -717,12 +721,23 @@ impl Store {
         self.dedup_log = dedup_log;
         let tx = db.begin_read().map_err(redb::Error::from)?;
         let waiting: u64 = pending.iter().map(|c| c.record.len() as u64).sum();
-        let (log_bytes, logged) = log::scan(&tx)?;
-        self.log_bytes = log_bytes + waiting;
-        pending::set_logged(&self.pending, logged);
         let meta = tx.open_table(META).map_err(redb::Error::from)?;
         self.fold = log::FoldCursor::read(&meta)?;
-        drop((meta, tx));
+        drop(meta);
+        let cut = self.fold.map(|c| c.through);
+        let (log_bytes, logged, mut runs) = log::scan(&tx, cut)?;
+        drop(tx);
+        for c in pending.iter() {
+            if let Some(cut) = cut.filter(|&cut| c.seq > cut) {
+                runs.close_through(cut);
+            }
+            runs.add(c.seq, &c.record);
+        }
+        if let Some(cut) = cut {
+            runs.close_through(cut);
+        }
+        self.log_bytes = log_bytes + waiting;
+        pending::set_logged(&self.pending, logged, runs);
         self.reapply_outbox(db)?;
         // The file, read back from the disk, holds every commit before the first pending one.
         self.durable_committed();
@@ -976,7 +991,7 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn recount_log_bytes(&self) -> u64 {
         let tx = self.db().begin_read().unwrap();
-        let table = log::scan(&tx).unwrap().0;
+        let table = log::scan(&tx, None).unwrap().0;
         let pending: u64 = pending::now(&self.pending)
             .iter()
             .map(|c| c.record.len() as u64)

@@ -15,6 +15,7 @@
 
 use std::sync::{Arc, RwLock};
 
+use super::merged::{Run, Runs};
 use crate::commitlog::RecordIndex;
 
 /// One journaled commit not yet in redb.
@@ -76,12 +77,22 @@ pub(super) type LoggedIndex = (u64, Option<Arc<RecordIndex>>);
 /// after a reader's copy was taken are read whole.
 pub(super) type Logged = Arc<Vec<LoggedIndex>>;
 
-/// What waits to be folded, as the readers see it: the pending commits and the indexes of the
-/// `log` table's records.
+/// What waits to be folded, as the readers see it: the pending commits, the indexes of the
+/// `log` table's records, and the deltas of both merged per bucket ([`super::merged`]).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Waiting {
     commits: Arc<Vec<Arc<PendingCommit>>>,
     logged: Logged,
+    runs: Arc<Runs>,
+    /// The pending commits' new series, both ways (a reader looks a name up once a bucket).
+    names: Arc<Names>,
+}
+
+/// Series first seen in pending commits: by name and by id.
+#[derive(Debug, Clone, Default)]
+struct Names {
+    ids: std::collections::HashMap<Arc<str>, u64>,
+    names: std::collections::HashMap<u64, Arc<str>>,
 }
 
 /// The pending commits, oldest first, shared with the readers: a commit appends (copying the
@@ -111,6 +122,29 @@ impl Snapshot {
         &self.waiting.logged
     }
 
+    /// The runs of every waiting commit (pending and in the `log` table), oldest first.
+    pub(super) fn runs(&self) -> &[Arc<Run>] {
+        self.waiting.runs.all()
+    }
+
+    /// The id of `name`, a series a pending commit adds.
+    pub(super) fn id_of(&self, name: &str) -> Option<u64> {
+        self.waiting.names.ids.get(name).copied()
+    }
+
+    /// The name of series `id`, one a pending commit adds.
+    pub(super) fn name_of(&self, id: u64) -> Option<&Arc<str>> {
+        self.waiting.names.names.get(&id)
+    }
+
+    /// Whether commit `seq` is one of the pending commits.
+    pub(super) fn is_pending(&self, seq: u64) -> bool {
+        self.waiting
+            .commits
+            .binary_search_by_key(&seq, |c| c.seq)
+            .is_ok()
+    }
+
     /// The newest commit's number, if any.
     pub(super) fn last_seq(&self) -> Option<u64> {
         self.waiting.commits.last().map(|c| c.seq)
@@ -132,6 +166,14 @@ impl Snapshot {
 /// Appends `commit` to the shared list.
 pub(super) fn push(shared: &SharedPending, commit: PendingCommit) {
     let mut waiting = write(shared);
+    Arc::make_mut(&mut waiting.runs).add(commit.seq, &commit.record);
+    if !commit.series.is_empty() {
+        let names = Arc::make_mut(&mut waiting.names);
+        for (id, name) in &commit.series {
+            names.ids.insert(name.clone(), *id);
+            names.names.insert(*id, name.clone());
+        }
+    }
     Arc::make_mut(&mut waiting.commits).push(Arc::new(commit));
 }
 
@@ -140,24 +182,63 @@ pub(super) fn push(shared: &SharedPending, commit: PendingCommit) {
 pub(super) fn push_logged(shared: &SharedPending, seq: u64, record: &[u8]) {
     let index = RecordIndex::of(record).ok().map(Arc::new);
     let mut waiting = write(shared);
+    Arc::make_mut(&mut waiting.runs).add(seq, record);
     Arc::make_mut(&mut waiting.logged).push((seq, index));
 }
 
-/// Sets the indexes of the `log` table's records (at open, after the journal's replay).
-pub(super) fn set_logged(shared: &SharedPending, logged: Vec<LoggedIndex>) {
-    write(shared).logged = Arc::new(logged);
+/// Sets the indexes of the `log` table's records and the runs of every waiting commit (at
+/// open, after the journal's replay, and when the file is read again after a write error).
+pub(super) fn set_logged(shared: &SharedPending, logged: Vec<LoggedIndex>, runs: Runs) {
+    let mut waiting = write(shared);
+    waiting.logged = Arc::new(logged);
+    waiting.runs = Arc::new(runs);
+}
+
+/// Closes the open run: a checkpoint of every commit so far begins ([`super::merged`]).
+pub(super) fn close_run(shared: &SharedPending) {
+    Arc::make_mut(&mut write(shared).runs).close();
 }
 
 /// Removes the commits up to `seq` and the indexes of the `log` records up to it (folded, and
 /// in redb's documents now), once the transaction that folded them is committed.
 pub(super) fn drop_through(shared: &SharedPending, seq: u64) {
+    let mut waiting = drop_commits_through(shared, seq);
+    Arc::make_mut(&mut waiting.runs).drop_through(seq);
+}
+
+/// [`drop_through`], but for the runs: when the file is read back after a write error, and
+/// the runs are made again from what it holds ([`super::log::scan`]).
+pub(super) fn drop_commits_through(
+    shared: &SharedPending,
+    seq: u64,
+) -> std::sync::RwLockWriteGuard<'_, Waiting> {
     let mut waiting = write(shared);
     if waiting.commits.first().is_some_and(|c| c.seq <= seq) {
+        let gone = waiting.commits.iter().take_while(|c| c.seq <= seq);
+        if gone.clone().any(|c| !c.series.is_empty()) {
+            let mut names = (*waiting.names).clone();
+            for (id, name) in gone.flat_map(|c| &c.series) {
+                names.ids.remove(name);
+                names.names.remove(id);
+            }
+            waiting.names = Arc::new(names);
+        }
         Arc::make_mut(&mut waiting.commits).retain(|c| c.seq > seq);
     }
     if waiting.logged.first().is_some_and(|l| l.0 <= seq) {
         Arc::make_mut(&mut waiting.logged).retain(|l| l.0 > seq);
     }
+    waiting
+}
+
+/// The runs now (for the writer, which alone changes them).
+pub(super) fn runs_now(shared: &SharedPending) -> Vec<Arc<Run>> {
+    shared
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .runs
+        .all()
+        .to_vec()
 }
 
 /// Empties the list (the journal's replay brings the same commits back in the `log` table).

@@ -44,17 +44,28 @@ impl View {
         self.pending.after(self.folded_through)
     }
 
+    /// Whether commit `seq` is one of the snapshot's pending commits (`None`: it is not, so it
+    /// is in the `log` table, if anywhere), and then whether the transaction lacks it still.
+    pub(super) fn is_pending(&self, seq: u64) -> Option<bool> {
+        self.pending
+            .is_pending(seq)
+            .then(|| self.folded_through.is_none_or(|f| seq > f))
+    }
+
+    /// The runs of the waiting commits the snapshot holds ([`super::merged`]).
+    pub(super) fn runs(&self) -> &[Arc<super::merged::Run>] {
+        self.pending.runs()
+    }
+
     /// The indexes of the `log` table's records the snapshot holds.
     pub(super) fn logged(&self) -> &[(u64, Option<Arc<crate::commitlog::RecordIndex>>)] {
         self.pending.logged()
     }
 
-    /// The id of `name` among the pending commits' new series.
+    /// The id of `name` among the pending commits' new series (those a checkpoint folded since
+    /// the snapshot was taken are in the transaction's tables, looked up first).
     fn pending_id(&self, name: &str) -> Option<u64> {
-        self.pending()
-            .flat_map(|c| &c.series)
-            .find(|(_, n)| &**n == name)
-            .map(|(id, _)| *id)
+        self.pending.id_of(name)
     }
 
     /// The name of series `id`: from the file, or a pending commit's new series.
@@ -63,10 +74,9 @@ impl View {
         if let Some(name) = by_id.get(id)? {
             return Ok(name.value().to_owned());
         }
-        self.pending()
-            .flat_map(|c| &c.series)
-            .find(|(i, _)| *i == id)
-            .map(|(_, n)| n.to_string())
+        self.pending
+            .name_of(id)
+            .map(ToString::to_string)
             .ok_or_else(|| redb::Error::Corrupted(format!("series id {id} has no name")))
     }
 }
@@ -465,8 +475,8 @@ impl StoreReader {
                     let last = match u32::try_from(doc.pages).ok().and_then(|p| p.checked_sub(1)) {
                         Some(page_no) => pages
                             .get((key.0, key.1, page_no))?
-                            .and_then(|v| PageDoc::from_bytes(v.value()))
-                            .map_or(0, |p| u64::try_from(p.count).unwrap_or(0)),
+                            .and_then(|v| PageDoc::count_in(v.value()))
+                            .map_or(0, |n| u64::try_from(n).unwrap_or(0)),
                         None => 0,
                     };
                     doc.pages = pages_after(doc.pages, last, raw, self.page_capacity);
