@@ -10,7 +10,10 @@
 //!    durable ones (`durability = "two_phase"`, quick repair on; quick repair, on by default,
 //!    already makes every commit two-phase, so the two commit alike); and 5. `bucketd-noraw`:
 //!    default settings without raw readings (`store_raw = false`: summaries only, like the
-//!    SQLite table).
+//!    SQLite table); and 6. `bucketd-visible`: default settings, checkpoints 10 minutes apart as
+//!    shipped, while a dashboard asks one `/api/v1/buckets` query per series round after round
+//!    until every count is right: its line gives both "acknowledged" (the readings committed) and
+//!    "visible to queries" against the null (issue 53).
 //!
 //! Measured from the first publish to the last message received (null) or the last reading
 //! committed (the others): the sustained rate, CPU seconds per million readings, peak RSS and
@@ -79,6 +82,8 @@ struct Workload {
     sum: f64,
     /// Messages per second; 0: flat out.
     rate: f64,
+    /// Series the messages go round.
+    series: usize,
 }
 
 fn workload(prefix: &str, messages: usize, series: usize, per_message: usize) -> Workload {
@@ -117,6 +122,7 @@ fn workload(prefix: &str, messages: usize, series: usize, per_message: usize) ->
         readings: (messages * per_message) as u64,
         sum,
         rate: 0.0,
+        series,
     }
 }
 
@@ -531,6 +537,8 @@ struct Outcome {
     latencies: Vec<Duration>,
     /// Those of [`Outcome::latencies`] whose commit waited for a checkpoint, sorted.
     checkpointed: Vec<Duration>,
+    /// `bucketd-visible`: when a dashboard's queries had seen every reading.
+    visible: Option<Duration>,
 }
 
 /// Starts the bench binary itself as a `role` child and waits until it has subscribed.
@@ -581,6 +589,7 @@ async fn run_role(role: &str, host: &str, port: u16, prefix: &str, w: Workload) 
         mean_commit: None,
         latencies: Vec::new(),
         checkpointed: Vec::new(),
+        visible: None,
     }
 }
 
@@ -616,7 +625,14 @@ async fn run_bucketd(
     // them at a rate no lower than a steady stream would see (0: the default). Bytes written
     // are counted from after start-up through bucketd's own shutdown, which folds what is
     // left: all folding is in them, whatever the interval.
-    let checkpoint_secs = env_or("BENCH_CHECKPOINT_SECS", 10u64);
+    let visible = variant == "bucketd-visible";
+    // A dashboard's view is measured at the shipped checkpoints (10 minutes): the commits
+    // wait unfolded, which is what the queries must read through.
+    let checkpoint_secs = if visible {
+        0
+    } else {
+        env_or("BENCH_CHECKPOINT_SECS", 10u64)
+    };
     if checkpoint_secs > 0 {
         raw.store.checkpoint_interval = Duration::from_secs(checkpoint_secs);
     }
@@ -650,6 +666,12 @@ async fn run_bucketd(
     // At a fixed rate the polls are what times each commit: closer together.
     let poll_every = Duration::from_millis(if w.rate > 0.0 { 2 } else { 10 });
     let start = Instant::now();
+    let dashboard = visible.then(|| {
+        let base = metrics_url.trim_end_matches("/metrics").to_owned();
+        let series = w.series;
+        let messages = w.messages.len();
+        std::thread::spawn(move || dashboard(&base, series, messages, start))
+    });
     let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages, w.rate));
     let (took, usage, (commits, mean_commit), polls) = tokio::task::spawn_blocking(move || {
         let scrape = || {
@@ -719,6 +741,7 @@ async fn run_bucketd(
     .await
     .unwrap();
     let sent = publisher.await.unwrap();
+    let visible = dashboard.map(|d| d.join().unwrap());
     let (latencies, checkpointed) = commit_latencies(&sent, per_message, &polls);
     // Through the shutdown: its fold of what the journal held is the workload's writing.
     let closed = bucketd.stop();
@@ -739,7 +762,40 @@ async fn run_bucketd(
         mean_commit,
         latencies,
         checkpointed,
+        visible,
     }
+}
+
+/// A dashboard polling bucketd while it ingests: one `/api/v1/buckets` query per series
+/// (`s<k>/temperature`, the `value` workload's), asked round after round from the first
+/// publish; returns when every series' count was right (readings are visible to queries).
+fn dashboard(base: &str, series: usize, messages: usize, start: Instant) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (from, to) = (now - 7200, now + 7200);
+    let want = |k: usize| (messages / series + usize::from(k < messages % series)) as i64;
+    let mut left: Vec<usize> = (0..series).collect();
+    while !left.is_empty() {
+        left.retain(|&k| {
+            let url = format!("{base}/api/v1/buckets?series=s{k}/temperature&from={from}&to={to}");
+            let Ok(mut answer) = ureq::get(&url).call() else {
+                return true;
+            };
+            let body: Value =
+                serde_json::from_str(&answer.body_mut().read_to_string().unwrap()).unwrap();
+            let count: i64 = body["buckets"]
+                .as_array()
+                .map_or(0, |b| b.iter().filter_map(|b| b["count"].as_i64()).sum());
+            count != want(k)
+        });
+        assert!(
+            start.elapsed() < Duration::from_mins(10),
+            "not all visible in 10 minutes"
+        );
+    }
+    start.elapsed()
 }
 
 /// Each message's publish -> commit latency, sorted: from the instant it was handed to the
@@ -801,13 +857,14 @@ fn bench_protocol() -> Protocol {
     }
 }
 
-const CONTENDERS: [&str; 6] = [
+const CONTENDERS: [&str; 7] = [
     "null",
     "sqlite",
     "sqlite-1000",
     "bucketd",
     "bucketd-durable",
     "bucketd-noraw",
+    "bucketd-visible",
 ];
 
 /// A TCP delay line in front of `host:port`: every chunk read from either side is written to the
@@ -909,6 +966,8 @@ async fn main() {
     let contenders: Vec<&str> = CONTENDERS
         .into_iter()
         .filter(|c| only.is_empty() || only.split(',').any(|o| o == *c))
+        // The dashboard queries the `value` workload's series.
+        .filter(|c| *c != "bucketd-visible" || per_message == 1)
         .collect();
     let pace = if rate > 0.0 {
         format!("{rate} messages/s")
@@ -1015,6 +1074,14 @@ async fn main() {
                         / outcome.latencies.len().max(1) as f64
                 ),
             );
+            if let Some(visible) = outcome.visible {
+                println!(
+                    "  {contender}: acknowledged at {:.2}x null, visible to queries at {:.2}x null \
+                     (a query per series, round after round, checkpoints 10 minutes apart)",
+                    rate / null,
+                    readings as f64 / visible.as_secs_f64() / null,
+                );
+            }
             // A window of 1 allows one message per round trip and commit; the null's period
             // is the round trip (its own work included).
             if window == Some(1)
