@@ -248,7 +248,8 @@ impl Unfolded {
             let ids: Option<Vec<u64>> = which
                 .ids
                 .map(|ids| ids.iter().copied().filter(|&id| from_records(id)).collect());
-            if ids.as_ref().is_some_and(Vec::is_empty) {
+            if ids.as_ref().is_some_and(Vec::is_empty) || (ids.is_none() && whole && !run.spills())
+            {
                 continue;
             }
             let mut visit = |seq: u64, e: &Entry<'_>| {
@@ -584,6 +585,7 @@ impl Store {
             let mut buckets = tx.open_table(BUCKETS)?;
             let mut pages = tx.open_table(PAGES)?;
             let mut meta = tx.open_table(META)?;
+            no_commit_outside(&runs, &log, &in_fold, cursor.through)?;
             let (keys, next_part, bytes) = part_keys(&log, &in_fold, cursor, budget, &mut stats)?;
             folded_bytes = bytes;
             next = next_part;
@@ -727,6 +729,34 @@ fn fold_entries(
         }
     }
     Ok(folding)
+}
+
+/// Refuses to fold when a commit the checkpoint covers is in none of its runs: the fold goes run
+/// by run and then deletes every record up to `through`, so such a commit would be lost. The
+/// runs are made with every commit ([`super::pending`]); this is the guard that says so loudly.
+fn no_commit_outside(
+    runs: &[&super::merged::Run],
+    log: &LogTable<'_>,
+    in_fold: &[&super::pending::PendingCommit],
+    through: u64,
+) -> Result<(), CommitError> {
+    let covered = |seq: u64| runs.iter().any(|r| (r.first..=r.last).contains(&seq));
+    let mut logged = Vec::new();
+    for row in log.range(..=through)? {
+        logged.push(row?.0.value());
+    }
+    let outside = logged
+        .into_iter()
+        .chain(in_fold.iter().map(|c| c.seq))
+        .find(|&seq| !covered(seq));
+    debug_assert!(outside.is_none(), "commit {outside:?} is in no run");
+    match outside {
+        Some(seq) => Err(CommitError::Redb(redb::Error::Corrupted(format!(
+            "commit {seq} waits in no run of merged deltas; not folded, so that nothing is lost \
+             (a bug in bucketd: restart it, and please report this message)"
+        )))),
+        None => Ok(()),
+    }
 }
 
 /// Writes the folded documents of a checkpoint part.

@@ -84,6 +84,11 @@ impl Run {
             })
     }
 
+    /// Whether some series' entries of this run are read from its records.
+    pub(super) fn spills(&self) -> bool {
+        self.unreadable || self.series.values().any(|s| matches!(**s, Series::Spilled))
+    }
+
     /// Whether series `id`'s entries of this run are read from its records.
     pub(super) fn spilled(&self, id: u64) -> bool {
         matches!(self.series(id), Some(Series::Spilled))
