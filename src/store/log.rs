@@ -297,13 +297,7 @@ impl<B: Fn(u64, i64) -> Result<Option<Summary>, redb::Error>> Reading<'_, B> {
                     have.merge(&m.summary);
                     continue;
                 }
-                let summary = match (self.base)(id, start)? {
-                    Some(mut s) => {
-                        s.merge(&m.summary);
-                        s
-                    }
-                    None => m.summary.clone(),
-                };
+                let summary = m.onto((self.base)(id, start)?);
                 self.out.deltas.insert(key, summary);
             }
             Ok::<(), redb::Error>(())
@@ -440,6 +434,17 @@ struct Folding {
     stored: Option<BucketDoc>,
     /// Raw pages after the readings appended so far.
     pages: i32,
+}
+
+impl Folding {
+    /// The stored document (if any) with the bucket's summary so far.
+    fn new(stored: Option<BucketDoc>, summary: Summary) -> Folding {
+        Folding {
+            summary,
+            pages: stored.as_ref().map_or(0, |d| d.pages),
+            stored,
+        }
+    }
 }
 
 impl Store {
@@ -661,21 +666,8 @@ fn fold_entries(
                     continue;
                 }
                 let stored = stored(key)?;
-                let summary = match stored.as_ref().map(BucketDoc::summary) {
-                    Some(mut s) => {
-                        s.merge(&m.summary);
-                        s
-                    }
-                    None => m.summary.clone(),
-                };
-                folding.insert(
-                    key,
-                    Folding {
-                        summary,
-                        pages: stored.as_ref().map_or(0, |d| d.pages),
-                        stored,
-                    },
-                );
+                let summary = m.onto(stored.as_ref().map(BucketDoc::summary));
+                folding.insert(key, Folding::new(stored, summary));
             }
         }
         let mut visit = |seq: u64, e: &Entry<'_>| {
@@ -701,11 +693,7 @@ fn fold_entries(
                 let summary = e
                     .onto(stored.as_ref().map(BucketDoc::summary))
                     .map_err(corrupt)?;
-                folding.entry(key).or_insert(Folding {
-                    summary,
-                    pages: stored.as_ref().map_or(0, |d| d.pages),
-                    stored,
-                })
+                folding.entry(key).or_insert(Folding::new(stored, summary))
             };
             if e.has_raw() {
                 raw.clear();

@@ -25,6 +25,20 @@ pub(super) struct Merged {
     pub raw: u64,
 }
 
+impl Merged {
+    /// The merged deltas onto `base` (a stored summary), or alone: the one rule of the readers
+    /// and the checkpoint, so that both give the same bits.
+    pub(super) fn onto(&self, base: Option<Summary>) -> Summary {
+        match base {
+            Some(mut s) => {
+                s.merge(&self.summary);
+                s
+            }
+            None => self.summary.clone(),
+        }
+    }
+}
+
 /// One series in a run.
 #[derive(Debug, Clone)]
 pub(super) enum Series {
