@@ -1500,6 +1500,15 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                 }
                 answers
             });
+            // The reader stops however this closure ends: a failed assertion below unwinds
+            // through here, and without this the scope would wait for the reader forever.
+            struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for StopOnDrop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            let stop_reader = StopOnDrop(&reading);
             let went_through = |t: &CutTotals| states.lock().unwrap().push(t.clone());
             // Commits, checkpoints and retention passes until the power fails.
             while !faults.power_is_off() {
@@ -1594,7 +1603,7 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                     model.in_flight = Some((totals, u128::from(batch_no)));
                 }
             }
-            reading.store(false, std::sync::atomic::Ordering::Relaxed);
+            drop(stop_reader);
             let answers = beside.join().unwrap();
             let states = states.lock().unwrap();
             for seen in &answers {
