@@ -240,6 +240,8 @@ async fn run_central(entries: usize, buckets: usize, per_bucket: usize) -> (f64,
         timestamp_field: None,
         timestamp_unit: Default::default(),
         sensor_field: None,
+        root: None,
+        fields: None,
         store_raw: false,
     }];
     let config = bucketd::config::Config::try_from(raw).unwrap();

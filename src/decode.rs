@@ -18,7 +18,8 @@ pub use crate::reject::DecodeError;
 pub enum Format {
     /// The payload is one number, e.g. `21.5`; sensor and metric come from the topic.
     Value,
-    /// A JSON object, or an array of them; every numeric top-level field is a metric.
+    /// A JSON object, or an array of them; every number or boolean in it is a metric, named
+    /// by its keys joined with `.` (`ENERGY.Power`), below `root` when one is given.
     Json,
     /// A bucketd delta message (BSON [`DeltaMessage`]) from a gateway's forwarder: bucket
     /// summaries, merged as they are; series become `<gateway_id>:<sensor>/<metric>`.
@@ -163,6 +164,11 @@ pub struct Subscription {
     pub timestamp_field: Option<String>,
     pub timestamp_unit: TimestampUnit,
     pub sensor_field: Option<String>,
+    /// `format = "json"`: the dotted path of the object that holds the metrics (from the
+    /// payload's top); `None`: the whole object.
+    pub root: Option<String>,
+    /// `format = "json"`: the only metrics taken, as dotted paths from `root`.
+    pub fields: Option<Vec<String>>,
     pub store_raw: bool,
 }
 

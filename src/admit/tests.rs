@@ -20,6 +20,8 @@ fn sub(filter: &str, template: &str, format: Format) -> Subscription {
         timestamp_field: Some("ts".into()),
         timestamp_unit: TimestampUnit::Auto,
         sensor_field: None,
+        root: None,
+        fields: None,
         store_raw: format == Format::Json,
     }
 }

@@ -278,6 +278,10 @@ pub struct RawSubscription {
     pub timestamp_unit: TimestampUnit,
     #[serde(default)]
     pub sensor_field: Option<String>,
+    #[serde(default)]
+    pub root: Option<String>,
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
     #[serde(default = "default_true")]
     pub store_raw: bool,
 }

@@ -276,6 +276,26 @@ fn subscriptions_are_checked_against_their_format_and_filter() {
             "filter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\nfoo = 1",
             "foo",
         ),
+        (
+            "filter = \"a/+/+\"\ntemplate = \"a/{sensor}/{metric}\"\nformat = \"value\"\nroot = \"x\"",
+            "root and fields need format = \"json\"",
+        ),
+        (
+            "filter = \"a/+\"\ntemplate = \"a/{sensor}\"\nformat = \"json\"\nroot = \"a..b\"",
+            "dotted path",
+        ),
+        (
+            "filter = \"a/+\"\ntemplate = \"a/{sensor}\"\nformat = \"json\"\ntimestamp_field = \"\"",
+            "dotted path",
+        ),
+        (
+            "filter = \"a/+\"\ntemplate = \"a/{sensor}\"\nformat = \"json\"\nfields = []",
+            "must list 1 to 256",
+        ),
+        (
+            "filter = \"a/+\"\ntemplate = \"a/{sensor}\"\nformat = \"json\"\nfields = [\"ok\", \".bad\"]",
+            "`.bad` is not",
+        ),
     ];
     for (body, needle) in cases {
         let e = error_of(&sub(body));

@@ -800,14 +800,7 @@ pub(super) fn validate_subscription(
         ));
     }
     validate_format(raw, &template, &key)?;
-    for (name, field) in [
-        ("timestamp_field", &raw.timestamp_field),
-        ("sensor_field", &raw.sensor_field),
-    ] {
-        if field.as_deref().is_some_and(str::is_empty) {
-            return Err(invalid(key(name), "must not be empty"));
-        }
-    }
+    validate_paths(raw, &key)?;
     Ok(Subscription {
         filter: raw.filter.clone(),
         qos: raw.qos,
@@ -816,8 +809,54 @@ pub(super) fn validate_subscription(
         timestamp_field: raw.timestamp_field.clone(),
         timestamp_unit: raw.timestamp_unit,
         sensor_field: raw.sensor_field.clone(),
+        root: raw.root.clone(),
+        fields: raw.fields.clone(),
         store_raw: raw.store_raw,
     })
+}
+
+/// The dotted paths of a JSON subscription (`timestamp_field`, `sensor_field`, `root`,
+/// `fields`): each a non-empty path of non-empty keys, `fields` a bounded list.
+fn validate_paths(raw: &RawSubscription, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    const FIELDS_MAX: usize = 256;
+    let path_ok = |p: &str| !p.is_empty() && p.split('.').all(|k| !k.is_empty());
+    if raw.format != Format::Json && (raw.root.is_some() || raw.fields.is_some()) {
+        return Err(invalid(
+            key("format"),
+            "root and fields need format = \"json\"",
+        ));
+    }
+    let single = [
+        ("timestamp_field", &raw.timestamp_field),
+        ("sensor_field", &raw.sensor_field),
+        ("root", &raw.root),
+    ];
+    for (name, field) in single {
+        if field.as_deref().is_some_and(|p| !path_ok(p)) {
+            return Err(invalid(
+                key(name),
+                "must be a key or a dotted path of keys (`uplink_message.received_at`), without \
+                 empty keys",
+            ));
+        }
+    }
+    if let Some(fields) = &raw.fields {
+        if fields.is_empty() || fields.len() > FIELDS_MAX {
+            return Err(invalid(
+                key("fields"),
+                format!(
+                    "must list 1 to {FIELDS_MAX} dotted paths (leave it out to take every metric)"
+                ),
+            ));
+        }
+        if let Some(bad) = fields.iter().find(|p| !path_ok(p)) {
+            return Err(invalid(
+                key("fields"),
+                format!("`{bad}` is not a key or a dotted path of keys (`ENERGY.Power`)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A level (`info`) or a list of directives (`info,bucketd=debug`) with known level names.

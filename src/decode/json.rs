@@ -59,12 +59,15 @@ type Field<'de> = (Cow<'de, str>, Option<Num>, bool);
 #[derive(Debug, Default, Clone)]
 pub struct Scratch {
     pub(super) fields: Vec<Field<'static>>,
+    /// The dotted path of the member being read.
+    path: String,
 }
 
 impl Scratch {
     /// Gives back memory a huge object left behind (see `Decoded::clear`).
     pub(super) fn shrink(&mut self) {
         self.fields.shrink_to(4096);
+        self.path.shrink_to(4096);
     }
 }
 
@@ -84,12 +87,14 @@ pub(super) fn decode(
     out: &mut Decoded,
 ) -> Result<(), DecodeError> {
     let mut fields = recycle(std::mem::take(&mut out.scratch.fields));
+    let path = std::mem::take(&mut out.scratch.path);
     let mut walk = Walk {
         sub,
         topic_sensor,
         ctx,
         out,
         fields: &mut fields,
+        path,
         not_an_object: false,
     };
     let mut de = serde_json::Deserializer::from_slice(payload);
@@ -99,6 +104,8 @@ pub(super) fn decode(
     };
     let parsed = root.deserialize(&mut de).and_then(|()| de.end());
     let not_an_object = walk.not_an_object;
+    let path = walk.path;
+    out.scratch.path = path;
     out.scratch.fields = recycle(fields);
     parsed.map_err(|e| {
         if std::str::from_utf8(payload).is_err() {
@@ -122,36 +129,101 @@ struct Walk<'w, 'de> {
     ctx: &'w DecodeContext,
     out: &'w mut Decoded,
     fields: &'w mut Vec<Field<'de>>,
+    /// The dotted path from the top of the object being read to the member being read
+    /// (`ENERGY.Power`), reused from member to member.
+    path: String,
     /// The root, or an item of the root array, was not an object: the message is rejected
     /// once the rest has been parsed (invalid JSON is the stronger verdict).
     not_an_object: bool,
 }
 
+/// The timestamp and sensor fields of one top-level object, wherever in it they were found.
+#[derive(Default)]
+struct Found<'de> {
+    ts: Option<Scalar<'de>>,
+    sensor: Option<Scalar<'de>>,
+}
+
+/// Whether `outer` is a proper prefix of the dotted path `inner` at a `.` (`a.b` of `a.b.c`).
+fn leads_to(outer: &str, inner: &str) -> bool {
+    inner.len() > outer.len() && inner.starts_with(outer) && inner.as_bytes()[outer.len()] == b'.'
+}
+
 impl<'de> Walk<'_, 'de> {
-    /// Reads one object's fields, then turns them into readings.
-    fn object<A: MapAccess<'de>>(&mut self, mut map: A) -> Result<(), A::Error> {
+    /// Reads one top-level object's members (nested objects too), then turns them into
+    /// readings.
+    fn object<A: MapAccess<'de>>(&mut self, map: A) -> Result<(), A::Error> {
         self.fields.clear();
-        let mut ts = None;
-        let mut sensor = None;
+        self.path.clear();
+        let mut found = Found::default();
+        self.members(map, &mut found, true)?;
+        self.emit(found.ts.as_ref(), found.sensor.as_ref());
+        Ok(())
+    }
+
+    /// Reads the members of the object at `self.path` (the top-level object's when `top`).
+    fn members<A: MapAccess<'de>>(
+        &mut self,
+        mut map: A,
+        found: &mut Found<'de>,
+        top: bool,
+    ) -> Result<(), A::Error> {
         while let Some(key) = map.next_key_seed(Key)? {
-            let is_ts = Some(key.as_ref()) == self.sub.timestamp_field.as_deref();
-            let is_sensor = Some(key.as_ref()) == self.sub.sensor_field.as_deref();
+            let outer = self.path.len();
+            if !top {
+                self.path.push('.');
+            }
+            self.path.push_str(&key);
+            let is_ts = Some(self.path.as_str()) == self.sub.timestamp_field.as_deref();
+            let is_sensor = Some(self.path.as_str()) == self.sub.sensor_field.as_deref();
             if is_ts || is_sensor {
                 let value = map.next_value_seed(AnyScalar)?;
-                if is_ts && is_sensor {
-                    ts = Some(value.clone());
-                    sensor = Some(value);
-                } else if is_ts {
-                    ts = Some(value);
-                } else {
-                    sensor = Some(value);
+                if is_ts {
+                    found.ts = Some(value.clone());
+                }
+                if is_sensor {
+                    found.sensor = Some(value);
                 }
             } else {
-                let value = map.next_value_seed(Number)?;
-                self.fields.push((key, value, true));
+                // Where the metric's name starts in the path: from the top, or past `root`.
+                let name_at = match self.sub.root.as_deref() {
+                    None => Some(0),
+                    Some(root) => leads_to(root, &self.path).then_some(root.len() + 1),
+                };
+                let descend = name_at.is_some()
+                    || self.sub.root.as_deref() == Some(self.path.as_str())
+                    || [
+                        &self.sub.root,
+                        &self.sub.timestamp_field,
+                        &self.sub.sensor_field,
+                    ]
+                    .iter()
+                    .any(|p| p.as_deref().is_some_and(|p| leads_to(&self.path, p)));
+                let value = map.next_value_seed(Member {
+                    walk: self,
+                    found,
+                    descend,
+                    metric: name_at.is_some(),
+                })?;
+                if let Some(name_at) = name_at {
+                    let name = &self.path[name_at..];
+                    let wanted = self
+                        .sub
+                        .fields
+                        .as_ref()
+                        .is_none_or(|only| only.iter().any(|f| f == name));
+                    if wanted {
+                        let name = if top && name_at == 0 {
+                            key
+                        } else {
+                            Cow::Owned(name.to_owned())
+                        };
+                        self.fields.push((name, value, true));
+                    }
+                }
             }
+            self.path.truncate(outer);
         }
-        self.emit(ts.as_ref(), sensor.as_ref());
         Ok(())
     }
 
@@ -184,7 +256,7 @@ impl<'de> Walk<'_, 'de> {
         };
         keep_last_of_each_name(self.fields);
         for (key, value, kept) in self.fields.iter() {
-            // Non-numeric fields (status strings, flags, nested objects) are not metrics.
+            // Strings, nulls and arrays are not metrics.
             if let (true, Some(n)) = (kept, value) {
                 out.push(self.ctx, sensor, key, ts, n.as_f64());
             }
@@ -457,32 +529,39 @@ impl<'de> Visitor<'de> for Key {
     }
 }
 
-/// A metric field's value: its number, or `None` for anything else (skipped unread).
-struct Number;
+/// A member's value: its number (`true` and `false` are 1 and 0) when it is a metric, `None`
+/// for anything else; an object is read member by member when it holds metrics or leads to
+/// `root` or the timestamp or sensor field, and skipped otherwise.
+struct Member<'m, 'w, 'de> {
+    walk: &'m mut Walk<'w, 'de>,
+    found: &'m mut Found<'de>,
+    descend: bool,
+    metric: bool,
+}
 
-impl<'de> DeserializeSeed<'de> for Number {
+impl<'de> DeserializeSeed<'de> for Member<'_, '_, 'de> {
     type Value = Option<Num>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Number {
+impl<'de> Visitor<'de> for Member<'_, '_, 'de> {
     type Value = Option<Num>;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
     fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(Some(Num::U(v)))
+        Ok(self.metric.then_some(Num::U(v)))
     }
     fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(Some(Num::I(v)))
+        Ok(self.metric.then_some(Num::I(v)))
     }
     fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(Some(Num::F(v)))
+        Ok(self.metric.then_some(Num::F(v)))
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(self.metric.then_some(Num::U(u64::from(v))))
     }
     fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
         Ok(None)
@@ -491,7 +570,12 @@ impl<'de> Visitor<'de> for Number {
         Ok(None)
     }
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        drain_map(map).map(|()| None)
+        if self.descend {
+            self.walk.members(map, self.found, false)?;
+        } else {
+            drain_map(map)?;
+        }
+        Ok(None)
     }
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
         drain_seq(seq).map(|()| None)

@@ -131,6 +131,8 @@ fn json_object_fields_are_metrics_with_the_payload_timestamp() {
         got,
         [
             ("d7/humidity".to_owned(), ts, 40.0),
+            ("d7/nested.x".to_owned(), ts, 1.0),
+            ("d7/on".to_owned(), ts, 1.0),
             ("d7/temperature".to_owned(), ts, 21.5)
         ]
     );
@@ -315,16 +317,16 @@ fn every_reason_is_distinct_and_indexed() {
 }
 
 #[test]
-fn strings_booleans_and_nulls_are_not_readings() {
+fn strings_nulls_and_arrays_are_not_readings() {
     let s = &subs()[1];
     let t = "devices/d/telemetry";
-    // A number sent as a string is not a metric: only numeric fields are (DESIGN.md).
+    // A number sent as a string is not a metric: only numbers and booleans are (README).
     for payload in [
         r#"{"temperature": "21.5"}"#,
-        r#"{"on": true, "off": false}"#,
         r#"{"x": null}"#,
-        r#"{"nested": {"temperature": 1}}"#,
+        r#"{"nested": {"state": "ON", "list": [1, 2]}}"#,
         r#"{"list": [1, 2]}"#,
+        r#"{"objects": [{"a": 1}]}"#,
     ] {
         assert_eq!(
             run(s, t, payload.as_bytes()).unwrap_err(),
@@ -835,10 +837,101 @@ type Outcome = (
     Vec<DecodeError>,
 );
 
-/// How the decoder read JSON before it streamed: parse a `serde_json::Value` (with
-/// `preserve_order`), then walk it. The streaming decoder must agree with it on every payload.
+/// A JSON document as written: every member of every object in order, repeated keys kept
+/// (`serde_json`'s `Value` keeps one of them).
+#[derive(Debug, Clone)]
+enum Tree {
+    Num(Num),
+    Bool(bool),
+    Str(String),
+    Null,
+    /// Its items (only the root array's matter: they are the objects).
+    Array(Vec<Tree>),
+    Object(Vec<(String, Tree)>),
+}
+
+impl<'de> serde::Deserialize<'de> for Tree {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Tree, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Tree;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Tree, E> {
+                Ok(Tree::Num(Num::U(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Tree, E> {
+                Ok(Tree::Num(Num::I(v)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Tree, E> {
+                Ok(Tree::Num(Num::F(v)))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Tree, E> {
+                Ok(Tree::Bool(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Tree, E> {
+                Ok(Tree::Str(v.to_owned()))
+            }
+            fn visit_unit<E>(self) -> Result<Tree, E> {
+                Ok(Tree::Null)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<Tree>()? {
+                    items.push(item);
+                }
+                Ok(Tree::Array(items))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
+                let mut members = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Tree>()? {
+                    members.push((k, v));
+                }
+                Ok(Tree::Object(members))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A leaf as the decoder reads a timestamp or sensor field.
+fn tree_scalar(t: &Tree) -> Scalar<'static> {
+    match t {
+        Tree::Num(n) => Scalar::Num(*n),
+        Tree::Str(s) => Scalar::Str(std::borrow::Cow::Owned(s.clone())),
+        _ => Scalar::Other,
+    }
+}
+
+/// Every member of `o` as (dotted path, value), depth first; an object's own entry after its
+/// members, except where the path is the timestamp or sensor field (read whole, not entered).
+fn flatten<'t>(
+    sub: &Subscription,
+    prefix: Option<&str>,
+    o: &'t [(String, Tree)],
+    out: &mut Vec<(String, &'t Tree)>,
+) {
+    for (k, v) in o {
+        let path = match prefix {
+            None => k.clone(),
+            Some(prefix) => format!("{prefix}.{k}"),
+        };
+        let whole =
+            Some(&path) == sub.timestamp_field.as_ref() || Some(&path) == sub.sensor_field.as_ref();
+        if let (Tree::Object(inner), false) = (v, whole) {
+            flatten(sub, Some(&path), inner, out);
+        }
+        out.push((path, v));
+    }
+}
+
+/// The JSON format as README defines it, read from a document tree with repeated keys kept:
+/// every number or boolean below `root` (the whole object without one) is a metric named by its
+/// dotted path from `root`, unless it is the timestamp or sensor field, or `fields` leaves it
+/// out; a repeated name keeps its first place and its last value (an object, string or null as
+/// its value is no number). The streaming decoder must agree with it on every payload.
 fn reference_json(sub: &Subscription, topic: &str, payload: &[u8]) -> Outcome {
-    use serde_json::Value;
     let c = ctx();
     let mut readings = Vec::new();
     let mut rejected = Vec::new();
@@ -846,58 +939,108 @@ fn reference_json(sub: &Subscription, topic: &str, payload: &[u8]) -> Outcome {
     if payload.iter().all(u8::is_ascii_whitespace) {
         return (Err(DecodeError::EmptyPayload), readings, rejected); // checked before parsing
     }
-    let root: Value = match serde_json::from_slice(payload) {
-        Ok(v) => v,
-        Err(e) => {
-            let e = if std::str::from_utf8(payload).is_err() {
-                DecodeError::InvalidUtf8
-            } else if e.to_string().starts_with("number out of range") {
-                DecodeError::NonFinite
-            } else {
-                DecodeError::InvalidJson
-            };
-            return (Err(e), readings, rejected);
+    let verdict = |e: serde_json::Error| {
+        if std::str::from_utf8(payload).is_err() {
+            DecodeError::InvalidUtf8
+        } else if e.to_string().starts_with("number out of range") {
+            DecodeError::NonFinite
+        } else {
+            DecodeError::InvalidJson
         }
     };
-    let items: Vec<&Value> = match &root {
-        Value::Array(items) => items.iter().collect(),
-        other => vec![other],
+    let tree: Tree = match serde_json::from_slice(payload) {
+        Ok(t) => t,
+        Err(e) => return (Err(verdict(e)), readings, rejected),
     };
-    let mut object = |o: &serde_json::Map<String, Value>| {
-        let sensor = match &sub.sensor_field {
-            None => topic_sensor.unwrap().to_owned(),
-            Some(f) => match o.get(f) {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
-                _ => return rejected.push(DecodeError::InvalidName),
-            },
+    let items: Vec<Vec<(String, Tree)>> = match tree {
+        Tree::Array(items) => {
+            let mut objects = Vec::new();
+            for item in items {
+                let Tree::Object(m) = item else {
+                    return (Err(DecodeError::NotAnObject), readings, rejected);
+                };
+                objects.push(m);
+            }
+            objects
+        }
+        Tree::Object(m) => vec![m],
+        _ => return (Err(DecodeError::NotAnObject), readings, rejected),
+    };
+    for o in &items {
+        let mut members = Vec::new();
+        flatten(sub, None, o, &mut members);
+        let find = |want: &Option<String>| {
+            want.as_ref().and_then(|w| {
+                members
+                    .iter()
+                    .rev()
+                    .find(|(p, _)| p == w)
+                    .map(|(_, v)| tree_scalar(v))
+            })
         };
-        let ts = match sub.timestamp_field.as_ref().and_then(|f| o.get(f)) {
-            None => c.received,
-            Some(v) => match parse_timestamp(&scalar(v.clone()), sub.timestamp_unit) {
-                Some(ts) => ts,
-                None => return rejected.push(DecodeError::InvalidTimestamp),
+        let sensor = match (&sub.sensor_field, find(&sub.sensor_field)) {
+            (None, _) => topic_sensor.unwrap().to_owned(),
+            (Some(_), Some(Scalar::Str(s))) => s.into_owned(),
+            (Some(_), Some(Scalar::Num(n @ (Num::U(_) | Num::I(_))))) => match n {
+                Num::U(u) => u.to_string(),
+                Num::I(i) => i.to_string(),
+                Num::F(_) => unreachable!(),
             },
-        };
-        for (key, value) in o {
-            if Some(key) == sub.timestamp_field.as_ref() || Some(key) == sub.sensor_field.as_ref() {
+            (Some(_), _) => {
+                rejected.push(DecodeError::InvalidName);
                 continue;
             }
-            let Value::Number(n) = value else { continue };
+        };
+        let ts = match find(&sub.timestamp_field) {
+            None => c.received,
+            Some(v) => {
+                let Some(ts) = parse_timestamp(&v, sub.timestamp_unit) else {
+                    rejected.push(DecodeError::InvalidTimestamp);
+                    continue;
+                };
+                ts
+            }
+        };
+        // Metrics: named from root, first place and last value of each name.
+        let mut metrics: Vec<(String, Option<f64>)> = Vec::new();
+        for (path, v) in &members {
+            if Some(path) == sub.timestamp_field.as_ref() || Some(path) == sub.sensor_field.as_ref()
+            {
+                continue;
+            }
+            let name = match &sub.root {
+                None => path.clone(),
+                Some(r) => match path
+                    .strip_prefix(r.as_str())
+                    .and_then(|p| p.strip_prefix('.'))
+                {
+                    Some(name) if !name.is_empty() => name.to_owned(),
+                    _ => continue,
+                },
+            };
+            if sub.fields.as_ref().is_some_and(|f| !f.contains(&name)) {
+                continue;
+            }
+            let value = match v {
+                Tree::Num(n) => Some(n.as_f64()),
+                Tree::Bool(b) => Some(f64::from(u8::from(*b))),
+                _ => None,
+            };
+            match metrics.iter_mut().find(|(n, _)| *n == name) {
+                Some(m) => m.1 = value,
+                None => metrics.push((name, value)),
+            }
+        }
+        for (name, value) in metrics {
+            let Some(value) = value else { continue };
             let mut d = Decoded::default();
-            d.push(&c, &sensor, key, ts, n.as_f64().unwrap());
+            d.push(&c, &sensor, &name, ts, value);
             readings.extend(
                 d.readings()
                     .map(|r| (r.series.to_owned(), r.ts.as_nanos(), r.value)),
             );
             rejected.append(&mut d.rejected);
         }
-    };
-    for item in items {
-        let Value::Object(o) = item else {
-            return (Err(DecodeError::NotAnObject), readings, rejected);
-        };
-        object(o);
     }
     if readings.is_empty() && rejected.is_empty() {
         return (Err(DecodeError::NoReadings), readings, rejected);
@@ -942,6 +1085,7 @@ fn json_objects() -> impl Strategy<Value = String> {
             "null",
             "[1, {\"a\": 2}]",
             "{\"a\": 1}",
+            "{\"a\": {\"a\": 2, \"ts\": 1763719200}, \"k1\": true}",
             "17",
             "-17",
         ][..],
@@ -977,10 +1121,15 @@ proptest! {
     fn streaming_json_agrees_with_the_document_tree(
         payload in json_objects(),
         sensor_field in any::<bool>(),
+        root in prop::option::of(Just("a")),
+        fields in prop::option::of(Just(["a", "a.a", "k1"])),
+        ts_path in prop::sample::select(&["ts", "a.ts", "a.a"][..]),
     ) {
         let s = json_sub(|s| {
-            s.timestamp_field = Some("ts".into());
+            s.timestamp_field = Some(ts_path.into());
             if sensor_field { s.sensor_field = Some("sensor".into()) }
+            s.root = root.map(Into::into);
+            s.fields = fields.map(|f| f.iter().map(|&f| f.into()).collect());
         });
         let topic = "devices/dev/telemetry";
         let want = reference_json(&s, topic, payload.as_bytes());
@@ -995,6 +1144,102 @@ proptest! {
             prop_assert_eq!(&out.rejected, &want.2, "{}", payload);
         }
     }
+}
+
+/// Issue 54: nested objects name their metrics by their keys joined with `.`; booleans are 1
+/// and 0 (Tasmota's `ENERGY` object, `Zigbee2MQTT`'s occupancy).
+#[test]
+fn nested_objects_and_booleans_are_metrics() {
+    let s = json_sub(|s| s.timestamp_field = None);
+    let got = readings(
+        &s,
+        "devices/plug/telemetry",
+        r#"{"Time":"2026-11-27T10:00:00","ENERGY":{"Power":45,"Voltage":230,"Today":{"kWh":1.5}},"occupancy":true,"contact":false,"state":"ON"}"#,
+    );
+    let names: Vec<_> = got.iter().map(|r| (r.0.as_str(), r.2)).collect();
+    assert_eq!(
+        names,
+        [
+            ("plug/ENERGY.Power", 45.0),
+            ("plug/ENERGY.Voltage", 230.0),
+            ("plug/ENERGY.Today.kWh", 1.5),
+            ("plug/occupancy", 1.0),
+            ("plug/contact", 0.0),
+        ]
+    );
+}
+
+/// `root` picks the object whose members are the metrics; `timestamp_field` and
+/// `sensor_field` are dotted paths from the payload's top (The Things Stack's uplink).
+#[test]
+fn root_fields_and_dotted_paths_pick_the_metrics_and_the_time() {
+    let tts = r#"{
+      "end_device_ids": {"device_id": "eui-70b3d57ed0000001", "application_ids": {"application_id": "farm"}},
+      "received_at": "2025-11-21T09:59:05.123456789Z",
+      "uplink_message": {
+        "f_port": 1, "f_cnt": 42,
+        "decoded_payload": {"temperature": 21.5, "humidity": 40, "battery": {"volts": 3.6}, "label": "x"},
+        "rx_metadata": [{"rssi": -42}],
+        "settings": {"data_rate": {"lora": {"spreading_factor": 7}}}
+      }
+    }"#;
+    let s = json_sub(|s| {
+        s.template = Template::parse("v3/+/devices/+/up").unwrap();
+        s.filter = "v3/+/devices/+/up".into();
+        s.sensor_field = Some("end_device_ids.device_id".into());
+        s.timestamp_field = Some("received_at".into());
+        s.root = Some("uplink_message.decoded_payload".into());
+    });
+    let topic = "v3/farm@ttn/devices/eui-70b3d57ed0000001/up";
+    let got = readings(&s, topic, tts);
+    let ts = Timestamp::parse_rfc3339("2025-11-21T09:59:05.123456789Z")
+        .unwrap()
+        .as_nanos();
+    assert_eq!(
+        got,
+        [
+            ("eui-70b3d57ed0000001/temperature".to_owned(), ts, 21.5),
+            ("eui-70b3d57ed0000001/humidity".to_owned(), ts, 40.0),
+            ("eui-70b3d57ed0000001/battery.volts".to_owned(), ts, 3.6),
+        ]
+    );
+    // `fields`: only these, as paths from root.
+    let only = json_sub(|x| {
+        *x = s.clone();
+        x.fields = Some(vec![
+            "battery.volts".into(),
+            "temperature".into(),
+            "absent".into(),
+        ]);
+    });
+    let names: Vec<_> = readings(&only, topic, tts)
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "eui-70b3d57ed0000001/temperature",
+            "eui-70b3d57ed0000001/battery.volts"
+        ]
+    );
+    // A root the payload does not have: no readings; a timestamp path that is not there: the
+    // receive time.
+    let missing = json_sub(|x| {
+        *x = s.clone();
+        x.root = Some("uplink_message.nothing".into());
+    });
+    assert_eq!(
+        run(&missing, topic, tts.as_bytes()).unwrap_err(),
+        DecodeError::NoReadings
+    );
+    let late = json_sub(|x| {
+        *x = s.clone();
+        x.timestamp_field = Some("uplink_message.received_at".into());
+    });
+    let d = run(&late, topic, tts.as_bytes()).unwrap();
+    assert!(d.receive_time);
+    assert!(d.readings().all(|r| r.ts == ctx().received));
 }
 
 #[test]

@@ -42,6 +42,8 @@ pub(super) fn core_with(
         timestamp_field: None,
         timestamp_unit: TimestampUnit::Auto,
         sensor_field: None,
+        root: None,
+        fields: None,
         store_raw: false,
     };
     let limits = Limits {

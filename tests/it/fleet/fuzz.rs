@@ -320,6 +320,8 @@ fn admitter() -> Admitter {
         timestamp_field: None,
         timestamp_unit: TimestampUnit::Auto,
         sensor_field: None,
+        root: None,
+        fields: None,
         store_raw: false,
     };
     let limits = Limits {

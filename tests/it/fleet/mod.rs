@@ -136,6 +136,8 @@ pub fn central_with(
         timestamp_field: None,
         timestamp_unit: Default::default(),
         sensor_field: None,
+        root: None,
+        fields: None,
         store_raw: false,
     }];
     tweak(&mut raw);
