@@ -21,6 +21,11 @@ pub enum Format {
     /// A JSON object, or an array of them; every number or boolean in it is a metric, named
     /// by its keys joined with `.` (`ENERGY.Power`), below `root` when one is given.
     Json,
+    /// InfluxDB line protocol, one or more lines; sensor = the measurement and its sorted tags,
+    /// metric = the field key.
+    Influx,
+    /// A SenML pack (RFC 8428, JSON); sensor = the base name, metric = the record's name.
+    Senml,
     /// A bucketd delta message (BSON [`DeltaMessage`]) from a gateway's forwarder: bucket
     /// summaries, merged as they are; series become `<gateway_id>:<sensor>/<metric>`.
     Delta,
@@ -286,6 +291,8 @@ pub fn decode(
             out.push(ctx, sensor, metric, ctx.received, value);
         }
         Format::Json => json::decode(sub, sensor, payload, ctx, out)?,
+        Format::Influx => influx::decode(sub, payload, ctx, out)?,
+        Format::Senml => senml::decode(sensor, payload, ctx, out)?,
         Format::Delta => {
             // Config validation requires {gateway} in a delta subscription's template.
             let gateway = captured.gateway.ok_or(DecodeError::TopicMismatch)?;
@@ -424,7 +431,9 @@ fn decode_value(payload: &[u8]) -> Result<f64, DecodeError> {
     Ok(value)
 }
 
+mod influx;
 mod json;
+mod senml;
 pub use json::{Num, Scalar, parse_timestamp};
 
 #[cfg(test)]

@@ -62,11 +62,21 @@ pub enum DecodeError {
          to match)"
     )]
     PositionJump,
+    #[error(
+        "a line of InfluxDB line protocol is malformed (measurement[,tag=value] field=value \
+         [timestamp]); the message's other lines are kept"
+    )]
+    InvalidLine,
+    #[error(
+        "a SenML record is not an object, has a field of the wrong type or an unknown \
+         must-understand field (RFC 8428), or the pack is not an array; the other records are kept"
+    )]
+    InvalidSenml,
 }
 
 impl DecodeError {
     /// Every variant, in a fixed order (the index of a variant is its counter slot).
-    pub const ALL: [DecodeError; 19] = [
+    pub const ALL: [DecodeError; 21] = [
         DecodeError::EmptyPayload,
         DecodeError::PayloadTooLarge,
         DecodeError::TopicMismatch,
@@ -86,6 +96,8 @@ impl DecodeError {
         DecodeError::GatewayLimit,
         DecodeError::SensorLimit,
         DecodeError::PositionJump,
+        DecodeError::InvalidLine,
+        DecodeError::InvalidSenml,
     ];
 
     /// The metric label value.
@@ -110,6 +122,8 @@ impl DecodeError {
             DecodeError::GatewayLimit => "gateway_limit",
             DecodeError::SensorLimit => "sensor_limit",
             DecodeError::PositionJump => "position_jump",
+            DecodeError::InvalidLine => "invalid_line",
+            DecodeError::InvalidSenml => "invalid_senml",
         }
     }
 

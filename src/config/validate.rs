@@ -724,6 +724,24 @@ fn validate_format(
                 ));
             }
         }
+        Format::Influx | Format::Senml => {
+            let what = if raw.format == Format::Influx {
+                "format \"influx\" takes the sensor (the measurement and its tags) and the \
+                 metric (the field key) from each line; remove {sensor} and {metric}"
+            } else {
+                "format \"senml\" takes metric names from the records' names; remove {metric} \
+                 ({sensor} names the sensor of a pack without a base name)"
+            };
+            if template.has_metric() || (raw.format == Format::Influx && template.has_sensor()) {
+                return Err(invalid(key("template"), what));
+            }
+            if raw.sensor_field.is_some() || raw.timestamp_field.is_some() {
+                return Err(invalid(
+                    key("format"),
+                    "sensor_field and timestamp_field need format = \"json\"",
+                ));
+            }
+        }
         Format::Delta => {
             if !template.has_gateway() {
                 return Err(invalid(

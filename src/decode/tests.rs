@@ -1147,7 +1147,7 @@ proptest! {
 }
 
 /// Issue 54: nested objects name their metrics by their keys joined with `.`; booleans are 1
-/// and 0 (Tasmota's `ENERGY` object, `Zigbee2MQTT`'s occupancy).
+/// and 0 (Tasmota's `ENERGY` object, Zigbee2MQTT's occupancy).
 #[test]
 fn nested_objects_and_booleans_are_metrics() {
     let s = json_sub(|s| s.timestamp_field = None);
@@ -1417,4 +1417,259 @@ fn json_nesting_is_bounded_at_the_limit_and_one_past_it() {
         run_nested(JSON_DEPTH_MAX + 1),
         Err(DecodeError::InvalidJson)
     );
+}
+
+fn influx_sub() -> Subscription {
+    json_sub(|s| {
+        s.filter = "telegraf/#".into();
+        s.template = Template::parse("telegraf/#").unwrap();
+        s.format = Format::Influx;
+        s.timestamp_field = None;
+        s.sensor_field = None;
+        s.timestamp_unit = TimestampUnit::Auto;
+    })
+}
+
+/// Issue 54: line protocol as InfluxDB defines it (its reference's examples): tags sorted into
+/// the sensor, every field type, escapes, the timestamp in nanoseconds by default.
+#[test]
+fn influx_lines_are_read_as_influxdb_reads_them() {
+    let s = influx_sub();
+    let ns = NOW_NS;
+    let payload = format!(
+        "# a comment\n\
+         weather,site=north,area=a\\ b temp=21.5,hum=40i,count=7u,ok=true,bad=F,note=\"x, \\\"y\\\" z\" {ns}\n\
+         \n\
+         my\\ meas\\,1,t\\=k=v\\,1 f\\ 1=1e3,f\\=2=-2.5 {ns}\r\n\
+         cpu usage=0.5\n"
+    );
+    let d = run(&s, "telegraf/host1", payload.as_bytes()).unwrap();
+    assert!(d.rejected.is_empty(), "{:?}", d.rejected);
+    let got: Vec<_> = d
+        .readings()
+        .map(|r| (r.series.to_owned(), r.ts.as_nanos(), r.value))
+        .collect();
+    let w = "weather,area=a b,site=north";
+    assert_eq!(
+        got,
+        [
+            (format!("{w}/temp"), ns, 21.5),
+            (format!("{w}/hum"), ns, 40.0),
+            (format!("{w}/count"), ns, 7.0),
+            (format!("{w}/ok"), ns, 1.0),
+            (format!("{w}/bad"), ns, 0.0),
+            ("my meas,1,t=k=v,1/f 1".to_owned(), ns, 1000.0),
+            ("my meas,1,t=k=v,1/f=2".to_owned(), ns, -2.5),
+            ("cpu/usage".to_owned(), ctx().received.as_nanos(), 0.5),
+        ]
+    );
+    assert!(d.receive_time, "the last line had no timestamp");
+    // Seconds when configured.
+    let secs = json_sub(|x| {
+        *x = influx_sub();
+        x.timestamp_unit = TimestampUnit::S;
+    });
+    let got = readings(&secs, "telegraf/x", &format!("m v=1 {NOW_S}"));
+    assert_eq!(got, [("m/v".to_owned(), ns, 1.0)]);
+}
+
+/// A bad line is refused alone and counted; the message's good lines are kept.
+#[test]
+fn a_bad_influx_line_is_refused_alone() {
+    let s = influx_sub();
+    let bad = [
+        "nofields",
+        "m ",
+        "m v=",
+        "m v=abc",
+        "m v=NaN",
+        "m v=inf",
+        "m v=1i2",
+        "m,tag v=1",
+        "m,=x v=1",
+        "m,t= v=1",
+        ",t=x v=1",
+        "m v=\"unterminated",
+        "m v=1 notatime",
+        "m v=1 1 2",
+        "m =1",
+        "m v=1,",
+        "m v=99999999999999999999i",
+        "m v=-1u",
+    ];
+    for line in bad {
+        let payload = format!("good a=1 {NOW_NS}\n{line}\ngood b=2 {NOW_NS}");
+        let d = run(&s, "telegraf/x", payload.as_bytes()).unwrap();
+        assert_eq!(d.rejected, [DecodeError::InvalidLine], "{line:?}");
+        let names: Vec<_> = d.readings().map(|r| r.series.to_owned()).collect();
+        assert_eq!(names, ["good/a", "good/b"], "{line:?}");
+    }
+    // Only string fields: nothing to store, not malformed.
+    assert_eq!(
+        run(&s, "telegraf/x", b"m s=\"x\"").unwrap_err(),
+        DecodeError::NoReadings
+    );
+    // Per-reading faults as for every format: a repeated key keeps the last value.
+    let d = run(&s, "telegraf/x", b"m v=1,v=2,w=1e999 1").unwrap();
+    assert_eq!(
+        d.rejected,
+        [DecodeError::TimestampOutOfRange, DecodeError::NonFinite]
+    );
+    let d = run(&s, "telegraf/x", format!("m v=1,v=2 {NOW_NS}").as_bytes()).unwrap();
+    assert_eq!(d.readings().map(|r| r.value).collect::<Vec<_>>(), [2.0]);
+}
+
+fn senml_sub() -> Subscription {
+    json_sub(|s| {
+        s.filter = "senml/+".into();
+        s.template = Template::parse("senml/{sensor}").unwrap();
+        s.format = Format::Senml;
+        s.timestamp_field = None;
+        s.sensor_field = None;
+    })
+}
+
+/// Issue 54: RFC 8428's own examples (section 5): base names and times resolved, relative
+/// times from the receive time, booleans 1/0, strings skipped.
+#[test]
+fn senml_packs_resolve_names_times_and_values_as_rfc_8428() {
+    let s = senml_sub();
+    // Section 5.1.2, "multiple datapoints": base name, base time, relative t.
+    let pack = format!(
+        r#"[
+         {{"bn":"urn:dev:ow:10e2073a01080063:","bt":{NOW_S}.25,"bu":"A","bver":5,"n":"voltage","u":"V","v":120.1}},
+         {{"n":"current","t":-5,"v":1.2}},
+         {{"n":"current","t":-4,"v":1.3}},
+         {{"n":"on/off","vb":true}},
+         {{"n":"label","vs":"kitchen"}},
+         {{"n":"blob","vd":"aGkgCg"}},
+         {{"bn":"dev2/","bv":10,"n":"temp","v":1.5,"t":1}}
+        ]"#
+    );
+    let got = readings(&s, "senml/fallback", &pack);
+    let t = NOW_NS + 250_000_000;
+    let dev = "urn:dev:ow:10e2073a01080063";
+    assert_eq!(
+        got,
+        [
+            (format!("{dev}/voltage"), t, 120.1),
+            (format!("{dev}/current"), t - 5_000_000_000, 1.2),
+            (format!("{dev}/current"), t - 4_000_000_000, 1.3),
+            (format!("{dev}/on.off"), t, 1.0),
+            ("dev2/temp".to_owned(), t + 1_000_000_000, 11.5),
+        ]
+    );
+    // No base name: the topic's sensor; no time: the receive time; a relative time.
+    let got = readings(
+        &s,
+        "senml/kitchen",
+        r#"[{"n":"temp","v":21},{"n":"temp","t":-60,"v":20}]"#,
+    );
+    let now = ctx().received.as_nanos();
+    assert_eq!(
+        got,
+        [
+            ("kitchen/temp".to_owned(), now, 21.0),
+            ("kitchen/temp".to_owned(), now - 60_000_000_000, 20.0)
+        ]
+    );
+    // The whole name in bn: split at its last separator.
+    let got = readings(
+        &s,
+        "senml/x",
+        &format!(r#"[{{"bn":"urn:dev:mac:0024befffe804ff1:temp","t":{NOW_S},"v":3}}]"#),
+    );
+    assert_eq!(
+        got,
+        [("urn:dev:mac:0024befffe804ff1/temp".to_owned(), NOW_NS, 3.0)]
+    );
+}
+
+/// A bad record is refused alone; its base fields do not apply; a pack that is not an array is
+/// refused whole.
+#[test]
+fn a_bad_senml_record_is_refused_alone() {
+    let s = senml_sub();
+    let d = run(
+        &s,
+        "senml/k",
+        br#"[{"n":"a","v":1},{"n":"b","v":"x"},{"bn":7,"n":"c","v":1},{"n":"d","v":1,"vb":true},{"n":"e","v":1,"x_":1},3,{"bn":"other/","n":"f","v":2}]"#,
+    )
+    .unwrap();
+    let got: Vec<_> = d
+        .readings()
+        .map(|r| (r.series.to_owned(), r.value))
+        .collect();
+    assert_eq!(got, [("k/a".to_owned(), 1.0), ("other/f".to_owned(), 2.0)]);
+    assert_eq!(d.rejected, [DecodeError::InvalidSenml; 5]);
+    for (payload, e) in [
+        (&br#"{"n":"a","v":1}"#[..], DecodeError::InvalidSenml),
+        (b"[{\"n\":", DecodeError::InvalidJson),
+        (b"[]", DecodeError::NoReadings),
+    ] {
+        assert_eq!(run(&s, "senml/k", payload).unwrap_err(), e);
+    }
+    let d = run(&s, "senml/k", br#"[{"n":"a","v":1,"t":1e300}]"#).unwrap();
+    assert_eq!(d.rejected, [DecodeError::InvalidTimestamp]);
+}
+
+/// Input built from a format's own pieces, so that the fuzz reaches past the first check.
+fn soup(pieces: &'static [&'static str], max: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(prop::sample::select(pieces), 0..max)
+        .prop_map(|p| p.concat().into_bytes())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: fuzz_cases(), ..ProptestConfig::default() })]
+
+    /// Line protocol by shape: escapes at every end, quotes left open, fields without values,
+    /// long lines and many of them; every outcome a verdict or valid readings, never a panic.
+    #[test]
+    fn influx_shapes_yield_only_valid_readings(
+        payload in soup(&[
+            "m", "weather", ",", " ", "=", "\\", "\"", "t", "1", "1i", "-2u", "1.5e3", "\n", "\r\n",
+            "#", "\u{e9}", "/", "\0", "1763719200000000000", "-", "true", "F", "k", "v", "x\\ y",
+            "  ", "\t",
+        ], 60),
+        repeat in 1usize..200,
+    ) {
+        let s = influx_sub();
+        let mut c = ctx();
+        c.max_payload_bytes = 1 << 20;
+        let mut out = Decoded::default();
+        let payload = payload.repeat(if repeat > 150 { repeat } else { 1 });
+        let result = decode(&s, b"telegraf/x", &payload, &c, &mut out);
+        check_decoded(result, &out, &c);
+    }
+
+    /// SenML by shape: base fields out of order, wrong types, nesting, must-understand fields,
+    /// times at the relative boundary.
+    #[test]
+    fn senml_shapes_yield_only_valid_readings(
+        payload in soup(&[
+            "[", "]", "{", "}", ",", ":", "\"bn\"", "\"n\"", "\"v\"", "\"vb\"", "\"t\"", "\"bt\"",
+            "\"bv\"", "\"s_\"", "\"d/e:\"", "\"\"", "1", "-5", "268435455.9", "1763719200.5",
+            "true", "null", "1e400", "\"x\"", "[[[[", "]]]]",
+        ], 80),
+        sensor in "[a-z/]{0,2}",
+    ) {
+        let s = senml_sub();
+        let c = ctx();
+        let mut out = Decoded::default();
+        let topic = format!("senml/{sensor}");
+        let result = decode(&s, topic.as_bytes(), &payload, &c, &mut out);
+        check_decoded(result, &out, &c);
+    }
+}
+
+/// Nesting past the parser's limit is refused, not a stack overflow, in SenML as in JSON.
+#[test]
+fn deep_senml_nesting_is_refused() {
+    let s = senml_sub();
+    let deep = format!("[{}{}]", "[".repeat(100_000), "]".repeat(100_000));
+    let mut c = ctx();
+    c.max_payload_bytes = 1 << 20;
+    let mut out = Decoded::default();
+    let got = decode(&s, b"senml/k", deep.as_bytes(), &c, &mut out);
+    assert_eq!(got, Err(DecodeError::InvalidJson));
 }
