@@ -242,6 +242,7 @@ async fn run_central(entries: usize, buckets: usize, per_bucket: usize) -> (f64,
         sensor_field: None,
         root: None,
         fields: None,
+        rebirth_interval: None,
         store_raw: false,
     }];
     let config = bucketd::config::Config::try_from(raw).unwrap();

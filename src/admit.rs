@@ -103,6 +103,10 @@ pub struct Admitted {
     pub retired: Vec<(String, Position)>,
     /// The message came on a delta subscription: the gateway its topic names (for the log).
     pub gateway: Option<String>,
+    /// The message carries no readings by design (a Sparkplug DEATH, command or STATE).
+    pub control: bool,
+    /// A Sparkplug rebirth request to publish (topic, payload).
+    pub rebirth: Option<(String, Vec<u8>)>,
 }
 
 impl Admitted {
@@ -117,6 +121,8 @@ impl Admitted {
         self.applied = None;
         self.retired.clear();
         self.gateway = None;
+        self.control = false;
+        self.rebirth = None;
     }
 }
 
@@ -140,6 +146,8 @@ pub struct Admitter {
     /// A subscription takes delta messages (this is a central): device sensors may not hold `:`.
     takes_deltas: bool,
     decoded: Decoded,
+    /// What Sparkplug edge nodes' BIRTH messages said (names, aliases, datatypes).
+    births: decode::Births,
     out: Admitted,
 }
 
@@ -174,6 +182,7 @@ impl Admitter {
             resends,
             ledger,
             decoded: Decoded::default(),
+            births: decode::Births::default(),
             out: Admitted::default(),
         }
     }
@@ -248,7 +257,15 @@ impl Admitter {
                         .and_then(|c| c.gateway)
                         .map(str::to_owned);
                 }
-                decode::decode(sub, m.topic, m.payload, &ctx, &mut self.decoded).and_then(|()| {
+                let decoded = decode::decode_with(
+                    sub,
+                    m.topic,
+                    m.payload,
+                    &ctx,
+                    &mut self.births,
+                    &mut self.decoded,
+                );
+                decoded.and_then(|()| {
                     let buckets = self.decoded.deltas.len() + self.decoded.rejected.len();
                     let too_many = sub.format == Format::Delta
                         && buckets > self.gateway_limits.max_buckets_per_message;
@@ -266,6 +283,9 @@ impl Admitter {
             self.decoded.clear();
             return &mut self.out;
         }
+        // A Sparkplug message's meaning beyond readings: asked for whatever becomes of it.
+        self.out.control = self.decoded.control;
+        self.out.rebirth = self.decoded.rebirth.take();
         // See `crate::dedup` for what identifies a message and when a copy is dropped.
         let receive_time = self.decoded.receive_time;
         let ident = match (receive_time, m.qos) {

@@ -26,6 +26,10 @@ pub enum Format {
     Influx,
     /// A SenML pack (RFC 8428, JSON); sensor = the base name, metric = the record's name.
     Senml,
+    /// Sparkplug B 3.0 (Eclipse Tahu's protobuf); sensor = `<group>:<edge node>[:<device>]`,
+    /// metric = the metric's name.
+    #[serde(rename = "sparkplug_b")]
+    SparkplugB,
     /// A bucketd delta message (BSON [`DeltaMessage`]) from a gateway's forwarder: bucket
     /// summaries, merged as they are; series become `<gateway_id>:<sensor>/<metric>`.
     Delta,
@@ -174,6 +178,9 @@ pub struct Subscription {
     pub root: Option<String>,
     /// `format = "json"`: the only metrics taken, as dotted paths from `root`.
     pub fields: Option<Vec<String>>,
+    /// `format = "sparkplug_b"`: how long to wait before asking an edge node for its births
+    /// again; `None`: never ask.
+    pub rebirth_interval: Option<std::time::Duration>,
     pub store_raw: bool,
 }
 
@@ -200,6 +207,11 @@ pub struct Decoded {
     pub receive_time: bool,
     /// A delta message's gateway and position in its stream (`fleet::applied`).
     pub delta_from: Option<(String, Position)>,
+    /// The message carries no readings by design (a Sparkplug DEATH, command or STATE).
+    pub control: bool,
+    /// A Sparkplug rebirth request to publish (topic, payload): a DATA message named an
+    /// alias no BIRTH defined.
+    pub rebirth: Option<(String, Vec<u8>)>,
     scratch: json::Scratch,
 }
 
@@ -225,6 +237,8 @@ impl Decoded {
         self.rejected.clear();
         self.receive_time = false;
         self.delta_from = None;
+        self.control = false;
+        self.rebirth = None;
     }
 
     /// The good readings, in payload order.
@@ -260,7 +274,8 @@ impl Decoded {
     }
 }
 
-/// Decodes one message into `out` (cleared first). `Err` rejects the whole message.
+/// Decodes one message into `out` (cleared first). `Err` rejects the whole message. Stateless:
+/// a Sparkplug DATA message's aliases are unknown here (see [`decode_with`]).
 pub fn decode(
     sub: &Subscription,
     topic: &[u8],
@@ -268,11 +283,24 @@ pub fn decode(
     ctx: &DecodeContext,
     out: &mut Decoded,
 ) -> Result<(), DecodeError> {
+    decode_with(sub, topic, payload, ctx, &mut Births::default(), out)
+}
+
+/// [`decode`], with what earlier Sparkplug BIRTH messages said (`births`, updated).
+pub fn decode_with(
+    sub: &Subscription,
+    topic: &[u8],
+    payload: &[u8],
+    ctx: &DecodeContext,
+    births: &mut Births,
+    out: &mut Decoded,
+) -> Result<(), DecodeError> {
     out.clear();
     if payload.len() > ctx.max_payload_bytes {
         return Err(DecodeError::PayloadTooLarge);
     }
-    if payload.iter().all(u8::is_ascii_whitespace) {
+    // A Sparkplug DEATH or command may be empty, and protobuf bytes may all be "whitespace".
+    if sub.format != Format::SparkplugB && payload.iter().all(u8::is_ascii_whitespace) {
         return Err(DecodeError::EmptyPayload);
     }
     let topic = std::str::from_utf8(topic).map_err(|_| DecodeError::InvalidUtf8)?;
@@ -293,13 +321,16 @@ pub fn decode(
         Format::Json => json::decode(sub, sensor, payload, ctx, out)?,
         Format::Influx => influx::decode(sub, payload, ctx, out)?,
         Format::Senml => senml::decode(sensor, payload, ctx, out)?,
+        Format::SparkplugB => {
+            sparkplug::decode(topic, payload, ctx, sub.rebirth_interval, births, out)?;
+        }
         Format::Delta => {
             // Config validation requires {gateway} in a delta subscription's template.
             let gateway = captured.gateway.ok_or(DecodeError::TopicMismatch)?;
             decode_delta(gateway, payload, ctx, out)?;
         }
     }
-    if out.readings.is_empty() && out.deltas.is_empty() && out.rejected.is_empty() {
+    if out.readings.is_empty() && out.deltas.is_empty() && out.rejected.is_empty() && !out.control {
         return Err(DecodeError::NoReadings);
     }
     Ok(())
@@ -434,7 +465,9 @@ fn decode_value(payload: &[u8]) -> Result<f64, DecodeError> {
 mod influx;
 mod json;
 mod senml;
+pub mod sparkplug;
 pub use json::{Num, Scalar, parse_timestamp};
+pub use sparkplug::Births;
 
 #[cfg(test)]
 mod tests;

@@ -40,6 +40,7 @@ pub const MQTT_CONNECTED: &str = "bucketd_mqtt_connected";
 pub const MQTT_RECONNECTS: &str = "bucketd_mqtt_reconnects_total";
 pub const MQTT_CONNECTION_ERRORS: &str = "bucketd_mqtt_connection_errors_total";
 pub const DUPLICATES: &str = "bucketd_duplicates_total";
+pub const CONTROL_MESSAGES: &str = "bucketd_control_messages_total";
 pub const HTTP_UNAUTHORIZED: &str = "bucketd_http_unauthorized_total";
 pub const HTTP_CONNECTIONS_REFUSED: &str = "bucketd_http_connections_refused_total";
 pub const COMMIT_ERRORS: &str = "bucketd_commit_errors_total";
@@ -234,6 +235,12 @@ fn describe(process: &metrics_process::Collector) {
         "Redelivered messages recognised as already counted: acknowledged, not counted again."
     );
     describe_counter!(
+        CONTROL_MESSAGES,
+        Unit::Count,
+        "Messages that carry no readings by design (Sparkplug DEATH, command and STATE \
+         messages, and BIRTH messages without numeric metrics): read for what they mean."
+    );
+    describe_counter!(
         HTTP_UNAUTHORIZED,
         Unit::Count,
         "HTTP requests refused (401) for a missing or wrong bearer token."
@@ -326,6 +333,7 @@ fn copy_stats(stats: &Stats) {
     counter!(MQTT_RECONNECTS).absolute(Stats::get(&stats.reconnects));
     counter!(MQTT_CONNECTION_ERRORS).absolute(Stats::get(&stats.connection_errors));
     counter!(DUPLICATES).absolute(Stats::get(&stats.duplicates));
+    counter!(CONTROL_MESSAGES).absolute(Stats::get(&stats.control_messages));
     counter!(COMMIT_ERRORS).absolute(Stats::get(&stats.commit_errors));
     counter!(CHECKPOINT_ERRORS).absolute(Stats::get(&stats.checkpoint_errors));
     counter!(HTTP_UNAUTHORIZED).absolute(Stats::get(&stats.http_unauthorized));

@@ -84,7 +84,8 @@ enum Client {
 /// believes a broker's stall sooner (`crate::batcher`).
 pub const QUICK_ACKS: bool = cfg!(any(target_os = "linux", target_os = "android"));
 
-/// Outgoing QoS 1/2 publishes the client keeps state for. bucketd publishes nothing; rumqttc
+/// Outgoing QoS 1/2 publishes the client keeps state for. bucketd publishes only QoS 0 (Sparkplug
+/// rebirth requests); rumqttc
 /// preallocates a slot per possible packet id (for MQTT 5 by default all 65,535 of them: 14 MB
 /// of the 21 MB idle RSS before this was set).
 const OUTGOING_INFLIGHT: u16 = 8;
@@ -606,6 +607,23 @@ impl Mqtt {
 
     /// Queues a PINGREQ, written after the acks queued before it; its answer
     /// ([`MqttEvent::PingAnswered`]) says the broker has read them.
+    /// Queues a QoS 0 publish (a Sparkplug rebirth request).
+    pub fn try_publish(&self, topic: &str, payload: Vec<u8>) -> Result<(), String> {
+        match &self.requests {
+            Requests::V4(c) => c
+                .try_publish(topic, rumqttc::QoS::AtMostOnce, false, payload)
+                .map_err(|e| e.to_string()),
+            Requests::V5(c) => c
+                .try_publish(
+                    topic,
+                    rumqttc::v5::mqttbytes::QoS::AtMostOnce,
+                    false,
+                    payload,
+                )
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     pub fn try_ping(&self) -> Result<(), String> {
         match &self.requests {
             Requests::V4(client) => client.try_ping().map_err(|e| e.to_string()),

@@ -72,11 +72,27 @@ pub enum DecodeError {
          must-understand field (RFC 8428), or the pack is not an array; the other records are kept"
     )]
     InvalidSenml,
+    #[error(
+        "payload is not a Sparkplug B message bucketd reads (Eclipse Tahu's protobuf, not \
+         compressed, at most 10,000 metrics), or its topic is not spBv1.0/<group>/<type>/<edge \
+         node>[/<device>]"
+    )]
+    InvalidSparkplug,
+    #[error(
+        "a Sparkplug metric named by an alias no BIRTH of its edge node defined since bucketd \
+         started: bucketd asked the edge node for a rebirth (NCMD Node Control/Rebirth)"
+    )]
+    UnknownAlias,
+    #[error(
+        "a Sparkplug metric that is null, a string, bytes, a date, a dataset or a template: \
+         only numbers and booleans are readings"
+    )]
+    NotNumeric,
 }
 
 impl DecodeError {
     /// Every variant, in a fixed order (the index of a variant is its counter slot).
-    pub const ALL: [DecodeError; 21] = [
+    pub const ALL: [DecodeError; 24] = [
         DecodeError::EmptyPayload,
         DecodeError::PayloadTooLarge,
         DecodeError::TopicMismatch,
@@ -98,6 +114,9 @@ impl DecodeError {
         DecodeError::PositionJump,
         DecodeError::InvalidLine,
         DecodeError::InvalidSenml,
+        DecodeError::InvalidSparkplug,
+        DecodeError::UnknownAlias,
+        DecodeError::NotNumeric,
     ];
 
     /// The metric label value.
@@ -124,6 +143,9 @@ impl DecodeError {
             DecodeError::PositionJump => "position_jump",
             DecodeError::InvalidLine => "invalid_line",
             DecodeError::InvalidSenml => "invalid_senml",
+            DecodeError::InvalidSparkplug => "invalid_sparkplug",
+            DecodeError::UnknownAlias => "unknown_alias",
+            DecodeError::NotNumeric => "not_numeric",
         }
     }
 

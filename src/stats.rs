@@ -54,6 +54,8 @@ pub struct Stats {
     pub connection_errors: AtomicU64,
     /// Redelivered messages recognised and not counted again ([`crate::dedup`]).
     pub duplicates: AtomicU64,
+    /// Messages that carry no readings by design (Sparkplug DEATH, command and STATE).
+    pub control_messages: AtomicU64,
     /// Commits that failed (and were retried after reopening the file).
     pub commit_errors: AtomicU64,
     /// Checkpoints that failed (and were tried again after a backoff).

@@ -22,6 +22,7 @@ fn sub(filter: &str, template: &str, format: Format) -> Subscription {
         sensor_field: None,
         root: None,
         fields: None,
+        rebirth_interval: None,
         store_raw: format == Format::Json,
     }
 }

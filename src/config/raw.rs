@@ -282,6 +282,10 @@ pub struct RawSubscription {
     pub root: Option<String>,
     #[serde(default)]
     pub fields: Option<Vec<String>>,
+    /// `format = "sparkplug_b"`: the least time between two rebirth requests to one edge node
+    /// (default 1m; "0s": never ask).
+    #[serde(default, with = "humantime_serde")]
+    pub rebirth_interval: Option<std::time::Duration>,
     #[serde(default = "default_true")]
     pub store_raw: bool,
 }

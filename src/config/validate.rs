@@ -695,18 +695,18 @@ fn validate_format(
     template: &Template,
     key: &dyn Fn(&str) -> String,
 ) -> Result<(), ConfigError> {
+    if raw.format != Format::Json && (raw.sensor_field.is_some() || raw.timestamp_field.is_some()) {
+        return Err(invalid(
+            key("format"),
+            "sensor_field and timestamp_field need format = \"json\"",
+        ));
+    }
     match raw.format {
         Format::Value => {
             if !template.has_sensor() || !template.has_metric() {
                 return Err(invalid(
                     key("template"),
                     "format \"value\" needs {sensor} and {metric} in the template",
-                ));
-            }
-            if raw.sensor_field.is_some() || raw.timestamp_field.is_some() {
-                return Err(invalid(
-                    key("format"),
-                    "sensor_field and timestamp_field need format = \"json\"",
                 ));
             }
         }
@@ -724,6 +724,22 @@ fn validate_format(
                 ));
             }
         }
+        Format::SparkplugB => {
+            if template.has_sensor() || template.has_metric() {
+                return Err(invalid(
+                    key("template"),
+                    "format \"sparkplug_b\" names sensors <group>:<edge node>[:<device>] from the \
+                     topic and metrics from the payload; remove {sensor} and {metric}",
+                ));
+            }
+            if !topic_filter_is_sparkplug(strip_share(&raw.filter)) {
+                return Err(invalid(
+                    key("filter"),
+                    "format \"sparkplug_b\" reads topics spBv1.0/<group>/<type>/<edge node>[/<device>]: \
+                     the filter must start with spBv1.0/ (e.g. \"spBv1.0/#\" or \"spBv1.0/plant1/#\")",
+                ));
+            }
+        }
         Format::Influx | Format::Senml => {
             let what = if raw.format == Format::Influx {
                 "format \"influx\" takes the sensor (the measurement and its tags) and the \
@@ -734,12 +750,6 @@ fn validate_format(
             };
             if template.has_metric() || (raw.format == Format::Influx && template.has_sensor()) {
                 return Err(invalid(key("template"), what));
-            }
-            if raw.sensor_field.is_some() || raw.timestamp_field.is_some() {
-                return Err(invalid(
-                    key("format"),
-                    "sensor_field and timestamp_field need format = \"json\"",
-                ));
             }
         }
         Format::Delta => {
@@ -758,12 +768,6 @@ fn validate_format(
                     key("template"),
                     "format \"delta\" takes series names from the payload; remove {sensor} and \
                      {metric}",
-                ));
-            }
-            if raw.sensor_field.is_some() || raw.timestamp_field.is_some() {
-                return Err(invalid(
-                    key("format"),
-                    "sensor_field and timestamp_field need format = \"json\"",
                 ));
             }
             if raw.filter.starts_with("$share/") {
@@ -829,8 +833,18 @@ pub(super) fn validate_subscription(
         sensor_field: raw.sensor_field.clone(),
         root: raw.root.clone(),
         fields: raw.fields.clone(),
+        rebirth_interval: match raw.rebirth_interval {
+            None => Some(std::time::Duration::from_mins(1)),
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
+        },
         store_raw: raw.store_raw,
     })
+}
+
+/// Whether a filter's topics are Sparkplug B's (`spBv1.0/...`, or a wildcard over them).
+fn topic_filter_is_sparkplug(filter: &str) -> bool {
+    filter.starts_with("spBv1.0/") || filter == "#" || filter.starts_with("+/")
 }
 
 /// The dotted paths of a JSON subscription (`timestamp_field`, `sensor_field`, `root`,
@@ -838,6 +852,12 @@ pub(super) fn validate_subscription(
 fn validate_paths(raw: &RawSubscription, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
     const FIELDS_MAX: usize = 256;
     let path_ok = |p: &str| !p.is_empty() && p.split('.').all(|k| !k.is_empty());
+    if raw.format != Format::SparkplugB && raw.rebirth_interval.is_some() {
+        return Err(invalid(
+            key("rebirth_interval"),
+            "rebirth_interval needs format = \"sparkplug_b\"",
+        ));
+    }
     if raw.format != Format::Json && (raw.root.is_some() || raw.fields.is_some()) {
         return Err(invalid(
             key("format"),

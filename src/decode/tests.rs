@@ -442,7 +442,7 @@ fn fragments() -> impl Strategy<Value = Vec<u8>> {
 
 fn check_decoded(result: Result<(), DecodeError>, out: &Decoded, c: &DecodeContext) {
     if result.is_ok() {
-        assert!(out.readings().len() > 0 || !out.rejected.is_empty());
+        assert!(out.readings().len() > 0 || !out.rejected.is_empty() || out.control);
         for r in out.readings() {
             assert!(r.value.is_finite(), "{r:?}");
             assert!(c.oldest <= r.ts && r.ts <= c.newest, "{r:?}");
@@ -1672,4 +1672,388 @@ fn deep_senml_nesting_is_refused() {
     let mut out = Decoded::default();
     let got = decode(&s, b"senml/k", deep.as_bytes(), &c, &mut out);
     assert_eq!(got, Err(DecodeError::InvalidJson));
+}
+
+mod sparkplug_b {
+    use super::*;
+    use crate::decode::sparkplug::{Metric, Payload, Value};
+    use prost::Message;
+
+    fn sub() -> Subscription {
+        json_sub(|s| {
+            s.filter = "spBv1.0/#".into();
+            s.template = Template::parse("spBv1.0/#").unwrap();
+            s.format = Format::SparkplugB;
+            s.timestamp_field = None;
+            s.sensor_field = None;
+            s.rebirth_interval = Some(std::time::Duration::from_mins(1));
+        })
+    }
+
+    fn metric(
+        name: Option<&str>,
+        alias: Option<u64>,
+        datatype: Option<u32>,
+        value: Option<Value>,
+    ) -> Metric {
+        Metric {
+            name: name.map(Into::into),
+            alias,
+            datatype,
+            value,
+            ..Metric::default()
+        }
+    }
+
+    fn payload(ts_ms: Option<u64>, metrics: Vec<Metric>) -> Vec<u8> {
+        Payload {
+            timestamp: ts_ms,
+            metrics,
+            seq: Some(0),
+            uuid: None,
+        }
+        .encode_to_vec()
+    }
+
+    fn at(
+        births: &mut Births,
+        topic: &str,
+        payload: &[u8],
+        received_s: i64,
+    ) -> Result<Decoded, DecodeError> {
+        let mut c = ctx();
+        c.received = Timestamp::from_secs(received_s);
+        let mut out = Decoded::default();
+        decode_with(&sub(), topic.as_bytes(), payload, &c, births, &mut out).map(|()| out)
+    }
+
+    fn got(d: &Decoded) -> Vec<(String, i64, f64)> {
+        d.readings()
+            .map(|r| (r.series.to_owned(), r.ts.as_nanos(), r.value))
+            .collect()
+    }
+
+    const MS: u64 = NOW_S as u64 * 1000;
+
+    /// Issue 54: a BIRTH names the metrics and their aliases; DATA names them by alias; every
+    /// numeric datatype reads as its value (signed ones from their two's complement).
+    #[test]
+    fn births_name_aliases_and_every_numeric_datatype_reads_as_its_value() {
+        let mut births = Births::default();
+        let birth = payload(
+            Some(MS),
+            vec![
+                metric(Some("bdSeq"), None, Some(8), Some(Value::Long(0))),
+                metric(
+                    Some("Node Control/Rebirth"),
+                    Some(0),
+                    Some(11),
+                    Some(Value::Boolean(false)),
+                ),
+                metric(
+                    Some("Inputs/Temp"),
+                    Some(1),
+                    Some(9),
+                    Some(Value::Float(21.5)),
+                ),
+                metric(Some("i8"), Some(2), Some(1), Some(Value::Int(0xFFFF_FFFF))),
+                metric(Some("i16"), Some(3), Some(2), Some(Value::Int(0xFFFE))),
+                metric(Some("i32"), Some(4), Some(3), Some(Value::Int(0x8000_0000))),
+                metric(Some("i64"), Some(5), Some(4), Some(Value::Long(u64::MAX))),
+                metric(Some("u32"), Some(6), Some(7), Some(Value::Int(u32::MAX))),
+                metric(Some("u64"), Some(7), Some(8), Some(Value::Long(1 << 40))),
+                metric(Some("d"), Some(8), Some(10), Some(Value::Double(-0.125))),
+                metric(Some("b"), Some(9), Some(11), Some(Value::Boolean(true))),
+                metric(Some("label"), Some(10), Some(12), None),
+                metric(Some("nothing"), Some(11), Some(9), None),
+            ],
+        );
+        let d = at(&mut births, "spBv1.0/plant/NBIRTH/edge1", &birth, NOW_S).unwrap();
+        let ns = NOW_NS;
+        let s = "plant:edge1";
+        assert_eq!(
+            got(&d),
+            [
+                (format!("{s}/Inputs.Temp"), ns, 21.5),
+                (format!("{s}/i8"), ns, -1.0),
+                (format!("{s}/i16"), ns, -2.0),
+                (format!("{s}/i32"), ns, -2_147_483_648.0),
+                (format!("{s}/i64"), ns, -1.0),
+                (format!("{s}/u32"), ns, 4_294_967_295.0),
+                (format!("{s}/u64"), ns, 1_099_511_627_776.0),
+                (format!("{s}/d"), ns, -0.125),
+                (format!("{s}/b"), ns, 1.0),
+            ]
+        );
+        // The string and the metric without a value: skipped and counted.
+        assert_eq!(d.rejected, [DecodeError::NotNumeric; 2]);
+        // DATA by alias, without datatypes (the birth's), at the metric's own time.
+        let data = payload(
+            Some(MS + 2000),
+            vec![
+                metric(None, Some(1), None, Some(Value::Float(22.0))),
+                Metric {
+                    timestamp: Some(MS + 1000),
+                    ..metric(None, Some(2), None, Some(Value::Int(0x80)))
+                },
+            ],
+        );
+        let d = at(&mut births, "spBv1.0/plant/NDATA/edge1", &data, NOW_S).unwrap();
+        assert_eq!(
+            got(&d),
+            [
+                (format!("{s}/Inputs.Temp"), ns + 2_000_000_000, 22.0),
+                (format!("{s}/i8"), ns + 1_000_000_000, -128.0)
+            ]
+        );
+        assert!(d.rebirth.is_none());
+        // A device's birth and data: its own sensor; aliases unique across the node.
+        let dbirth = payload(
+            Some(MS),
+            vec![metric(
+                Some("rpm"),
+                Some(20),
+                Some(7),
+                Some(Value::Int(900)),
+            )],
+        );
+        let d = at(
+            &mut births,
+            "spBv1.0/plant/DBIRTH/edge1/pump",
+            &dbirth,
+            NOW_S,
+        )
+        .unwrap();
+        assert_eq!(got(&d), [("plant:edge1:pump/rpm".to_owned(), ns, 900.0)]);
+        let ddata = payload(
+            Some(MS),
+            vec![metric(None, Some(20), None, Some(Value::Int(950)))],
+        );
+        let d = at(&mut births, "spBv1.0/plant/DDATA/edge1/pump", &ddata, NOW_S).unwrap();
+        assert_eq!(got(&d), [("plant:edge1:pump/rpm".to_owned(), ns, 950.0)]);
+    }
+
+    /// An alias no BIRTH defined: counted, and a rebirth asked of the edge node at most once
+    /// per interval; a DEATH forgets the node's aliases; DEATH, commands and STATE are control
+    /// messages.
+    #[test]
+    fn an_unknown_alias_asks_for_a_rebirth_once_per_interval() {
+        let mut births = Births::default();
+        let data = payload(
+            Some(MS),
+            vec![metric(None, Some(1), None, Some(Value::Double(1.0)))],
+        );
+        let d = at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S).unwrap();
+        assert_eq!(d.rejected, [DecodeError::UnknownAlias]);
+        let (topic, body) = d.rebirth.clone().expect("a rebirth request");
+        assert_eq!(topic, "spBv1.0/g/NCMD/n");
+        let asked = Payload::decode(&body[..]).unwrap();
+        assert_eq!(asked.metrics.len(), 1);
+        assert_eq!(
+            asked.metrics[0].name.as_deref(),
+            Some("Node Control/Rebirth")
+        );
+        assert_eq!(asked.metrics[0].datatype, Some(11));
+        assert_eq!(asked.metrics[0].value, Some(Value::Boolean(true)));
+        assert_eq!(asked.timestamp, Some(MS));
+        // Not again within the minute; again after it.
+        assert!(
+            at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S + 59)
+                .unwrap()
+                .rebirth
+                .is_none()
+        );
+        assert!(
+            at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S + 60)
+                .unwrap()
+                .rebirth
+                .is_some()
+        );
+        // Never when the interval is off.
+        let off = json_sub(|s| {
+            *s = sub();
+            s.rebirth_interval = None;
+        });
+        let mut out = Decoded::default();
+        decode_with(
+            &off,
+            b"spBv1.0/g/NDATA/other",
+            &data,
+            &ctx(),
+            &mut births,
+            &mut out,
+        )
+        .unwrap();
+        assert!(out.rebirth.is_none());
+        // The birth arrives: named; the node's death forgets it.
+        let birth = payload(
+            Some(MS),
+            vec![metric(
+                Some("x"),
+                Some(1),
+                Some(10),
+                Some(Value::Double(0.0)),
+            )],
+        );
+        at(&mut births, "spBv1.0/g/NBIRTH/n", &birth, NOW_S).unwrap();
+        assert_eq!(
+            got(&at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S).unwrap()).len(),
+            1
+        );
+        for topic in [
+            "spBv1.0/g/NDEATH/n",
+            "spBv1.0/g/DDEATH/n/d",
+            "spBv1.0/g/NCMD/n",
+            "spBv1.0/g/DCMD/n/d",
+            "spBv1.0/STATE/host1",
+        ] {
+            let d = at(&mut births, topic, b"", NOW_S).unwrap();
+            assert!(d.control && d.readings().len() == 0, "{topic}");
+        }
+        let d = at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S + 600).unwrap();
+        assert_eq!(
+            d.rejected,
+            [DecodeError::UnknownAlias],
+            "forgotten at NDEATH"
+        );
+        // A new NBIRTH replaces the node's aliases.
+        let birth2 = payload(
+            Some(MS),
+            vec![metric(
+                Some("y"),
+                Some(1),
+                Some(10),
+                Some(Value::Double(0.0)),
+            )],
+        );
+        at(&mut births, "spBv1.0/g/NBIRTH/n", &birth2, NOW_S).unwrap();
+        let d = at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S).unwrap();
+        assert_eq!(got(&d)[0].0, "g:n/y");
+    }
+
+    /// Bad input: a truncated or garbled payload, a topic that is not Sparkplug's, too many
+    /// metrics, a compressed payload, a timestamp out of range: refused with a reason.
+    #[test]
+    fn bad_sparkplug_input_is_refused_with_a_reason() {
+        let mut births = Births::default();
+        let good = payload(
+            Some(MS),
+            vec![metric(Some("x"), None, Some(10), Some(Value::Double(1.0)))],
+        );
+        for cut in 1..good.len() {
+            let r = at(&mut births, "spBv1.0/g/NDATA/n", &good[..cut], NOW_S);
+            assert!(
+                matches!(r, Err(DecodeError::InvalidSparkplug) | Ok(_)),
+                "{cut}: {r:?}"
+            );
+        }
+        assert_eq!(
+            at(
+                &mut births,
+                "spBv1.0/g/NDATA/n",
+                &good[..good.len() - 1],
+                NOW_S
+            )
+            .unwrap_err(),
+            DecodeError::InvalidSparkplug
+        );
+        for topic in [
+            "spBv1.0/g/NDATA",
+            "spBv1.0/g/NDATA/n/d",
+            "spBv1.0/g/DDATA/n",
+            "spBv1.0/g/XDATA/n",
+            "spAv1.0/g/NDATA/n",
+            "spBv1.0/g/NDATA/n/d/e",
+        ] {
+            assert_eq!(
+                at(&mut births, topic, &good, NOW_S).unwrap_err(),
+                DecodeError::TopicMismatch,
+                "{topic}"
+            );
+        }
+        // More metrics than the bound: refused before any is decoded.
+        let many: Vec<u8> =
+            std::iter::repeat_n([0x12u8, 0x00], crate::limits::SPARKPLUG_METRICS_MAX + 1)
+                .flatten()
+                .collect();
+        let mut c = ctx();
+        c.max_payload_bytes = 1 << 20;
+        let r = decode_with(
+            &sub(),
+            b"spBv1.0/g/NDATA/n",
+            &many,
+            &c,
+            &mut births,
+            &mut Decoded::default(),
+        );
+        assert_eq!(r, Err(DecodeError::InvalidSparkplug));
+        let compressed = Payload {
+            uuid: Some("SPBV1.0_COMPRESSED".into()),
+            ..Payload::default()
+        }
+        .encode_to_vec();
+        assert_eq!(
+            at(&mut births, "spBv1.0/g/NDATA/n", &compressed, NOW_S).unwrap_err(),
+            DecodeError::InvalidSparkplug
+        );
+        let late = payload(
+            Some(u64::MAX),
+            vec![metric(Some("x"), None, Some(10), Some(Value::Double(1.0)))],
+        );
+        assert_eq!(
+            at(&mut births, "spBv1.0/g/NDATA/n", &late, NOW_S)
+                .unwrap()
+                .rejected,
+            [DecodeError::InvalidTimestamp]
+        );
+        // A value of the wrong kind for its datatype is no number.
+        let wrong = payload(
+            Some(MS),
+            vec![metric(Some("x"), None, Some(9), Some(Value::Double(1.0)))],
+        );
+        assert_eq!(
+            at(&mut births, "spBv1.0/g/NDATA/n", &wrong, NOW_S)
+                .unwrap()
+                .rejected,
+            [DecodeError::NotNumeric]
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: fuzz_cases(), ..ProptestConfig::default() })]
+
+        /// Sparkplug by shape: random wire bytes after a valid prefix, aliases out of range,
+        /// huge counts; never a panic, only valid readings, the births bounded.
+        #[test]
+        fn sparkplug_shapes_yield_only_valid_readings(
+            metrics in prop::collection::vec(
+                (prop::option::of("[a-z/]{0,3}"), prop::option::of(0u64..4), prop::option::of(0u32..25), 0u8..6, any::<u64>()),
+                0..20,
+            ),
+            tail in prop::collection::vec(any::<u8>(), 0..16),
+            kind in prop::sample::select(&["NBIRTH", "NDATA", "DBIRTH", "DDATA", "NDEATH"][..]),
+        ) {
+            let mut births = Births::default();
+            let metrics = metrics.into_iter().map(|(name, alias, datatype, v, bits)| {
+                let value = match v {
+                    0 => None,
+                    1 => Some(Value::Int(bits as u32)),
+                    2 => Some(Value::Long(bits)),
+                    3 => Some(Value::Float(f32::from_bits(bits as u32))),
+                    4 => Some(Value::Double(f64::from_bits(bits))),
+                    _ => Some(Value::Boolean(bits & 1 == 1)),
+                };
+                Metric { timestamp: Some(MS - bits % 1000), ..metric(name.as_deref(), alias, datatype, value) }
+            }).collect();
+            let mut body = payload(Some(MS), metrics);
+            body.extend(tail);
+            let device = if kind.starts_with('D') { "/dev" } else { "" };
+            let topic = format!("spBv1.0/g/{kind}/n{device}");
+            let c = ctx();
+            let mut out = Decoded::default();
+            let result = decode_with(&sub(), topic.as_bytes(), &body, &c, &mut births, &mut out);
+            check_decoded(result, &out, &c);
+            prop_assert!(births.nodes() <= 1);
+        }
+    }
 }

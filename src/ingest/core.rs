@@ -74,6 +74,9 @@ pub enum Action<R> {
     Answer(R, u64),
     /// Tell systemd the daemon is ready (once).
     Ready,
+    /// Publish this message (QoS 0) on the session: a Sparkplug rebirth request (topic,
+    /// payload).
+    Publish(SessionId, String, Vec<u8>),
 }
 
 /// What a session has to send next ([`Core::outgoing`]).
@@ -599,7 +602,7 @@ impl<R> Core<R> {
                 dup,
             } => {
                 if self.mode == Mode::Running {
-                    self.on_publish(session, &topic, &payload, (pkid, qos, dup), now);
+                    self.on_publish(session, &topic, &payload, (pkid, qos, dup), now, out);
                 }
             }
             MqttEvent::AcksSent(n) => {
@@ -761,6 +764,7 @@ impl<R> Core<R> {
         payload: &Bytes,
         (pkid, qos, dup): (u16, u8, bool),
         now: Now,
+        out: &mut Vec<Action<R>>,
     ) {
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let id = session.get();
@@ -799,6 +803,14 @@ impl<R> Core<R> {
                 self.end_burst(session, BurstEnd::Pause);
             }
         } else {
+            if let Some((topic, payload)) = admitted.rebirth.take() {
+                info!(
+                    session = id,
+                    topic,
+                    "Asked a Sparkplug edge node for its births again (a DATA message named an alias no BIRTH defined)."
+                );
+                out.push(Action::Publish(session, topic, payload));
+            }
             let urgent = apply(
                 &mut self.batcher,
                 &self.stats,
@@ -992,6 +1004,9 @@ fn apply(
             false
         }
         Verdict::New => {
+            if admitted.control {
+                stats.control_messages.fetch_add(1, Ordering::Relaxed);
+            }
             let raw = admitted.store_raw;
             for (series, ts, value) in admitted.readings.drain(..) {
                 batcher.push_reading(series, ts, value, raw, now);

@@ -154,6 +154,11 @@ impl Ingest {
                     let _ = reply.send(readings); // The requester may have given up.
                 }
                 Action::Ready => crate::notify::ready(),
+                Action::Publish(s, topic, payload) => {
+                    if let Err(e) = self.clients[s.index()].try_publish(&topic, payload) {
+                        tracing::warn!(session = s.index(), topic, error = %e, "Could not queue a Sparkplug rebirth request; the next unknown alias asks again.");
+                    }
+                }
             }
         }
         for (id, client) in SessionId::all(self.clients.len()).zip(&self.clients) {

@@ -44,6 +44,7 @@ pub(super) fn core_with(
         sensor_field: None,
         root: None,
         fields: None,
+        rebirth_interval: None,
         store_raw: false,
     };
     let limits = Limits {

@@ -322,6 +322,7 @@ fn admitter() -> Admitter {
         sensor_field: None,
         root: None,
         fields: None,
+        rebirth_interval: None,
         store_raw: false,
     };
     let limits = Limits {

@@ -138,6 +138,7 @@ pub fn central_with(
         sensor_field: None,
         root: None,
         fields: None,
+        rebirth_interval: None,
         store_raw: false,
     }];
     tweak(&mut raw);
