@@ -218,20 +218,30 @@ fn count_metrics(mut buf: &[u8]) -> Option<usize> {
 
 /// A metric's value as a reading, by its datatype (from the metric, else from its BIRTH, else
 /// from the value's own kind); `None` for a value that is no number.
+///
+/// Integers are read from either integer field: the specification puts 8 to 32-bit types in
+/// `int_value`, but Tahu's own JavaScript encoder sends UInt32 in `long_value`. Signed types
+/// travel as two's complement in 32 or 64 bits depending on the encoder: their low bits are the
+/// value either way.
 fn number(kind: u32, value: Value) -> Option<f64> {
     use datatype as t;
-    Some(match (kind, value) {
-        // Signed types travel in the unsigned field as two's complement, in 32 bits or in
-        // their own width depending on the encoder: their low bits are the value either way.
-        (t::INT8, Value::Int(v)) => f64::from(v as u8 as i8),
-        (t::INT16, Value::Int(v)) => f64::from(v as u16 as i16),
-        (t::INT32, Value::Int(v)) => f64::from(v as i32),
-        (t::UINT8 | t::UINT16 | t::UINT32 | 0, Value::Int(v)) => f64::from(v),
-        (t::INT64, Value::Long(v)) => v as i64 as f64,
-        (t::UINT64 | 0, Value::Long(v)) => v as f64,
-        (t::FLOAT | 0, Value::Float(f)) => f64::from(f),
-        (t::DOUBLE | 0, Value::Double(d)) => d,
-        (t::BOOLEAN | 0, Value::Boolean(b)) => f64::from(u8::from(b)),
+    let int = match value {
+        Value::Int(v) => Some(u64::from(v)),
+        Value::Long(v) => Some(v),
+        _ => None,
+    };
+    Some(match (kind, int, value) {
+        (t::INT8, Some(v), _) => f64::from(v as u8 as i8),
+        (t::INT16, Some(v), _) => f64::from(v as u16 as i16),
+        (t::INT32, Some(v), _) => f64::from(v as u32 as i32),
+        (t::INT64, Some(v), _) => v as i64 as f64,
+        (t::UINT8, Some(v), _) => f64::from(v as u8),
+        (t::UINT16, Some(v), _) => f64::from(v as u16),
+        (t::UINT32, Some(v), _) => f64::from(v as u32),
+        (t::UINT64 | 0, Some(v), _) => v as f64,
+        (t::FLOAT | 0, _, Value::Float(f)) => f64::from(f),
+        (t::DOUBLE | 0, _, Value::Double(d)) => d,
+        (t::BOOLEAN | 0, _, Value::Boolean(b)) => f64::from(u8::from(b)),
         _ => return None,
     })
 }

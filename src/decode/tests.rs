@@ -1761,6 +1761,8 @@ mod sparkplug_b {
                 metric(Some("i32"), Some(4), Some(3), Some(Value::Int(0x8000_0000))),
                 metric(Some("i64"), Some(5), Some(4), Some(Value::Long(u64::MAX))),
                 metric(Some("u32"), Some(6), Some(7), Some(Value::Int(u32::MAX))),
+                // Tahu's JavaScript encoder sends UInt32 in long_value.
+                metric(Some("u32l"), Some(12), Some(7), Some(Value::Long(900))),
                 metric(Some("u64"), Some(7), Some(8), Some(Value::Long(1 << 40))),
                 metric(Some("d"), Some(8), Some(10), Some(Value::Double(-0.125))),
                 metric(Some("b"), Some(9), Some(11), Some(Value::Boolean(true))),
@@ -1780,6 +1782,7 @@ mod sparkplug_b {
                 (format!("{s}/i32"), ns, -2_147_483_648.0),
                 (format!("{s}/i64"), ns, -1.0),
                 (format!("{s}/u32"), ns, 4_294_967_295.0),
+                (format!("{s}/u32l"), ns, 900.0),
                 (format!("{s}/u64"), ns, 1_099_511_627_776.0),
                 (format!("{s}/d"), ns, -0.125),
                 (format!("{s}/b"), ns, 1.0),

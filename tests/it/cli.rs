@@ -366,6 +366,41 @@ fn check_config_prints_the_effective_config_without_secrets() {
     assert_eq!(reparsed["mqtt"]["username"].as_str(), Some("gw"));
 }
 
+/// Issue 54: every example configuration in `deploy/examples/` is valid, and says which format
+/// it reads; each format the README's table lists has one.
+#[test]
+fn every_example_configuration_passes_check_config() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples");
+    let mut formats = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let out = Command::new(BIN)
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let effective: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
+        let subs = effective["subscriptions"].as_array().unwrap();
+        assert_eq!(
+            subs.len(),
+            1,
+            "{}: one subscription, the example's",
+            path.display()
+        );
+        formats.insert(subs[0]["format"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        formats.into_iter().collect::<Vec<_>>(),
+        ["influx", "json", "senml", "sparkplug_b"]
+    );
+}
+
 #[test]
 fn a_missing_password_file_is_a_configuration_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -29,6 +29,8 @@ mod crash;
 mod faults;
 /// The fleet tier: forwarding to PostgreSQL and to a central over MQTT; the query node.
 mod fleet;
+/// Payload formats as real devices send them, from the producer libraries people use.
+mod formats;
 /// End to end through a real broker and a real redb file: ground truth, restart, bad input.
 mod ingest;
 /// The import rules: no cycle among `src/`'s modules; the edge does not import the fleet.
