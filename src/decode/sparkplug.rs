@@ -220,7 +220,7 @@ fn count_metrics(mut buf: &[u8]) -> Option<usize> {
 /// from the value's own kind); `None` for a value that is no number.
 ///
 /// Integers are read from either integer field: the specification puts 8 to 32-bit types in
-/// `int_value`, but Tahu's own JavaScript encoder sends UInt32 in `long_value`. Signed types
+/// `int_value`, but Tahu's own JavaScript encoder sends `UInt32` in `long_value`. Signed types
 /// travel as two's complement in 32 or 64 bits depending on the encoder: their low bits are the
 /// value either way.
 fn number(kind: u32, value: Value) -> Option<f64> {
