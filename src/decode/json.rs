@@ -451,14 +451,14 @@ impl<'de> Visitor<'de> for Shape<'_, '_, 'de> {
     }
 }
 
-fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+pub(super) fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
     while map.next_key_seed(Skip)?.is_some() {
         map.next_value_seed(Skip)?;
     }
     Ok(())
 }
 
-fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+pub(super) fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
     while seq.next_element_seed(Skip)?.is_some() {}
     Ok(())
 }
@@ -507,7 +507,7 @@ impl<'de> Visitor<'de> for Skip {
 }
 
 /// An object key, borrowed unless it had escapes.
-struct Key;
+pub(super) struct Key;
 
 impl<'de> DeserializeSeed<'de> for Key {
     type Value = Cow<'de, str>;
