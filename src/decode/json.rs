@@ -107,19 +107,23 @@ pub(super) fn decode(
     let path = walk.path;
     out.scratch.path = path;
     out.scratch.fields = recycle(fields);
-    parsed.map_err(|e| {
-        if std::str::from_utf8(payload).is_err() {
-            DecodeError::InvalidUtf8
-        } else if e.to_string().starts_with("number out of range") {
-            DecodeError::NonFinite
-        } else {
-            DecodeError::InvalidJson
-        }
-    })?;
+    parsed.map_err(|e| verdict(payload, &e))?;
     if not_an_object {
         return Err(DecodeError::NotAnObject);
     }
     Ok(())
+}
+
+/// Why a JSON payload was refused as a whole: not UTF-8, a number past f64's range, or not
+/// valid JSON.
+pub(super) fn verdict(payload: &[u8], e: &serde_json::Error) -> DecodeError {
+    if std::str::from_utf8(payload).is_err() {
+        DecodeError::InvalidUtf8
+    } else if e.to_string().starts_with("number out of range") {
+        DecodeError::NonFinite
+    } else {
+        DecodeError::InvalidJson
+    }
 }
 
 /// What the visitors share while walking one payload.

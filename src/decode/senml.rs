@@ -72,12 +72,10 @@ pub(super) fn decode(
         .deserialize_seq(Pack(&mut resolve))
         .and_then(|()| de.end());
     parsed.map_err(|e| {
-        if std::str::from_utf8(payload).is_err() {
-            DecodeError::InvalidUtf8
-        } else if e.is_data() {
+        if e.is_data() && std::str::from_utf8(payload).is_ok() {
             DecodeError::InvalidSenml // valid JSON, but not an array
         } else {
-            DecodeError::InvalidJson
+            super::json::verdict(payload, &e)
         }
     })
 }
