@@ -221,19 +221,14 @@ impl Params {
                 "at most {MATCH_MAX} match[] parameters, not {given}"
             )));
         }
+        // `bucketd_reading` names series here (Grafana's metric browser narrows the labels
+        // with `match[]=<the chosen metric>`), as it does in `/label/__name__/values`.
         self.0
             .iter()
             .filter(|(k, _)| k == "match[]")
-            .map(|(_, v)| match promql::parse(v) {
-                Ok(promql::Expr::Select(promql::Select {
-                    selector,
-                    range_secs: None,
-                    offset_secs: 0,
-                })) => Ok(selector),
-                Ok(_) => Err(PromError::bad(format!(
-                    "parameter `match[]`: `{v}` is not a series selector"
-                ))),
-                Err(e) => Err(PromError::bad(format!("parameter `match[]`: {e}"))),
+            .map(|(_, v)| {
+                promql::parse_series_selector(v)
+                    .map_err(|e| PromError::bad(format!("parameter `match[]`: {e}")))
             })
             .collect()
     }
@@ -349,28 +344,43 @@ async fn instant_query(s: &PromState, p: &Params) -> Result<Value, PromError> {
 /// fields each selector selects; with `start` or `end`, only series with a bucket between them
 /// (as Prometheus answers only series with samples in the range), unless checking that would
 /// read more buckets than `http.max_points_per_query`: then all of them.
+/// A stored series a request's selectors chose: its name, the bucket fields they name, and
+/// whether they name its readings (`bucketd_reading`) too.
+struct Chosen {
+    name: String,
+    fields: Vec<Field>,
+    readings: bool,
+}
+
 async fn selected(
     s: &PromState,
     p: &Params,
     selectors: Vec<promql::Selector>,
-) -> Result<Vec<(String, Vec<Field>)>, PromError> {
+) -> Result<Vec<Chosen>, PromError> {
     let (start, end) = (p.time("start")?, p.time("end")?);
     let source = s.source.clone();
     let names = read(move || source.series().map_err(PromError::read)).await?;
-    let chosen: Vec<(String, Vec<Field>)> = names
+    let chosen: Vec<Chosen> = names
         .into_iter()
         .filter_map(|name| {
             let labels = SeriesLabels::of(&name);
-            let fields: BTreeSet<Field> = if selectors.is_empty() {
-                Field::ALL.into_iter().collect()
+            let matching: Vec<&promql::Selector> = selectors
+                .iter()
+                .filter(|sel| sel.matches_series(&labels))
+                .collect();
+            let (fields, readings): (BTreeSet<Field>, bool) = if selectors.is_empty() {
+                (Field::ALL.into_iter().collect(), true)
             } else {
-                selectors
-                    .iter()
-                    .filter(|sel| sel.matches_series(&labels))
-                    .flat_map(promql::Selector::fields)
-                    .collect()
+                (
+                    matching.iter().flat_map(|sel| sel.fields()).collect(),
+                    matching.iter().any(|sel| sel.selects_readings()),
+                )
             };
-            (!fields.is_empty()).then(|| (name.clone(), fields.into_iter().collect()))
+            (!fields.is_empty() || readings).then(|| Chosen {
+                name: name.clone(),
+                fields: fields.into_iter().collect(),
+                readings,
+            })
         })
         .collect();
     if start.is_none() && end.is_none() {
@@ -386,7 +396,7 @@ async fn selected(
         return Ok(chosen);
     }
     let (source, unreadable) = (s.source.clone(), s.unreadable.clone());
-    let names: Vec<String> = chosen.iter().map(|(n, _)| n.clone()).collect();
+    let names: Vec<String> = chosen.iter().map(|c| c.name.clone()).collect();
     let present = read(move || {
         let wanted: Vec<&str> = names.iter().map(String::as_str).collect();
         buckets_around(&*source, &wanted, from, to, &unreadable).map_err(PromError::read)
@@ -394,7 +404,7 @@ async fn selected(
     .await?;
     Ok(chosen
         .into_iter()
-        .filter(|(name, _)| present.get(name).is_some_and(|b| !b.is_empty()))
+        .filter(|c| present.get(&c.name).is_some_and(|b| !b.is_empty()))
         .collect())
 }
 
@@ -424,31 +434,27 @@ async fn labels(s: &PromState, p: &Params) -> Result<Value, PromError> {
 }
 
 async fn label_values(s: &PromState, name: &str, p: &Params) -> Result<Value, PromError> {
-    let selectors = p.matches()?;
+    let selected = selected(s, p, p.matches()?).await?;
     // The readings' metric is a name too (for range functions), where the selectors take it.
-    let readings = name == "__name__"
-        && (selectors.is_empty() || selectors.iter().any(promql::Selector::selects_readings));
-    let selected = selected(s, p, selectors).await?;
-    let mut values: BTreeSet<String> = selected
+    let values: BTreeSet<String> = selected
         .iter()
-        .flat_map(|(series, fields)| {
-            let labels = SeriesLabels::of(series);
+        .flat_map(|c| {
+            let labels = SeriesLabels::of(&c.name);
             let one = match name {
                 "series" => Some(labels.series),
                 "sensor" => Some(labels.sensor),
                 "metric" => Some(labels.metric),
                 _ => None,
             };
-            let names = fields
+            let names = c
+                .fields
                 .iter()
                 .map(|f| f.metric_name())
+                .chain(c.readings.then_some(promql::READINGS))
                 .filter(|_| name == "__name__");
             one.into_iter().chain(names).map(str::to_owned)
         })
         .collect();
-    if readings && !selected.is_empty() {
-        values.insert(promql::READINGS.to_owned());
-    }
     let values: Vec<String> = values.into_iter().take(limit(p)?).collect();
     Ok(json!(values))
 }
@@ -459,7 +465,10 @@ async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
         return Err(PromError::bad("no match[] parameter provided"));
     }
     let selected = selected(s, p, selectors).await?;
-    let total: u64 = selected.iter().map(|(_, f)| f.len() as u64).sum();
+    let total: u64 = selected
+        .iter()
+        .map(|c| c.fields.len() as u64 + u64::from(c.readings))
+        .sum();
     if total > s.max_points {
         return Err(PromError::bad(format!(
             "the selectors match {total} series, more than http.max_points_per_query ({}); \
@@ -469,9 +478,16 @@ async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
     }
     let list: Vec<Value> = selected
         .iter()
-        .flat_map(|(series, fields)| {
-            let labels = SeriesLabels::of(series);
-            fields.iter().map(move |f| json!(labels.with_name(*f)))
+        .flat_map(|c| {
+            let labels = SeriesLabels::of(&c.name);
+            let mut readings = labels.with_name(Field::Count);
+            readings.insert("__name__".to_owned(), promql::READINGS.to_owned());
+            let readings = c.readings.then(|| json!(readings));
+            c.fields
+                .iter()
+                .map(move |f| json!(labels.with_name(*f)))
+                .chain(readings)
+                .collect::<Vec<_>>()
         })
         .take(limit(p)?)
         .collect();

@@ -483,6 +483,33 @@ impl Expr {
     }
 }
 
+/// Parses a series selector as the label and series endpoints take it in `match[]`: any
+/// selector, `bucketd_reading` included (it names series there, not samples).
+pub fn parse_series_selector(text: &str) -> Result<Selector, String> {
+    if text.len() > QUERY_BYTES_MAX {
+        return Err(format!(
+            "the selector is longer than {QUERY_BYTES_MAX} bytes"
+        ));
+    }
+    let mut p = Parser {
+        tokens: lex(text)?,
+        at: 0,
+        depth: 0,
+    };
+    let expr = p.expr()?;
+    match (expr, p.peek()) {
+        (
+            Expr::Select(Select {
+                selector,
+                range_secs: None,
+                offset_secs: 0,
+            }),
+            None,
+        ) => Ok(selector),
+        _ => Err(format!("`{text}` is not a series selector")),
+    }
+}
+
 /// Parses `text`. The error says what is wrong or not supported, for a `bad_data` answer.
 pub fn parse(text: &str) -> Result<Expr, String> {
     if text.len() > QUERY_BYTES_MAX {

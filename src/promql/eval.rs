@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    AggOp, BinOp, Expr, Field, Func, Grouping, Matching, POINTS_PER_SERIES_MAX, Select,
+    AggOp, BinOp, Expr, Field, Func, Grouping, Matching, POINTS_PER_SERIES_MAX, READINGS, Select,
     SeriesLabels,
 };
 use crate::doc::BucketDoc;
@@ -413,6 +413,16 @@ fn unnamed(mut labels: BTreeMap<String, String>) -> BTreeMap<String, String> {
     labels
 }
 
+/// A range function's labels: its series' own, without `__name__` except for `last_over_time`,
+/// which answers a sample as it was (Prometheus drops the name for every other function).
+fn range_function_labels(func: Func, labels: Labels) -> Labels {
+    if func == Func::LastOverTime {
+        labels
+    } else {
+        unnamed(labels)
+    }
+}
+
 impl Ctx<'_> {
     fn eval(&self, expr: &Expr) -> Result<Value, String> {
         match expr {
@@ -584,8 +594,10 @@ impl Ctx<'_> {
                         Some((t, value?))
                     })
                     .collect();
+                let mut named = labels.with_name(Field::Count);
+                named.insert("__name__".to_owned(), READINGS.to_owned());
                 out.push(Series {
-                    labels: unnamed(labels.with_name(Field::Count)),
+                    labels: range_function_labels(func, named),
                     points,
                 });
             }
@@ -614,7 +626,7 @@ impl Ctx<'_> {
                     })
                     .collect();
                 out.push(Series {
-                    labels: unnamed(labels.with_name(field)),
+                    labels: range_function_labels(func, labels.with_name(field)),
                     points,
                 });
             }
@@ -790,7 +802,8 @@ fn aggregate(op: AggOp, param: f64, grouping: &Grouping, series: Vec<Series>) ->
 
 /// `lhs op rhs`. Arithmetic drops `__name__`; a comparison keeps the left side's points where
 /// it holds (its value and labels), or with `bool` gives 0 or 1 without `__name__`. Two vectors
-/// pair their series one to one by `matching`.
+/// pair their series one to one by `matching`, whose `on` or `ignoring` also decides the
+/// result's labels, as in Prometheus.
 fn binary(
     op: BinOp,
     bool_result: bool,
@@ -881,14 +894,17 @@ fn binary(
                     .iter()
                     .filter_map(|&(t, a)| Some((t, point(a, *theirs.get(&t)?, a)?)))
                     .collect();
+                // Prometheus's rule for one-to-one matching, comparisons included: `on` keeps
+                // only its labels, `ignoring` drops its own; only a filtering comparison keeps
+                // `__name__` (issue 55: `a < on(sensor) b` answered the left side's labels).
                 let labels = match (filter, matching) {
-                    (true, _) => s.labels,
-                    (false, Matching::On(_)) => k,
-                    (false, Matching::Ignoring(ignored)) => {
-                        let mut l = unnamed(s.labels);
+                    (_, Matching::On(_)) => k,
+                    (_, Matching::Ignoring(ignored)) => {
+                        let mut l = labels_of(s.labels);
                         l.retain(|name, _| !ignored.contains(name));
                         l
                     }
+                    (true, Matching::All) => s.labels,
                     (false, Matching::All) => unnamed(s.labels),
                 };
                 out.push(Series { labels, points });

@@ -803,6 +803,62 @@ fn arithmetic_and_comparisons_follow_promql() {
         Grid::instant(at(3)),
     );
     assert_eq!(out[0].points[0].1, -3.0);
+    // Issue 55: a filtering comparison applies on (..) and ignoring (..) to its labels too, as
+    // Prometheus does for every one-to-one match: `on` keeps its labels only; `ignoring` drops
+    // its own and keeps the name.
+    let out = eval(
+        r#"bucketd_bucket_max{sensor="a"} < on (metric) bucketd_bucket_max{sensor="b"}"#,
+        &docs,
+        Grid::instant(at(3)),
+    );
+    assert_eq!(out[0].points[0].1, 3.0, "the left side's value");
+    assert_eq!(
+        out[0].labels,
+        BTreeMap::from([("metric".to_owned(), "t".to_owned())])
+    );
+    let out = eval(
+        r#"bucketd_bucket_max{sensor="a"} < ignoring (sensor, series) bucketd_bucket_max{sensor="b"}"#,
+        &docs,
+        Grid::instant(at(3)),
+    );
+    assert_eq!(
+        out[0].labels,
+        BTreeMap::from([
+            ("__name__".to_owned(), "bucketd_bucket_max".to_owned()),
+            ("metric".to_owned(), "t".to_owned())
+        ])
+    );
+}
+
+/// Issue 55: `last_over_time` keeps the metric name (a sample as it was), as Prometheus does;
+/// every other range function drops it.
+#[test]
+fn last_over_time_keeps_the_metric_name() {
+    let docs = hourly_docs();
+    for (query, name) in [
+        (
+            r#"last_over_time(bucketd_reading{sensor="a"}[2h])"#,
+            "bucketd_reading",
+        ),
+        (
+            r#"last_over_time(bucketd_bucket_max{sensor="a"}[2h])"#,
+            "bucketd_bucket_max",
+        ),
+    ] {
+        let out = eval(query, &docs, Grid::instant(at(3)));
+        assert_eq!(
+            out[0].labels.get("__name__").map(String::as_str),
+            Some(name),
+            "{query}"
+        );
+        assert_eq!(out[0].labels["series"], "a/t");
+    }
+    let out = eval(
+        r#"max_over_time(bucketd_bucket_max{sensor="a"}[2h])"#,
+        &docs,
+        Grid::instant(at(3)),
+    );
+    assert!(!out[0].labels.contains_key("__name__"));
 }
 
 /// The "sensor went silent" alert: `absent` gives 1 where nothing is, with the labels its

@@ -420,6 +420,27 @@ async fn grafanas_requests_get_prometheus_answers() {
             {"__name__": "bucketd_bucket_max", "metric": "t", "sensor": "day", "series": "day/t"},
         ])
     );
+    // Issue 55: Grafana's metric browser narrows with `match[]=<the chosen metric>`; choosing
+    // the readings' metric, which `/label/__name__/values` lists, was a 400.
+    let readings = [("match[]", r#"bucketd_reading{sensor="day"}"#.to_owned())];
+    let series = ok(grafana(&d, "GET", "/api/v1/series", &readings).await);
+    assert_eq!(
+        series,
+        json!([
+            {"__name__": "bucketd_reading", "metric": "h", "sensor": "day", "series": "day/h"},
+            {"__name__": "bucketd_reading", "metric": "t", "sensor": "day", "series": "day/t"},
+        ])
+    );
+    let labels = ok(grafana(&d, "GET", "/api/v1/labels", &readings).await);
+    assert_eq!(labels, json!(["__name__", "metric", "sensor", "series"]));
+    let names = ok(grafana(&d, "GET", "/api/v1/label/__name__/values", &readings).await);
+    assert_eq!(names, json!(["bucketd_reading"]));
+    let either = [(
+        "match[]",
+        r#"{__name__=~"bucketd_reading|bucketd_bucket_max", series="day/h"}"#.to_owned(),
+    )];
+    let names = ok(grafana(&d, "GET", "/api/v1/label/__name__/values", &either).await);
+    assert_eq!(names, json!(["bucketd_bucket_max", "bucketd_reading"]));
 
     // The panel's query: hourly max of day/h over its day, the step Grafana computed (900 s
     // here: the hour's value at each quarter).
