@@ -182,6 +182,7 @@ fn bench_promql(c: &mut Criterion) {
                         [("s/t".to_owned(), docs.clone())].into_iter().collect(),
                     )
                 },
+                |_, _, _, _| Ok(Some(Vec::new())),
             )
             .unwrap();
             let Value::Vector(series) = value else {

@@ -267,19 +267,30 @@ async fn evaluate(
     };
     read(move || {
         let names = source.series().map_err(PromError::read)?;
-        let value = promql::evaluate(&expr, &names, grid, width, &budget, |wanted, from, to| {
-            buckets_around(&*source, wanted, from, to, &unreadable)
-        })
-        .map_err(|e| match e {
-            promql::EvalError::TooLarge(m) => PromError::bad(m),
-            promql::EvalError::Read(e) => PromError::read(e),
-            // No one reads this answer.
-            promql::EvalError::Cancelled => PromError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                kind: "canceled",
-                message: "the client went away; the query was stopped".into(),
+        let fetch =
+            |wanted: &[&str], from, to| buckets_around(&*source, wanted, from, to, &unreadable);
+        let raw = |series: &str, from, to, at_most: u64| {
+            let mut readings = Vec::new();
+            let mut over = false;
+            source.raw(series, from, to, &mut |page| {
+                readings.extend_from_slice(page);
+                over = readings.len() as u64 > at_most;
+                !over
+            })?;
+            Ok((!over).then_some(readings))
+        };
+        let value = promql::evaluate(&expr, &names, grid, width, &budget, fetch, raw).map_err(
+            |e| match e {
+                promql::EvalError::TooLarge(m) => PromError::bad(m),
+                promql::EvalError::Read(e) => PromError::read(e),
+                // No one reads this answer.
+                promql::EvalError::Cancelled => PromError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    kind: "canceled",
+                    message: "the client went away; the query was stopped".into(),
+                },
             },
-        })?;
+        )?;
         Ok(match value {
             promql::Value::Vector(series) => Ok(series),
             promql::Value::Scalar(n) => Err(n),

@@ -206,10 +206,14 @@ impl<'a> SeriesLabels<'a> {
     }
 }
 
-/// The metric whose samples are the readings themselves: only inside a range function, where
-/// the buckets of the range merge exactly (`quantile_over_time(0.99, bucketd_reading{..}[1d])`
-/// is the p99 of the day's readings).
+/// The metric whose samples are the readings themselves: inside a range function the buckets
+/// of the range merge exactly (`quantile_over_time(0.99, bucketd_reading{..}[1d])` is the p99
+/// of the day's readings); as a plain selector, the last raw reading within [`LOOKBACK_MS`].
 pub const READINGS: &str = "bucketd_reading";
+
+/// How far back a plain `bucketd_reading` selector looks for a reading: Prometheus's default
+/// look-back delta, 5 minutes.
+pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
 
 impl Selector {
     /// Whether the `__name__` matchers accept [`READINGS`].
@@ -218,6 +222,12 @@ impl Selector {
             .iter()
             .filter(|m| m.label == "__name__")
             .all(|m| m.matches(READINGS))
+    }
+
+    /// Whether its `__name__` matchers name [`READINGS`] (there is at least one, and all
+    /// accept it): a plain selector then answers the last reading within the look-back.
+    pub fn names_readings(&self) -> bool {
+        self.matchers.iter().any(|m| m.label == "__name__") && self.selects_readings()
     }
 
     /// Whether it selects [`READINGS`] and no bucket field.
@@ -540,11 +550,6 @@ fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
                  avg_over_time(bucketd_reading{series=\"boiler/temp\"}[1h])"
                 .into()),
             (false, true) => Err("this function takes a range selector, like x[1h]".into()),
-            _ if s.selector.only_readings() && s.range_secs.is_none() => Err(
-                "bucketd_reading is the readings themselves: use it in a range function, like \
-                 avg_over_time(bucketd_reading{series=\"boiler/temp\"}[1h])"
-                    .into(),
-            ),
             _ => Ok(()),
         },
         Expr::Call(func, args) => {

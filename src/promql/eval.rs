@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    AggOp, BinOp, Expr, Field, Func, Grouping, Matching, POINTS_PER_SERIES_MAX, READINGS, Select,
-    SeriesLabels,
+    AggOp, BinOp, Expr, Field, Func, Grouping, LOOKBACK_MS, Matching, POINTS_PER_SERIES_MAX,
+    READINGS, Select, SeriesLabels,
 };
 use crate::doc::BucketDoc;
 use crate::summary::Summary;
@@ -269,6 +269,8 @@ struct Ctx<'a> {
     window_ms: i64,
     names: &'a [String],
     data: BTreeMap<String, Stored>,
+    /// Raw readings of the series a plain `bucketd_reading` selector matched.
+    raw: RawReadings,
 }
 
 /// The start (ms) of the bucket of width `w` (ms) holding `t`, saturating at the ends of an
@@ -303,7 +305,8 @@ fn needed(s: &Select, grid: Grid, width_ms: i64, window_ms: i64) -> (i64, i64) {
 
 /// Evaluates `expr` at `grid` over the stored series `names`, reading what its selectors need
 /// with one `fetch(names, from, to)` (per name, bucket starts in `[from, to)`, seconds, in time
-/// order).
+/// order) and, for plain `bucketd_reading` selectors, `raw(name, from, to, at_most)` (the raw
+/// readings with `from <= ns < to`, in time order, `None` past `at_most` of them).
 pub fn evaluate<E>(
     expr: &Expr,
     names: &[String],
@@ -311,6 +314,7 @@ pub fn evaluate<E>(
     width_secs: i64,
     budget: &Budget,
     fetch: impl FnOnce(&[&str], i64, i64) -> Result<BTreeMap<String, Vec<BucketDoc>>, E>,
+    raw: impl FnMut(&str, i64, i64, u64) -> Result<Option<Vec<(i64, f64)>>, E>,
 ) -> Result<Value, EvalError<E>> {
     let width_ms = width_secs.saturating_mul(1000);
     let window_ms = window_ms(grid.step_ms, width_secs).map_err(EvalError::TooLarge)?;
@@ -364,6 +368,7 @@ pub fn evaluate<E>(
             budget.max_points
         )));
     }
+    let raw = read_raw(&selects, names, grid, budget, raw)?;
     let mut data = BTreeMap::new();
     if !wanted.is_empty() {
         let wanted: Vec<&str> = wanted.into_iter().collect();
@@ -388,6 +393,7 @@ pub fn evaluate<E>(
         window_ms,
         names,
         data,
+        raw,
     };
     let value = ctx.eval(expr);
     if budget.cancelled() {
@@ -406,6 +412,61 @@ pub fn evaluate<E>(
 }
 
 type Labels = BTreeMap<String, String>;
+
+/// Raw readings (ns, value), in time order, by series.
+type RawReadings = BTreeMap<String, Vec<(i64, f64)>>;
+
+/// The raw readings the plain `bucketd_reading` selectors of a query need: per matched series,
+/// those from the look-back before the grid's first time to its last. At most
+/// `budget.max_points` readings in all: past that the query is refused, naming the bound.
+fn read_raw<E>(
+    selects: &[&Select],
+    names: &[String],
+    grid: Grid,
+    budget: &Budget,
+    mut raw: impl FnMut(&str, i64, i64, u64) -> Result<Option<Vec<(i64, f64)>>, E>,
+) -> Result<RawReadings, EvalError<E>> {
+    let mut out = RawReadings::new();
+    let mut left = budget.max_points;
+    for s in selects
+        .iter()
+        .filter(|s| s.range_secs.is_none() && s.selector.names_readings())
+    {
+        let shift = s.offset_secs.saturating_mul(1000);
+        let first = grid
+            .start_ms
+            .saturating_sub(shift)
+            .saturating_sub(LOOKBACK_MS);
+        let last = grid.last_ms().saturating_sub(shift);
+        let (from, to) = (
+            first.saturating_mul(1_000_000),
+            last.saturating_add(1).saturating_mul(1_000_000),
+        );
+        for name in names
+            .iter()
+            .filter(|n| s.selector.matches_series(&SeriesLabels::of(n)))
+        {
+            let Some(readings) = raw(name, from, to, left).map_err(EvalError::Read)? else {
+                return Err(EvalError::TooLarge(format!(
+                    "bucketd_reading reads more than http.max_points_per_query ({}) raw \
+                     readings here; narrow the selector or the time range",
+                    budget.max_points
+                )));
+            };
+            left = left.saturating_sub(readings.len() as u64);
+            let kept = out.entry(name.clone()).or_default();
+            if kept.is_empty() {
+                *kept = readings;
+            } else {
+                // Two selectors of the query read this series: keep what both need.
+                kept.extend(readings);
+                kept.sort_by_key(|r| r.0);
+                kept.dedup_by_key(|r| r.0);
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// Labels without `__name__`.
 fn unnamed(mut labels: BTreeMap<String, String>) -> BTreeMap<String, String> {
@@ -512,7 +573,7 @@ impl Ctx<'_> {
     fn plain(&self, s: &Select) -> Vec<Series> {
         let shift = s.offset_secs.saturating_mul(1000);
         let w = self.width_ms;
-        let mut out = Vec::new();
+        let mut out = self.last_readings(s);
         let fields = s.selector.fields();
         for (name, stored) in self.matched(s) {
             let at: Vec<(i64, Option<Summary>)> = self
@@ -544,6 +605,38 @@ impl Ctx<'_> {
                     points,
                 });
             }
+        }
+        out
+    }
+
+    /// A plain `bucketd_reading` selector, as Prometheus answers an instant vector selector: at
+    /// each time `t`, each matched series' last raw reading in `(t - 5m, t]`.
+    fn last_readings(&self, s: &Select) -> Vec<Series> {
+        if !s.selector.names_readings() {
+            return Vec::new();
+        }
+        let shift = s.offset_secs.saturating_mul(1000);
+        let mut out = Vec::new();
+        for (name, readings) in &self.raw {
+            if !s.selector.matches_series(&SeriesLabels::of(name)) {
+                continue;
+            }
+            let points: Vec<(i64, f64)> = self
+                .grid
+                .times()
+                .take_while(|_| !self.budget.cancelled())
+                .filter_map(|t| {
+                    let t0 = t.saturating_sub(shift).saturating_mul(1_000_000);
+                    let after = t0.saturating_sub(LOOKBACK_MS.saturating_mul(1_000_000));
+                    // The last reading at or before t0.
+                    let at = readings.partition_point(|r| r.0 <= t0);
+                    let &(ts, value) = readings.get(at.checked_sub(1)?)?;
+                    (ts > after).then_some((t, value))
+                })
+                .collect();
+            let mut labels = SeriesLabels::of(name).with_name(Field::Count);
+            labels.insert("__name__".to_owned(), READINGS.to_owned());
+            out.push(Series { labels, points });
         }
         out
     }

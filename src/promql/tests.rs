@@ -172,7 +172,6 @@ fn what_is_not_supported_is_named_in_the_error() {
             "takes a range selector",
         ),
         ("avg_over_time(bucketd_reading[1h:5m])", "subqueries"),
-        ("bucketd_reading", "readings themselves"),
         ("bucketd_bucket_count @ 100", "`@`"),
         ("1 == 1", "bool modifier"),
         ("bucketd_bucket_max + bool 1", "only after a comparison"),
@@ -282,7 +281,14 @@ fn try_eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Result<Value, EvalErr
         HOUR,
         &BUDGET,
         |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
+        no_raw,
     )
+}
+
+/// A source without raw readings.
+#[allow(clippy::unnecessary_wraps)]
+fn no_raw(_: &str, _: i64, _: i64, _: u64) -> Result<Option<Vec<(i64, f64)>>, ()> {
+    Ok(Some(Vec::new()))
 }
 
 fn hourly_docs() -> Vec<BucketDoc> {
@@ -453,6 +459,7 @@ fn a_query_past_the_budget_is_refused_before_reading() {
             reads += 1;
             Ok::<_, ()>(BTreeMap::new())
         },
+        no_raw,
     );
     // 50 series x 31 days of hourly buckets = 37,200 buckets to read.
     let Err(EvalError::TooLarge(m)) = e else {
@@ -517,9 +524,15 @@ proptest::proptest! {
             let docs = hourly_docs();
             let grid = Grid::range(DAY0 * 1000, (DAY0 + 30 * HOUR) * 1000, step).unwrap();
             let names = vec!["a/t".to_owned(), "b/t".to_owned()];
-            let _ = evaluate(&e, &names, grid, HOUR, &BUDGET, |wanted, from, to| {
-                Ok::<_, ()>(fetch(&docs, wanted, from, to))
-            });
+            let _ = evaluate(
+                &e,
+                &names,
+                grid,
+                HOUR,
+                &BUDGET,
+                |wanted, from, to| Ok::<_, ()>(fetch(&docs, wanted, from, to)),
+                no_raw,
+            );
         }
     }
 }
@@ -934,6 +947,7 @@ fn the_example_dashboards_queries_all_parse() {
             HOUR,
             &BUDGET,
             |wanted, from, to| Ok::<_, ()>(fetch(&hourly_docs(), wanted, from, to)),
+            no_raw,
         );
         assert!(out.is_ok(), "{e}: {out:?}");
     }
@@ -982,9 +996,15 @@ fn a_query_no_one_waits_for_is_cancelled() {
             ))),
             ..BUDGET
         };
-        evaluate(&expr, &names, grid, HOUR, &budget, |w, f, t| {
-            Ok::<_, ()>(fetch(&docs, w, f, t))
-        })
+        evaluate(
+            &expr,
+            &names,
+            grid,
+            HOUR,
+            &budget,
+            |w, f, t| Ok::<_, ()>(fetch(&docs, w, f, t)),
+            no_raw,
+        )
     };
     assert!(matches!(run(true), Err(EvalError::Cancelled)));
     let Ok(Value::Vector(series)) = run(false) else {
@@ -992,4 +1012,91 @@ fn a_query_no_one_waits_for_is_cancelled() {
     };
     // Every point but the first, whose window (the day before it) holds no bucket.
     assert_eq!(series[0].points.len(), 47 * 60);
+}
+
+/// Issue 55: a plain `bucketd_reading` selector answers as Prometheus's instant vector selector
+/// does: at each time, the last raw reading within the 5-minute look-back, with its name; in
+/// `absent` too. Its raw reads count against the query budget.
+#[test]
+fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
+    let minute = 60_000_000_000_i64; // ns
+    let t0 = at(10) * 1_000_000; // ns
+    // a/t: readings at 10:00, 10:02 and 10:20; b/t: none.
+    let raw: BTreeMap<String, Vec<(i64, f64)>> = BTreeMap::from([(
+        "a/t".to_owned(),
+        vec![(t0, 1.0), (t0 + 2 * minute, 2.0), (t0 + 20 * minute, 3.0)],
+    )]);
+    let names = vec!["a/t".to_owned(), "b/t".to_owned()];
+    let run = |text: &str, grid: Grid, max_points: u64| {
+        let mut asked = Vec::new();
+        let value = evaluate(
+            &parse(text).unwrap(),
+            &names,
+            grid,
+            HOUR,
+            &Budget {
+                max_points,
+                cancel: None,
+            },
+            |_, _, _| Ok::<_, ()>(BTreeMap::new()),
+            |series: &str, from, to, at_most| {
+                asked.push((series.to_owned(), from, to));
+                let r: Vec<(i64, f64)> = raw
+                    .get(series)
+                    .map(|r| {
+                        r.iter()
+                            .copied()
+                            .filter(|x| from <= x.0 && x.0 < to)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok((r.len() as u64 <= at_most).then_some(r))
+            },
+        );
+        (value, asked)
+    };
+    // A range query every minute from 10:00 to 10:30.
+    let grid = Grid::range(at(10), at(10) + 30 * 60_000, 60_000).unwrap();
+    let (value, asked) = run(r#"bucketd_reading{sensor=~"a|b"}"#, grid, 100);
+    let Ok(Value::Vector(series)) = value else {
+        panic!("{value:?}")
+    };
+    assert_eq!(series.len(), 1, "b has no reading: no series");
+    assert_eq!(series[0].labels["__name__"], "bucketd_reading");
+    assert_eq!(series[0].labels["series"], "a/t");
+    let minutes: Vec<(i64, f64)> = series[0]
+        .points
+        .iter()
+        .map(|&(t, v)| ((t - at(10)) / 60_000, v))
+        .collect();
+    // 10:00-10:01 the first, 10:02-10:06 the second (the look-back ends before 10:07), none
+    // until 10:20, then the third to 10:24.
+    let want: Vec<(i64, f64)> = (0..=1)
+        .map(|m| (m, 1.0))
+        .chain((2..=6).map(|m| (m, 2.0)))
+        .chain((20..=24).map(|m| (m, 3.0)))
+        .collect();
+    assert_eq!(minutes, want);
+    // Read from the look-back before the first time to the last time.
+    assert_eq!(asked.len(), 2);
+    assert!(
+        asked.iter().all(|(_, from, to)| *from == t0 - 5 * minute
+            && *to == (at(10) + 30 * 60_000 + 1) * 1_000_000)
+    );
+    // absent: 1 where a/t has no reading within the look-back.
+    let (value, _) = run(
+        r#"absent(bucketd_reading{series="a/t"})"#,
+        Grid::instant(at(10) + 10 * 60_000),
+        100,
+    );
+    let Ok(Value::Vector(series)) = value else {
+        panic!("{value:?}")
+    };
+    assert_eq!(series[0].points, [(at(10) + 10 * 60_000, 1.0)]);
+    // The raw reads count against the budget.
+    let (value, _) = run(r#"bucketd_reading{series="a/t"}"#, grid, 2);
+    let Err(EvalError::TooLarge(m)) = value else {
+        panic!("{value:?}")
+    };
+    assert!(m.contains("raw readings"), "{m}");
 }

@@ -420,7 +420,44 @@ async fn grafanas_requests_get_prometheus_answers() {
             {"__name__": "bucketd_bucket_max", "metric": "t", "sensor": "day", "series": "day/t"},
         ])
     );
-    // Issue 55: Grafana's metric browser narrows with `match[]=<the chosen metric>`; choosing
+    // Issue 55: the plain readings selector Explore writes when a user picks the metric: the
+    // last reading within Prometheus's 5-minute look-back, from the raw readings.
+    let mut day_h: Vec<(i64, f64)> = work
+        .readings
+        .iter()
+        .filter(|r| r.series == "day/h")
+        .map(|r| (r.ts.expect("device time"), r.value))
+        .collect();
+    day_h.sort_by_key(|r| r.0);
+    let (ts, _) = day_h[day_h.len() / 2];
+    let at_ms = ts / 1_000_000 + 1000;
+    let want = day_h
+        .iter()
+        .rev()
+        .find(|r| r.0 <= at_ms * 1_000_000)
+        .filter(|r| at_ms * 1_000_000 - r.0 < 300_000_000_000)
+        .map(|r| r.1)
+        .expect("a reading within the look-back");
+    let instant = ok(grafana(
+        &d,
+        "GET",
+        "/api/v1/query",
+        &[
+            ("query", r#"bucketd_reading{series="day/h"}"#.into()),
+            ("time", format!("{}.{:03}", at_ms / 1000, at_ms % 1000)),
+        ],
+    )
+    .await);
+    assert_eq!(
+        instant["result"][0]["metric"]["__name__"],
+        "bucketd_reading"
+    );
+    assert_eq!(
+        instant["result"][0]["value"][1],
+        json!(bucketd::promql::format_value(want)),
+        "{instant}"
+    );
+    // Grafana's metric browser narrows with `match[]=<the chosen metric>`; choosing
     // the readings' metric, which `/label/__name__/values` lists, was a 400.
     let readings = [("match[]", r#"bucketd_reading{sensor="day"}"#.to_owned())];
     let series = ok(grafana(&d, "GET", "/api/v1/series", &readings).await);
