@@ -111,11 +111,13 @@ pub const DELTA_ORIGIN_BYTES_MAX: usize = 64;
 /// keeps on. Deeper payloads are refused as `invalid_json`.
 pub const JSON_DEPTH_MAX: usize = 127;
 
-/// Sparkplug B: the metrics one payload may hold (counted on the wire before any is decoded),
-/// and the names kept per edge node from its births.
+/// Sparkplug B: the metrics one payload may hold (counted on the wire before any is decoded).
 pub const SPARKPLUG_METRICS_MAX: usize = 10_000;
 /// Sparkplug B: the edge nodes whose births are kept.
 pub const SPARKPLUG_NODES_MAX: usize = 1_000;
+/// Sparkplug B: the metric names (and as many aliases) kept from births, all edge nodes
+/// together: at most ~4 MiB (a name is at most `reading::NAME_BYTES_MAX` bytes).
+pub const SPARKPLUG_NAMES_MAX: usize = 20_000;
 
 /// Deepest nesting of documents and arrays in a delta message, checked on the raw bytes before
 /// anything is deserialised (bson's deserialiser recurses once per level with no limit of its

@@ -102,12 +102,15 @@ enum Kind {
 }
 
 /// What the BIRTH messages said, per edge node: each alias's name and each name's datatype.
-/// Bounded: at most `limits::SPARKPLUG_NODES_MAX` edge nodes and
-/// `limits::SPARKPLUG_METRICS_MAX` names each; a node past the first bound is not kept (its
-/// DATA by alias is counted as unknown), a name past the second neither.
+/// Bounded: at most `limits::SPARKPLUG_NODES_MAX` edge nodes and `limits::SPARKPLUG_NAMES_MAX`
+/// names and as many aliases in all, each name at most `reading::NAME_BYTES_MAX` bytes (a
+/// longer one could name no series). Past a bound a birth's metrics are still read; what
+/// they would have taught is not kept, and its DATA by alias is counted as unknown.
 #[derive(Debug, Default)]
 pub struct Births {
     nodes: HashMap<(Box<str>, Box<str>), Node>,
+    /// Names and aliases kept, all nodes together.
+    kept: usize,
 }
 
 #[derive(Debug, Default)]
@@ -119,39 +122,57 @@ struct Node {
 }
 
 impl Births {
-    fn node(&mut self, group: &str, node: &str) -> Option<&mut Node> {
-        let key = (Box::from(group), Box::from(node));
-        if !self.nodes.contains_key(&key) && self.nodes.len() >= limits::SPARKPLUG_NODES_MAX {
-            return None;
+    fn key(group: &str, node: &str) -> (Box<str>, Box<str>) {
+        (Box::from(group), Box::from(node))
+    }
+
+    /// Forgets what a node's births said (its death, or a new NBIRTH).
+    fn forget(&mut self, group: &str, node: &str) {
+        if let Some(gone) = self.nodes.remove(&Births::key(group, node)) {
+            self.kept -= gone.aliases.len() + gone.datatypes.len();
         }
-        Some(self.nodes.entry(key).or_default())
     }
 
-    /// The edge nodes whose births are kept (for the tests and the gauge of what is held).
-    pub fn nodes(&self) -> usize {
-        self.nodes.len()
-    }
-}
-
-impl Node {
-    fn learn(&mut self, name: &str, alias: Option<u64>, datatype: Option<u32>) {
-        if self.datatypes.len() >= limits::SPARKPLUG_METRICS_MAX
-            && !self.datatypes.contains_key(name)
-        {
+    /// Records that `node`'s metric `name` has `alias` and `datatype`, within the bounds.
+    fn learn(
+        &mut self,
+        group: &str,
+        node: &str,
+        name: &str,
+        alias: Option<u64>,
+        datatype: Option<u32>,
+    ) {
+        if name.len() > crate::reading::NAME_BYTES_MAX {
             return;
         }
-        let name: Arc<str> = match self.datatypes.get_key_value(name) {
+        let key = Births::key(group, node);
+        if !self.nodes.contains_key(&key) && self.nodes.len() >= limits::SPARKPLUG_NODES_MAX {
+            return;
+        }
+        let room = limits::SPARKPLUG_NAMES_MAX.saturating_sub(self.kept);
+        let n = self.nodes.entry(key).or_default();
+        let new_name = !n.datatypes.contains_key(name);
+        let new_alias = alias.is_some_and(|a| !n.aliases.contains_key(&a));
+        if usize::from(new_name) + usize::from(new_alias) > room {
+            return;
+        }
+        let name: Arc<str> = match n.datatypes.get_key_value(name) {
             Some((k, _)) => k.clone(),
             None => Arc::from(name),
         };
-        if let Some(t) = datatype {
-            self.datatypes.insert(name.clone(), t);
-        } else {
-            self.datatypes.entry(name.clone()).or_insert(0);
-        }
+        let datatype = datatype
+            .or_else(|| n.datatypes.get(&name).copied())
+            .unwrap_or(0);
+        n.datatypes.insert(name.clone(), datatype);
         if let Some(alias) = alias {
-            self.aliases.insert(alias, name);
+            n.aliases.insert(alias, name);
         }
+        self.kept += usize::from(new_name) + usize::from(new_alias);
+    }
+
+    /// The edge nodes whose births are kept, and the names and aliases kept in all.
+    pub fn held(&self) -> (usize, usize) {
+        (self.nodes.len(), self.kept)
     }
 }
 
@@ -264,7 +285,7 @@ pub(super) fn decode(
     if let Kind::Control { node_death } = kind {
         // A DEATH or command may carry a payload (bdSeq); it is read for what it means only.
         if node_death {
-            births.nodes.remove(&(Box::from(group), Box::from(node)));
+            births.forget(group, node);
         }
         out.control = true;
         return Ok(());
@@ -285,16 +306,20 @@ pub(super) fn decode(
     let birth = matches!(kind, Kind::NodeBirth | Kind::DeviceBirth);
     if kind == Kind::NodeBirth {
         // A new session of the edge node: its aliases may all have changed.
-        births.nodes.remove(&(Box::from(group), Box::from(node)));
+        births.forget(group, node);
     }
-    let mut state = births.node(group, node);
+    if birth {
+        for m in &payload.metrics {
+            if let Some(name) = &m.name {
+                births.learn(group, node, name, m.alias, m.datatype);
+            }
+        }
+    }
+    let key = Births::key(group, node);
     let mut name_buf = String::new();
     let mut unknown = false;
     for m in &payload.metrics {
-        if birth && let (Some(state), Some(name)) = (state.as_deref_mut(), &m.name) {
-            state.learn(name, m.alias, m.datatype);
-        }
-        let known = state.as_deref();
+        let known = births.nodes.get(&key);
         let name: &str = match (&m.name, m.alias) {
             (Some(name), _) => name,
             (None, Some(alias)) => {
@@ -345,9 +370,13 @@ pub(super) fn decode(
         name_buf.extend(name.chars().map(|c| if c == '/' { '.' } else { c }));
         out.push(ctx, &sensor, &name_buf, ts, value);
     }
-    if unknown {
-        // Ask the edge node to send its births again, at most once per interval.
-        if let (Some(state), Some(interval)) = (state, rebirth_interval) {
+    if unknown
+        && (births.nodes.contains_key(&key) || births.nodes.len() < limits::SPARKPLUG_NODES_MAX)
+    {
+        // Ask the edge node to send its births again, at most once per interval (the node is
+        // kept, empty, to remember when it was asked).
+        let state = births.nodes.entry(key).or_default();
+        if let Some(interval) = rebirth_interval {
             let interval = i64::try_from(interval.as_nanos()).unwrap_or(i64::MAX);
             let due = state
                 .asked

@@ -2027,6 +2027,88 @@ mod sparkplug_b {
         );
     }
 
+    /// What births teach is bounded in all: a flood of device births with fresh aliases (and
+    /// of edge nodes) keeps at most `SPARKPLUG_NAMES_MAX` names and aliases and
+    /// `SPARKPLUG_NODES_MAX` nodes; their readings still count; a death gives the room back.
+    #[test]
+    fn what_births_teach_is_bounded() {
+        use crate::limits::{SPARKPLUG_NAMES_MAX, SPARKPLUG_NODES_MAX};
+        let mut births = Births::default();
+        let mut c = ctx();
+        c.max_payload_bytes = 1 << 20;
+        let mut alias = 0u64;
+        for device in 0..6 {
+            let metrics = (0..5000)
+                .map(|i| {
+                    alias += 1;
+                    metric(
+                        Some(&format!("m{i}")),
+                        Some(alias),
+                        Some(10),
+                        Some(Value::Double(1.0)),
+                    )
+                })
+                .collect();
+            let topic = format!("spBv1.0/g/DBIRTH/n/d{device}");
+            let mut out = Decoded::default();
+            decode_with(
+                &sub(),
+                topic.as_bytes(),
+                &payload(Some(MS), metrics),
+                &c,
+                &mut births,
+                &mut out,
+            )
+            .unwrap();
+            assert_eq!(
+                out.readings().len(),
+                5000,
+                "the readings count past the bound"
+            );
+        }
+        let (nodes, kept) = births.held();
+        assert_eq!(nodes, 1);
+        assert!(kept <= SPARKPLUG_NAMES_MAX, "{kept}");
+        assert!(kept >= SPARKPLUG_NAMES_MAX - 1, "filled: {kept}");
+        let long = "x".repeat(crate::reading::NAME_BYTES_MAX + 1);
+        at(&mut births, "spBv1.0/g/NDEATH/n", b"", NOW_S).unwrap();
+        assert_eq!(births.held(), (0, 0), "a death gives the room back");
+        let too_long = payload(
+            Some(MS),
+            vec![metric(
+                Some(&long),
+                Some(1),
+                Some(10),
+                Some(Value::Double(1.0)),
+            )],
+        );
+        at(&mut births, "spBv1.0/g/NBIRTH/n", &too_long, NOW_S).unwrap();
+        assert_eq!(
+            births.held().1,
+            0,
+            "a name no series could have is not kept"
+        );
+        for node in 0..SPARKPLUG_NODES_MAX + 10 {
+            let birth = payload(
+                Some(MS),
+                vec![metric(
+                    Some("x"),
+                    Some(1),
+                    Some(10),
+                    Some(Value::Double(1.0)),
+                )],
+            );
+            at(
+                &mut births,
+                &format!("spBv1.0/g/NBIRTH/e{node}"),
+                &birth,
+                NOW_S,
+            )
+            .unwrap();
+        }
+        assert_eq!(births.held().0, SPARKPLUG_NODES_MAX);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: fuzz_cases(), ..ProptestConfig::default() })]
 
@@ -2061,7 +2143,7 @@ mod sparkplug_b {
             let mut out = Decoded::default();
             let result = decode_with(&sub(), topic.as_bytes(), &body, &c, &mut births, &mut out);
             check_decoded(result, &out, &c);
-            prop_assert!(births.nodes() <= 1);
+            prop_assert!(births.held().0 <= 1);
         }
     }
 }
