@@ -170,6 +170,31 @@ impl Births {
         self.kept += usize::from(new_name) + usize::from(new_alias);
     }
 
+    /// The rebirth request for a node that sent an alias no birth named: at most once per
+    /// `interval` (`None`: never). The node is kept, empty if need be, to remember when it was
+    /// asked.
+    fn ask_rebirth(
+        &mut self,
+        group: &str,
+        node: &str,
+        now: Timestamp,
+        interval: Option<std::time::Duration>,
+    ) -> Option<(String, Vec<u8>)> {
+        let interval = i64::try_from(interval?.as_nanos()).unwrap_or(i64::MAX);
+        let key = Births::key(group, node);
+        if !self.nodes.contains_key(&key) && self.nodes.len() >= limits::SPARKPLUG_NODES_MAX {
+            return None;
+        }
+        let state = self.nodes.entry(key).or_default();
+        let due = state
+            .asked
+            .is_none_or(|at| now.as_nanos().saturating_sub(at.as_nanos()) >= interval);
+        due.then(|| {
+            state.asked = Some(now);
+            rebirth_request(group, node, now)
+        })
+    }
+
     /// The edge nodes whose births are kept, and the names and aliases kept in all.
     pub fn held(&self) -> (usize, usize) {
         (self.nodes.len(), self.kept)
@@ -370,22 +395,8 @@ pub(super) fn decode(
         name_buf.extend(name.chars().map(|c| if c == '/' { '.' } else { c }));
         out.push(ctx, &sensor, &name_buf, ts, value);
     }
-    if unknown
-        && (births.nodes.contains_key(&key) || births.nodes.len() < limits::SPARKPLUG_NODES_MAX)
-    {
-        // Ask the edge node to send its births again, at most once per interval (the node is
-        // kept, empty, to remember when it was asked).
-        let state = births.nodes.entry(key).or_default();
-        if let Some(interval) = rebirth_interval {
-            let interval = i64::try_from(interval.as_nanos()).unwrap_or(i64::MAX);
-            let due = state
-                .asked
-                .is_none_or(|at| ctx.received.as_nanos().saturating_sub(at.as_nanos()) >= interval);
-            if due {
-                state.asked = Some(ctx.received);
-                out.rebirth = Some(rebirth_request(group, node, ctx.received));
-            }
-        }
+    if unknown {
+        out.rebirth = births.ask_rebirth(group, node, ctx.received, rebirth_interval);
     }
     if out.readings.is_empty() && out.rejected.is_empty() {
         // A BIRTH of only strings and protocol metrics, or a DATA with no metrics: what it
