@@ -26,8 +26,10 @@ use super::{DecodeContext, DecodeError, Decoded};
 use crate::limits;
 use crate::reading::Timestamp;
 
-/// Tahu's `Payload`, the fields bucketd reads (prost skips the others unread).
+/// Tahu's `Payload`, the fields bucketd reads (prost skips the others unread). No `Debug`
+/// (`skip_debug`): nothing prints one, and the gateway build's size budget is tight.
 #[derive(Clone, PartialEq, prost::Message)]
+#[prost(skip_debug)]
 pub struct Payload {
     #[prost(uint64, optional, tag = "1")]
     pub timestamp: Option<u64>,
@@ -42,6 +44,7 @@ pub struct Payload {
 /// Tahu's `Payload.Metric`: the value kinds that can be readings; string, bytes, dataset,
 /// template and extension values are skipped by the decoder without being read.
 #[derive(Clone, PartialEq, prost::Message)]
+#[prost(skip_debug)]
 pub struct Metric {
     #[prost(string, optional, tag = "1")]
     pub name: Option<String>,
@@ -407,21 +410,27 @@ pub(super) fn decode(
 }
 
 /// The NCMD a host application sends to ask an edge node for its births again: topic and
-/// payload.
+/// payload (a `Payload` of one metric, `Node Control/Rebirth` = true, written field by field:
+/// the one message bucketd encodes, so the derived encoder is left out of the build).
 fn rebirth_request(group: &str, node: &str, now: Timestamp) -> (String, Vec<u8>) {
-    let payload = Payload {
-        timestamp: u64::try_from(now.as_nanos() / 1_000_000).ok(),
-        metrics: vec![Metric {
-            name: Some("Node Control/Rebirth".into()),
-            datatype: Some(datatype::BOOLEAN),
-            value: Some(Value::Boolean(true)),
-            ..Metric::default()
-        }],
-        seq: None,
-        uuid: None,
-    };
-    (
-        format!("spBv1.0/{group}/NCMD/{node}"),
-        payload.encode_to_vec(),
-    )
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    const NAME: &[u8] = b"Node Control/Rebirth";
+    let mut metric = Vec::with_capacity(32);
+    encode_key(1, WireType::LengthDelimited, &mut metric);
+    encode_varint(NAME.len() as u64, &mut metric);
+    metric.extend_from_slice(NAME);
+    encode_key(4, WireType::Varint, &mut metric);
+    encode_varint(u64::from(datatype::BOOLEAN), &mut metric);
+    encode_key(14, WireType::Varint, &mut metric);
+    encode_varint(1, &mut metric);
+    let mut payload = Vec::with_capacity(48);
+    encode_key(1, WireType::Varint, &mut payload);
+    encode_varint(
+        u64::try_from(now.as_nanos() / 1_000_000).unwrap_or(0),
+        &mut payload,
+    );
+    encode_key(2, WireType::LengthDelimited, &mut payload);
+    encode_varint(metric.len() as u64, &mut payload);
+    payload.extend_from_slice(&metric);
+    (format!("spBv1.0/{group}/NCMD/{node}"), payload)
 }

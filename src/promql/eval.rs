@@ -413,8 +413,9 @@ pub fn evaluate<E>(
 
 type Labels = BTreeMap<String, String>;
 
-/// Raw readings (ns, value), in time order, by series.
-type RawReadings = BTreeMap<String, Vec<(i64, f64)>>;
+/// Raw readings (ns, value), in time order, by series and selector offset (seconds): the
+/// offset decides the time range read, the grid being the query's.
+type RawReadings = BTreeMap<(String, i64), Vec<(i64, f64)>>;
 
 /// The raw readings the plain `bucketd_reading` selectors of a query need: per matched series,
 /// those from the look-back before the grid's first time to its last. At most
@@ -446,6 +447,10 @@ fn read_raw<E>(
             .iter()
             .filter(|n| s.selector.matches_series(&SeriesLabels::of(n)))
         {
+            let key = (name.clone(), s.offset_secs);
+            if out.contains_key(&key) {
+                continue; // another selector of the query read the same range
+            }
             let Some(readings) = raw(name, from, to, left).map_err(EvalError::Read)? else {
                 return Err(EvalError::TooLarge(format!(
                     "bucketd_reading reads more than http.max_points_per_query ({}) raw \
@@ -454,15 +459,7 @@ fn read_raw<E>(
                 )));
             };
             left = left.saturating_sub(readings.len() as u64);
-            let kept = out.entry(name.clone()).or_default();
-            if kept.is_empty() {
-                *kept = readings;
-            } else {
-                // Two selectors of the query read this series: keep what both need.
-                kept.extend(readings);
-                kept.sort_by_key(|r| r.0);
-                kept.dedup_by_key(|r| r.0);
-            }
+            out.insert(key, readings);
         }
     }
     Ok(out)
@@ -617,8 +614,8 @@ impl Ctx<'_> {
         }
         let shift = s.offset_secs.saturating_mul(1000);
         let mut out = Vec::new();
-        for (name, readings) in &self.raw {
-            if !s.selector.matches_series(&SeriesLabels::of(name)) {
+        for ((name, offset), readings) in &self.raw {
+            if *offset != s.offset_secs || !s.selector.matches_series(&SeriesLabels::of(name)) {
                 continue;
             }
             let points: Vec<(i64, f64)> = self
