@@ -16,7 +16,12 @@ const INTERVAL: Duration = Duration::from_secs(1);
 /// A core of `sessions` sessions over `sensors/{sensor}/{metric}` (numbers as payloads),
 /// flush interval 1 s, a window of 20 (stated), reconnect backoff 1 s to 8 s; and its counters.
 fn core(sessions: u16) -> (Core<u32>, Arc<Stats>) {
-    let policy = crate::batcher::FlushPolicy {
+    core_with(policy(sessions), start())
+}
+
+/// [`core`]'s flush policy.
+fn policy(sessions: u16) -> crate::batcher::FlushPolicy {
+    crate::batcher::FlushPolicy {
         flush_interval: INTERVAL,
         max_pending_readings: 1000,
         window: WINDOW,
@@ -25,8 +30,7 @@ fn core(sessions: u16) -> (Core<u32>, Arc<Stats>) {
         broker_window: Some(WINDOW),
         sessions,
         quick_acks: false,
-    };
-    core_with(policy, start())
+    }
 }
 
 /// A core with this flush policy (and as many sessions), started at `now`.
@@ -34,7 +38,11 @@ pub(super) fn core_with(
     policy: crate::batcher::FlushPolicy,
     now: Instant,
 ) -> (Core<u32>, Arc<Stats>) {
-    let subscription = Subscription {
+    core_reading(policy, now, value_subscription())
+}
+
+fn value_subscription() -> Subscription {
+    Subscription {
         filter: "sensors/+/+".into(),
         qos: 1,
         template: Template::parse("sensors/{sensor}/{metric}").unwrap(),
@@ -46,7 +54,15 @@ pub(super) fn core_with(
         fields: None,
         rebirth_interval: None,
         store_raw: false,
-    };
+    }
+}
+
+/// [`core_with`], reading `subscription`.
+fn core_reading(
+    policy: crate::batcher::FlushPolicy,
+    now: Instant,
+    subscription: Subscription,
+) -> (Core<u32>, Arc<Stats>) {
     let limits = Limits {
         max_series: 100,
         max_series_per_sensor: 100,
@@ -191,6 +207,74 @@ fn connected_core() -> (Core<u32>, Arc<Stats>) {
     );
     assert!(matches!(out[..], [Action::Ready]), "{out:?}");
     (c, stats)
+}
+
+/// Issue 54: a Sparkplug DATA message naming an alias no BIRTH gave becomes a rebirth request
+/// the shell publishes on the message's session; a DEATH is counted as a control message, not
+/// a rejection.
+#[test]
+fn an_unknown_sparkplug_alias_asks_the_shell_to_publish_a_rebirth() {
+    let spb = Subscription {
+        filter: "spBv1.0/#".into(),
+        template: Template::parse("spBv1.0/#").unwrap(),
+        format: Format::SparkplugB,
+        rebirth_interval: Some(Duration::from_mins(1)),
+        ..value_subscription()
+    };
+    let (mut c, stats) = core_reading(policy(2), start(), spb);
+    let s1 = SessionId::all(2).nth(1).unwrap();
+    for s in SessionId::all(2) {
+        feed(&mut c, mqtt(s, connected(false)), at(0));
+        feed(
+            &mut c,
+            mqtt(s, MqttEvent::Subscribed { refused: vec![] }),
+            at(0),
+        );
+    }
+    // NDATA: timestamp, one metric by alias 7 with a double.
+    let mut metric = vec![0x10, 7, 0x69];
+    metric.extend_from_slice(&1.5f64.to_le_bytes());
+    let mut ndata = vec![0x08, 1, 0x12, metric.len() as u8];
+    ndata.extend_from_slice(&metric);
+    let publish = |topic: &'static [u8], payload: Vec<u8>| MqttEvent::Publish {
+        topic: Bytes::from_static(topic),
+        payload: Bytes::from(payload),
+        pkid: 0,
+        qos: 0,
+        dup: false,
+    };
+    let out = feed(
+        &mut c,
+        mqtt(s1, publish(b"spBv1.0/g/NDATA/n", ndata.clone())),
+        at(5),
+    );
+    let asked: Vec<_> = out
+        .iter()
+        .filter_map(|a| match a {
+            Action::Publish(s, topic, _) => Some((*s, topic.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, [(s1, "spBv1.0/g/NCMD/n".to_owned())], "{out:?}");
+    assert_eq!(stats.rejected(DecodeError::UnknownAlias), 1);
+    // Within the interval: counted, not asked again.
+    let out = feed(
+        &mut c,
+        mqtt(S0, publish(b"spBv1.0/g/NDATA/n", ndata)),
+        at(6),
+    );
+    assert!(
+        !out.iter().any(|a| matches!(a, Action::Publish(..))),
+        "{out:?}"
+    );
+    assert_eq!(stats.rejected(DecodeError::UnknownAlias), 2);
+    feed(
+        &mut c,
+        mqtt(S0, publish(b"spBv1.0/g/NDEATH/n", Vec::new())),
+        at(7),
+    );
+    assert_eq!(Stats::get(&stats.control_messages), 1);
+    assert_eq!(stats.rejected_total(), 2, "a death is no rejection");
 }
 
 #[test]
