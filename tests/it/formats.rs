@@ -1,8 +1,9 @@
 //! Readings as real devices send them (issue 54): each payload format end to end through a real
 //! broker and a real redb file, from the producer library people use (the InfluxDB Python
 //! client's line-protocol writer, kpn-senml, Eclipse Tahu's Sparkplug client for Node.js) or, for
-//! nested JSON, the payload shapes of Tasmota, Zigbee2MQTT, Shelly Gen2 and The Things Stack as
-//! their documentation gives them. Every bucket's count, sum, extremes, mean, variance and
+//! nested JSON, payloads modelled on the examples in the documentation of Tasmota, Zigbee2MQTT,
+//! Shelly Gen2 and The Things Stack (written here, not captured from devices). Every bucket's
+//! count, sum, extremes, mean, variance and
 //! quantiles are checked against the readings the producer says it sent.
 //!
 //! The producer libraries are installed by `.ci/producers` under `target/producers` (a Python
@@ -201,9 +202,9 @@ async fn senml_packs_from_kpn_senml(broker: Broker, protocol: Protocol) {
 }
 on_every_broker!(senml_packs_from_kpn_senml);
 
-/// Nested JSON as Tasmota, Zigbee2MQTT, Shelly Gen2 and The Things Stack send it, payload shapes
-/// from their documentation: nested objects named by their dotted keys, booleans 1 and 0, a
-/// root and dotted timestamp and sensor paths.
+/// Nested JSON as Tasmota, Zigbee2MQTT, Shelly Gen2 and The Things Stack send it (payloads
+/// modelled on their documentation's examples): nested objects named by their dotted keys,
+/// booleans 1 and 0, a root and dotted timestamp and sensor paths.
 async fn nested_json_as_devices_send_it(broker: Broker, protocol: Protocol) {
     let topics = Topics::new();
     let p = &topics.prefix;
