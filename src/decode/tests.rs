@@ -1740,6 +1740,19 @@ mod sparkplug_b {
 
     const MS: u64 = NOW_S as u64 * 1000;
 
+    /// An NBIRTH of one Double metric `name` with alias 1.
+    fn birth_of(name: &str) -> Vec<u8> {
+        payload(
+            Some(MS),
+            vec![metric(
+                Some(name),
+                Some(1),
+                Some(10),
+                Some(Value::Double(0.0)),
+            )],
+        )
+    }
+
     /// Issue 54: a BIRTH names the metrics and their aliases; DATA names them by alias; every
     /// numeric datatype reads as its value (signed ones from their two's complement).
     #[test]
@@ -1894,15 +1907,7 @@ mod sparkplug_b {
         .unwrap();
         assert!(out.rebirth.is_none());
         // The birth arrives: named; the node's death forgets it.
-        let birth = payload(
-            Some(MS),
-            vec![metric(
-                Some("x"),
-                Some(1),
-                Some(10),
-                Some(Value::Double(0.0)),
-            )],
-        );
+        let birth = birth_of("x");
         at(&mut births, "spBv1.0/g/NBIRTH/n", &birth, NOW_S).unwrap();
         assert_eq!(
             got(&at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S).unwrap()).len(),
@@ -1925,15 +1930,7 @@ mod sparkplug_b {
             "forgotten at NDEATH"
         );
         // A new NBIRTH replaces the node's aliases.
-        let birth2 = payload(
-            Some(MS),
-            vec![metric(
-                Some("y"),
-                Some(1),
-                Some(10),
-                Some(Value::Double(0.0)),
-            )],
-        );
+        let birth2 = birth_of("y");
         at(&mut births, "spBv1.0/g/NBIRTH/n", &birth2, NOW_S).unwrap();
         let d = at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S).unwrap();
         assert_eq!(got(&d)[0].0, "g:n/y");
