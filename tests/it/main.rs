@@ -38,6 +38,9 @@ mod layers;
 /// The Prometheus API (`/prom`) through promtool and Grafana's requests.
 #[cfg(feature = "ui")]
 mod prom_api;
+/// The same readings and requests to bucketd and to a real Prometheus, answers compared.
+#[cfg(feature = "ui")]
+mod prom_diff;
 /// Every bug fixed so far and the test that guards it.
 mod regression;
 /// TLS, passwords, client certificates, credentials and HTTP tokens, against Mosquitto.
