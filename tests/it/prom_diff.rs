@@ -7,9 +7,10 @@
 //! lies on an hour boundary, where Prometheus 2.42's closed window `[t - r, t]` and a bucket's
 //! `[start, end)` would differ by design) are those of the API tests. What this first round
 //! covers: the plain `bucketd_reading` selector, the range functions over it at hour-aligned
-//! windows, a filtering comparison with `on (..)`, `absent`, and the label and series endpoints
-//! with `match[]`. Not yet: windows between hour boundaries (bucketd takes whole buckets,
-//! documented), Grafana's grid offsets, aggregations.
+//! windows, aggregations and arithmetic over them, a filtering comparison with `on (..)`,
+//! `absent`, and the label and series endpoints with `match[]`; and, asserted as the documented
+//! difference, a window that ends between bucket boundaries. Not yet: Grafana's grid offsets
+//! at other steps, the bucket field metrics (Prometheus has no counterpart to backfill).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -258,6 +259,67 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
     // Quantiles: Prometheus's are exact, bucketd's within the sketch's 1%.
     let q = r#"quantile_over_time(0.9, bucketd_reading{sensor="day"}[3h])"#;
     assert_eq!(same(&prom, &ours, q, &hours, 0.01).await, 2);
+    // More range functions, and aggregations over them.
+    for q in [
+        r#"stddev_over_time(bucketd_reading{sensor="day"}[3h])"#,
+        r#"stdvar_over_time(bucketd_reading{sensor="day"}[3h])"#,
+        r#"present_over_time(bucketd_reading{sensor=~"day|night"}[1h])"#,
+        r#"sum by (metric) (count_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"max(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"avg by (sensor) (avg_over_time(bucketd_reading{sensor=~"day|night"}[3h]))"#,
+        r#"count(last_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"topk(1, max_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"min_over_time(bucketd_reading{sensor="day"}[1h]) * 1.8 + 32"#,
+    ] {
+        assert!(same(&prom, &ours, q, &hours, 1e-9).await > 0, "{q}");
+    }
+    // The documented difference: a window ending between bucket boundaries. Prometheus counts
+    // the readings in [t - 1h, t]; bucketd the whole buckets overlapping it, the one in
+    // progress included (docs/PROMETHEUS.md, "A range function"). Both computed here from the
+    // readings.
+    let day_t: Vec<i64> = work
+        .readings
+        .iter()
+        .filter(|r| r.series == "day/t")
+        .map(|r| r.ts.unwrap() / 1_000_000_000)
+        .collect();
+    for at in [hour(5) + 1800, hour(12) + 900] {
+        let q = r#"count_over_time(bucketd_reading{series="day/t"}[1h])"#;
+        let params = serde_urlencoded::to_string([("query", q), ("time", &t(at))]).unwrap();
+        let value = |body: String| -> f64 {
+            let v: Value = serde_json::from_str(&body).unwrap();
+            v["data"]["result"][0]["value"][1]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let theirs = value(
+            http(
+                "GET",
+                format!("http://127.0.0.1:{}/api/v1/query?{params}", prom.port),
+            )
+            .await
+            .1,
+        );
+        let ours = value(
+            http("GET", format!("http://{ours}/prom/api/v1/query?{params}"))
+                .await
+                .1,
+        );
+        let in_window = day_t
+            .iter()
+            .filter(|&&ts| at - 3600 <= ts && ts <= at)
+            .count();
+        let (first, last) = ((at - 3600) / 3600 * 3600, at / 3600 * 3600 + 3600);
+        let in_buckets = day_t.iter().filter(|&&ts| first <= ts && ts < last).count();
+        assert_eq!(theirs, in_window as f64, "Prometheus at {at}");
+        assert_eq!(
+            ours, in_buckets as f64,
+            "bucketd at {at}: the documented whole buckets"
+        );
+        assert!(ours > theirs, "the difference is real at {at}");
+    }
     // A filtering comparison with on (..): Prometheus keeps only the `on` labels.
     let q = r#"max_over_time(bucketd_reading{sensor="night"}[1h]) < on (metric) max_over_time(bucketd_reading{sensor="day"}[1h])"#;
     assert!(same(&prom, &ours, q, &hours, 1e-12).await > 0, "{q}");
