@@ -607,7 +607,8 @@ impl Ctx<'_> {
     }
 
     /// A plain `bucketd_reading` selector, as Prometheus answers an instant vector selector: at
-    /// each time `t`, each matched series' last raw reading in `(t - 5m, t]`.
+    /// each time `t`, each matched series' last raw reading in `[t - 5m, t]` (Prometheus 2.42's
+    /// look-back; found by `.ci/heldout/promdiff`, a reading exactly 5 minutes back).
     fn last_readings(&self, s: &Select) -> Vec<Series> {
         if !s.selector.names_readings() {
             return Vec::new();
@@ -628,7 +629,8 @@ impl Ctx<'_> {
                     // The last reading at or before t0.
                     let at = readings.partition_point(|r| r.0 <= t0);
                     let &(ts, value) = readings.get(at.checked_sub(1)?)?;
-                    (ts > after).then_some((t, value))
+                    // Prometheus 2.42's look-back includes its start (3.0 made it left-open).
+                    (ts >= after).then_some((t, value))
                 })
                 .collect();
             let mut labels = SeriesLabels::of(name).with_name(Field::Count);

@@ -1069,12 +1069,13 @@ fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
         .iter()
         .map(|&(t, v)| ((t - at(10)) / 60_000, v))
         .collect();
-    // 10:00-10:01 the first, 10:02-10:06 the second (the look-back ends before 10:07), none
-    // until 10:20, then the third to 10:24.
+    // 10:00-10:01 the first, 10:02-10:07 the second (the look-back includes its start, as in
+    // Prometheus 2.42: 10:02 is 5 minutes before 10:07), none until 10:20, then the third to
+    // 10:25.
     let want: Vec<(i64, f64)> = (0..=1)
         .map(|m| (m, 1.0))
-        .chain((2..=6).map(|m| (m, 2.0)))
-        .chain((20..=24).map(|m| (m, 3.0)))
+        .chain((2..=7).map(|m| (m, 2.0)))
+        .chain((20..=25).map(|m| (m, 3.0)))
         .collect();
     assert_eq!(minutes, want);
     // Read from the look-back before the first time to the last time.

@@ -221,9 +221,11 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
     let hour = |h: i64| day + h * 3600;
     // The plain selector: a minute after a reading, and six minutes after (past the look-back).
     let night = r#"bucketd_reading{sensor="night"}"#;
-    // Night/h has no reading in hour 9: one series then.
+    // Night/h has no reading in hour 9: one series then. Exactly 5 minutes after a reading:
+    // still seen (Prometheus 2.42's look-back includes its start).
     for (at, series) in [
         (hour(3) + 67, 2),
+        (hour(3) + 7 + 5 * 60, 2),
         (hour(3) + 7 + 6 * 60, 0),
         (hour(9) + 67, 1),
     ] {
