@@ -138,7 +138,7 @@ fn bench_merge(c: &mut Criterion) {
 #[cfg(feature = "ui")]
 fn bench_promql(c: &mut Criterion) {
     use bucketd::doc::BucketDoc;
-    use bucketd::promql::{Budget, Grid, Value, evaluate, parse};
+    use bucketd::promql::{Budget, Grid, Raw, SeriesLabels, Value, evaluate, parse};
     let wide_hour = |seed: u64, start: i64| {
         let mut x = seed | 1;
         let mut s = Summary::of(start * 1_000_000_000, 50.0);
@@ -170,7 +170,7 @@ fn bench_promql(c: &mut Criterion) {
         b.iter(|| {
             let value = evaluate(
                 &expr,
-                &names,
+                &SeriesLabels::all(&names, false),
                 grid,
                 3600,
                 &Budget {
@@ -182,7 +182,7 @@ fn bench_promql(c: &mut Criterion) {
                         [("s/t".to_owned(), docs.clone())].into_iter().collect(),
                     )
                 },
-                |_, _, _, _| Ok(Some(Vec::new())),
+                |_, _, _, _| Ok(Raw::Readings(Vec::new())),
             )
             .unwrap();
             let Value::Vector(series) = value else {
@@ -202,7 +202,73 @@ fn bench_promql(c: &mut Criterion) {
             black_box(m.quantile(0.99))
         });
     });
+    bench_exact_windows(&mut g);
     g.finish();
+}
+
+/// Issue 55: a day's Grafana panel of `max_over_time(bucketd_reading[1h])` at a one-minute step
+/// (1,441 points) over a sensor read every 10 s, answered from its raw readings (each window
+/// visited: ~360 readings a point) and, in the same run, from its buckets (raw pages gone): what
+/// the exact windows cost against the buckets' sliding merge.
+#[cfg(feature = "ui")]
+fn bench_exact_windows(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    use bucketd::doc::BucketDoc;
+    use bucketd::promql::{Budget, Grid, Raw, SeriesLabels, evaluate, parse};
+    let first = NOW_S - 25 * 3600;
+    let readings: Vec<(i64, f64)> = (0..25 * 360)
+        .map(|i| {
+            let v = 20.0 + ((i * 7919) % 1000) as f64 / 100.0;
+            ((first + i * 10) * 1_000_000_000, v)
+        })
+        .collect();
+    let docs: Vec<BucketDoc> = readings
+        .chunks(360)
+        .map(|hour| {
+            let mut s = Summary::of(hour[0].0, hour[0].1);
+            for &(ts, v) in &hour[1..] {
+                s.push(ts, v);
+            }
+            BucketDoc::new("s/t", hour[0].0 / 1_000_000_000, 3600, &s)
+        })
+        .collect();
+    let names = vec!["s/t".to_owned()];
+    let labels = SeriesLabels::all(&names, false);
+    let expr = parse("max_over_time(bucketd_reading{sensor=\"s\"}[1h])").unwrap();
+    let grid = Grid::range((NOW_S - 24 * 3600) * 1000, NOW_S * 1000, 60_000).unwrap();
+    for (id, kept) in [
+        ("day_1h_windows_step_1m_raw", true),
+        ("day_1h_windows_step_1m_buckets", false),
+    ] {
+        g.bench_function(id, |b| {
+            b.iter(|| {
+                evaluate(
+                    &expr,
+                    &labels,
+                    grid,
+                    3600,
+                    &Budget {
+                        max_points: 100_000,
+                        cancel: None,
+                    },
+                    |_, from, to| {
+                        let docs = docs.iter().filter(|d| (from..to).contains(&d.start));
+                        Ok::<_, std::convert::Infallible>(
+                            [("s/t".to_owned(), docs.cloned().collect())]
+                                .into_iter()
+                                .collect(),
+                        )
+                    },
+                    |_, from, to, _| {
+                        let r = readings
+                            .iter()
+                            .filter(|r| kept && (from..to).contains(&r.0));
+                        Ok(Raw::Readings(r.copied().collect()))
+                    },
+                )
+                .unwrap()
+            });
+        });
+    }
 }
 
 /// Without the `ui` feature there is no Prometheus API to measure.

@@ -483,6 +483,7 @@ fn api_state(
             config.http.max_concurrent_queries,
         )),
         request_timeout: config.http.request_timeout,
+        lookback: config.http.lookback,
         allowed_hosts: config.http.allowed_hosts.clone().into(),
     }
 }

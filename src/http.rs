@@ -60,6 +60,8 @@ pub struct ApiState {
     pub query_slots: Arc<tokio::sync::Semaphore>,
     /// `http.request_timeout`: the most a request's body may take after its head.
     pub request_timeout: Duration,
+    /// `http.lookback`: how far back a plain `bucketd_reading` looks (the Prometheus API).
+    pub lookback: Duration,
     /// `http.allowed_hosts`, lower case: names an open endpoint answers to besides addresses and
     /// `localhost`.
     pub allowed_hosts: Arc<[String]>,
@@ -88,6 +90,7 @@ pub fn router(state: ApiState) -> Router {
             source: state.source.clone(),
             bucket_width_secs: state.bucket_width_secs,
             max_points: state.max_points_per_query,
+            lookback_ms: i64::try_from(state.lookback.as_millis()).unwrap_or(i64::MAX),
             unreadable: crate::source::Unreadable::default(),
             hangup: None,
         }),
@@ -981,6 +984,7 @@ mod tests {
             metrics_token: None,
             query_slots: Arc::new(tokio::sync::Semaphore::new(4)),
             request_timeout: Duration::from_secs(10),
+            lookback: Duration::from_mins(5),
             allowed_hosts: Arc::from([]),
         };
         // The store stays open while the reader is used (dropping it closes the file).

@@ -17,7 +17,7 @@ use axum::routing::any;
 use serde_json::{Value, json};
 
 use crate::promql::{self, Budget, Field, Grid, SeriesLabels};
-use crate::source::{Source, Unreadable, buckets_around, damaged_message};
+use crate::source::{ReadError, Source, Unreadable, buckets_around, damaged_message};
 
 /// Largest form body a request may send (a query is at most [`promql::QUERY_BYTES_MAX`]).
 const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -32,6 +32,8 @@ pub struct PromState {
     /// `http.max_points_per_query`: stored buckets read and points answered per query, and
     /// label sets per `series` answer.
     pub max_points: u64,
+    /// `http.lookback` (ms): how far back a plain `bucketd_reading` looks for a reading.
+    pub lookback_ms: i64,
     /// The series this request left out because they could not be read (a fresh set for each
     /// request, made in `dispatch`), named in the answer's `warnings`.
     pub unreadable: Unreadable,
@@ -267,17 +269,25 @@ async fn evaluate(
     };
     read(move || {
         let names = source.series().map_err(PromError::read)?;
+        let names = SeriesLabels::all(&names, source.fleet());
         let fetch =
             |wanted: &[&str], from, to| buckets_around(&*source, wanted, from, to, &unreadable);
         let raw = |series: &str, from, to, at_most: u64| {
             let mut readings = Vec::new();
             let mut over = false;
-            source.raw(series, from, to, &mut |page| {
+            match source.raw(series, from, to, &mut |page| {
                 readings.extend_from_slice(page);
                 over = readings.len() as u64 > at_most;
                 !over
-            })?;
-            Ok((!over).then_some(readings))
+            }) {
+                Err(ReadError::NotHere(why)) => return Ok(promql::Raw::NotKept(why)),
+                read => read?,
+            }
+            Ok(if over {
+                promql::Raw::TooMany
+            } else {
+                promql::Raw::Readings(readings)
+            })
         };
         let value = promql::evaluate(&expr, &names, grid, width, &budget, fetch, raw).map_err(
             |e| match e {
@@ -313,7 +323,9 @@ async fn query_range(s: &PromState, p: &Params) -> Result<Value, PromError> {
         .ok_or_else(|| PromError::bad("missing parameter `end`"))?;
     let step = promql::parse_duration(p.required("step")?)
         .map_err(|e| PromError::bad(format!("invalid parameter \"step\": {e}")))?;
-    let grid = Grid::range(start, end, step).map_err(PromError::bad)?;
+    let grid = Grid::range(start, end, step)
+        .map_err(PromError::bad)?
+        .looking_back(s.lookback_ms);
     let result: Vec<Value> = match evaluate(s, query, grid).await? {
         Ok(series) => series
             .into_iter()
@@ -335,7 +347,7 @@ async fn query_range(s: &PromState, p: &Params) -> Result<Value, PromError> {
 async fn instant_query(s: &PromState, p: &Params) -> Result<Value, PromError> {
     let query = p.required("query")?;
     let at = p.time("time")?.unwrap_or_else(now_ms);
-    let data = match evaluate(s, query, Grid::instant(at)).await? {
+    let data = match evaluate(s, query, Grid::instant(at).looking_back(s.lookback_ms)).await? {
         Ok(series) => {
             let result: Vec<Value> = series
                 .into_iter()
@@ -369,15 +381,21 @@ async fn selected(
     selectors: Vec<promql::Selector>,
 ) -> Result<Vec<Chosen>, PromError> {
     let (start, end) = (p.time("start")?, p.time("end")?);
-    let source = s.source.clone();
+    let (source, fleet) = (s.source.clone(), s.source.fleet());
     let names = read(move || source.series().map_err(PromError::read)).await?;
-    let chosen: Vec<Chosen> = names
-        .into_iter()
-        .filter_map(|name| {
-            let labels = SeriesLabels::of(&name);
+    let labels = SeriesLabels::all(&names, fleet);
+    if let Some(hint) = selectors
+        .iter()
+        .find_map(|sel| sel.old_fleet_sensor(&labels))
+    {
+        return Err(PromError::bad(hint));
+    }
+    let chosen: Vec<Chosen> = labels
+        .iter()
+        .filter_map(|labels| {
             let matching: Vec<&promql::Selector> = selectors
                 .iter()
-                .filter(|sel| sel.matches_series(&labels))
+                .filter(|sel| sel.matches_series(labels))
                 .collect();
             let (fields, readings): (BTreeSet<Field>, bool) = if selectors.is_empty() {
                 (Field::ALL.into_iter().collect(), true)
@@ -388,7 +406,7 @@ async fn selected(
                 )
             };
             (!fields.is_empty() || readings).then(|| Chosen {
-                name: name.clone(),
+                name: labels.series.to_owned(),
                 fields: fields.into_iter().collect(),
                 readings,
             })
@@ -433,28 +451,33 @@ fn limit(p: &Params) -> Result<usize, PromError> {
 
 async fn labels(s: &PromState, p: &Params) -> Result<Value, PromError> {
     let any = !selected(s, p, p.matches()?).await?.is_empty();
-    let names: Vec<&str> = if any {
+    let gateway = s.source.fleet().then_some(promql::GATEWAY);
+    let mut names: Vec<&str> = if any {
         std::iter::once("__name__")
             .chain(promql::LABELS)
-            .take(limit(p)?)
+            .chain(gateway)
             .collect()
     } else {
         Vec::new()
     };
+    names.sort_unstable(); // Prometheus lists them sorted
+    names.truncate(limit(p)?);
     Ok(json!(names))
 }
 
 async fn label_values(s: &PromState, name: &str, p: &Params) -> Result<Value, PromError> {
     let selected = selected(s, p, p.matches()?).await?;
+    let fleet = s.source.fleet();
     // The readings' metric is a name too (for range functions), where the selectors take it.
     let values: BTreeSet<String> = selected
         .iter()
         .flat_map(|c| {
-            let labels = SeriesLabels::of(&c.name);
+            let labels = SeriesLabels::of(&c.name, fleet);
             let one = match name {
                 "series" => Some(labels.series),
                 "sensor" => Some(labels.sensor),
                 "metric" => Some(labels.metric),
+                promql::GATEWAY => labels.gateway,
                 _ => None,
             };
             let names = c
@@ -487,10 +510,11 @@ async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
             s.max_points
         )));
     }
+    let fleet = s.source.fleet();
     let list: Vec<Value> = selected
         .iter()
         .flat_map(|c| {
-            let labels = SeriesLabels::of(&c.name);
+            let labels = SeriesLabels::of(&c.name, fleet);
             let mut readings = labels.with_name(Field::Count);
             readings.insert("__name__".to_owned(), promql::READINGS.to_owned());
             let readings = c.readings.then(|| json!(readings));

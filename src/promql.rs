@@ -102,8 +102,16 @@ impl Field {
     }
 }
 
-/// The labels a stored series has, besides `__name__`.
+/// The labels a stored series has, besides `__name__`; a query node's series have
+/// [`GATEWAY`] too.
 pub const LABELS: [&str; 3] = ["metric", "sensor", "series"];
+
+/// The label of a query node's series naming their gateway: the id, or `*` for a fleet-wide
+/// series (the merge of every gateway's series of that sensor and metric).
+pub const GATEWAY: &str = "gateway";
+
+/// The gateway of a fleet-wide series.
+pub const FLEET_WIDE: &str = "*";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum MatchOp {
@@ -170,19 +178,37 @@ pub struct Selector {
 #[derive(Debug, Clone, Copy)]
 pub struct SeriesLabels<'a> {
     pub series: &'a str,
+    /// On a query node, the gateway (`*` for a fleet-wide series); none on a gateway.
+    pub gateway: Option<&'a str>,
     pub sensor: &'a str,
     pub metric: &'a str,
 }
 
 impl<'a> SeriesLabels<'a> {
-    /// The labels of the stored series `name` (`sensor/metric`).
-    pub fn of(name: &'a str) -> SeriesLabels<'a> {
-        let (sensor, metric) = name.split_once('/').unwrap_or((name, ""));
+    /// The labels of the stored series `name`: `sensor/metric` on a gateway;
+    /// `gateway:sensor/metric` on a query node (`fleet`), the gateway a label of its own.
+    pub fn of(name: &'a str, fleet: bool) -> SeriesLabels<'a> {
+        let (gateway, rest) = match name.split_once(':') {
+            Some((gateway, rest)) if fleet => (Some(gateway), rest),
+            _ => (None, name),
+        };
+        let (sensor, metric) = rest.split_once('/').unwrap_or((rest, ""));
         SeriesLabels {
             series: name,
+            gateway,
             sensor,
             metric,
         }
+    }
+
+    /// The labels of each of `names`.
+    pub fn all(names: &'a [String], fleet: bool) -> Vec<SeriesLabels<'a>> {
+        names.iter().map(|n| SeriesLabels::of(n, fleet)).collect()
+    }
+
+    /// Whether it is a fleet-wide series, which only a selector naming it selects.
+    pub fn fleet_wide(&self) -> bool {
+        self.gateway == Some(FLEET_WIDE)
     }
 
     fn get(&self, label: &str) -> &'a str {
@@ -190,6 +216,7 @@ impl<'a> SeriesLabels<'a> {
             "series" => self.series,
             "sensor" => self.sensor,
             "metric" => self.metric,
+            GATEWAY => self.gateway.unwrap_or(""),
             // Prometheus: a label a series does not have has the empty value.
             _ => "",
         }
@@ -197,12 +224,16 @@ impl<'a> SeriesLabels<'a> {
 
     /// All labels of the metric `field` of this series.
     pub fn with_name(&self, field: Field) -> BTreeMap<String, String> {
-        BTreeMap::from([
+        let mut labels = BTreeMap::from([
             ("__name__".to_owned(), field.metric_name().to_owned()),
             ("metric".to_owned(), self.metric.to_owned()),
             ("sensor".to_owned(), self.sensor.to_owned()),
             ("series".to_owned(), self.series.to_owned()),
-        ])
+        ]);
+        if let Some(gateway) = self.gateway {
+            labels.insert(GATEWAY.to_owned(), gateway.to_owned());
+        }
+        labels
     }
 }
 
@@ -211,8 +242,8 @@ impl<'a> SeriesLabels<'a> {
 /// of the day's readings); as a plain selector, the last raw reading within [`LOOKBACK_MS`].
 pub const READINGS: &str = "bucketd_reading";
 
-/// How far back a plain `bucketd_reading` selector looks for a reading: Prometheus's default
-/// look-back delta, 5 minutes.
+/// How far back a plain `bucketd_reading` selector looks for a reading unless told
+/// (`http.lookback`, [`Grid::looking_back`]): Prometheus's default look-back delta, 5 minutes.
 pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
 
 impl Selector {
@@ -257,12 +288,51 @@ impl Selector {
             .collect()
     }
 
-    /// Whether the series' own labels (not `__name__`) pass every matcher.
+    /// Whether the series' own labels (not `__name__`) pass every matcher. A fleet-wide series
+    /// must be named as well (`gateway="*"`, or `series="*:boiler/temp"`): selected by any
+    /// selector, it would count its gateways' readings a second time in every aggregation.
     pub fn matches_series(&self, labels: &SeriesLabels) -> bool {
-        self.matchers
-            .iter()
-            .filter(|m| m.label != "__name__")
-            .all(|m| m.matches(labels.get(&m.label)))
+        (!labels.fleet_wide() || self.names_fleet_wide(labels))
+            && self
+                .matchers
+                .iter()
+                .filter(|m| m.label != "__name__")
+                .all(|m| m.matches(labels.get(&m.label)))
+    }
+
+    fn names_fleet_wide(&self, labels: &SeriesLabels) -> bool {
+        self.matchers.iter().any(|m| {
+            m.op == MatchOp::Equal
+                && ((m.label == GATEWAY && m.value == FLEET_WIDE)
+                    || (m.label == "series" && m.value == labels.series))
+        })
+    }
+
+    /// On a query node, a `sensor` matcher written for the names before the gateway became a
+    /// label (`sensor="gw1:boiler"`): it matches no series' sensor but some `<gateway>:<sensor>`.
+    /// The text says what to write instead.
+    pub fn old_fleet_sensor(&self, series: &[SeriesLabels]) -> Option<String> {
+        let m = self.matchers.iter().find(|m| {
+            m.label == "sensor"
+                && matches!(m.op, MatchOp::Equal | MatchOp::Regex)
+                && !series.iter().any(|l| m.matches(l.sensor))
+                && series.iter().any(|l| {
+                    l.gateway
+                        .is_some_and(|g| m.matches(&format!("{g}:{}", l.sensor)))
+                })
+        })?;
+        let op = if m.op == MatchOp::Equal { "=" } else { "=~" };
+        let example = match m.value.split_once(':') {
+            Some((g, sensor)) if m.op == MatchOp::Equal => {
+                format!("{GATEWAY}=\"{g}\", sensor=\"{sensor}\"")
+            }
+            _ => format!("{GATEWAY}=~\"<gateways>\", sensor=~\"<sensors>\""),
+        };
+        Some(format!(
+            "sensor{op}\"{}\": on a query node the gateway is a label of its own and `sensor` \
+             is the sensor without it; write {example} (fleet-wide series: {GATEWAY}=\"*\")",
+            m.value
+        ))
     }
 }
 

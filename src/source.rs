@@ -125,6 +125,12 @@ pub trait BucketSource: Send + Sync {
     fn raw(&self, series: &str, from: i64, to: i64, visit: &mut Visit<'_>)
     -> Result<(), ReadError>;
 
+    /// Whether its series are a fleet's (a query node's): named `<gateway>:<sensor>/<metric>`,
+    /// and `*:<sensor>/<metric>` for the fleet-wide merge of every gateway's.
+    fn fleet(&self) -> bool {
+        false
+    }
+
     /// Whether the source can answer now, for `/readyz`: `None` where readiness is the
     /// daemon's (its broker and store), `Some` for a source of its own (a query node's
     /// PostgreSQL).

@@ -152,6 +152,9 @@ pub struct HttpConfig {
     /// Host names (besides IP addresses and `localhost`) that requests may name while no token
     /// guards their endpoints: DNS rebinding cannot reach an open API.
     pub allowed_hosts: Vec<String>,
+    /// How far back a plain `bucketd_reading` selector of the Prometheus API looks for a raw
+    /// reading (Prometheus's look-back delta).
+    pub lookback: Duration,
 }
 
 #[derive(Debug, Clone)]

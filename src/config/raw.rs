@@ -95,6 +95,8 @@ pub struct RawHttp {
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     pub allowed_hosts: Vec<String>,
+    #[serde(with = "humantime_serde")]
+    pub lookback: Duration,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

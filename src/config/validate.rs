@@ -359,6 +359,12 @@ pub(super) fn validate_http(raw: &RawHttp) -> Result<HttpConfig, ConfigError> {
             return Err(invalid(key, format!("must be 100ms..=5m ({what})")));
         }
     }
+    if !(Duration::from_secs(1)..=Duration::from_hours(24)).contains(&raw.lookback) {
+        return Err(invalid(
+            "http.lookback",
+            "must be 1s..=1d (how far back a plain bucketd_reading looks for a reading)",
+        ));
+    }
     if raw.max_connections_per_address == 0 {
         return Err(invalid(
             "http.max_connections_per_address",
@@ -387,6 +393,7 @@ pub(super) fn validate_http(raw: &RawHttp) -> Result<HttpConfig, ConfigError> {
         // Within all connections' bound (the smaller of the two).
         max_connections_per_address: raw.max_connections_per_address.min(raw.max_connections),
         request_timeout: raw.request_timeout,
+        lookback: raw.lookback,
         allowed_hosts: raw
             .allowed_hosts
             .iter()

@@ -414,6 +414,10 @@ impl BucketSource for FleetReader {
         ))
     }
 
+    fn fleet(&self) -> bool {
+        true
+    }
+
     fn reachable(&self) -> Option<bool> {
         let ping = async {
             let conn = self.0.conn().await.ok()?;

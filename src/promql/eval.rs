@@ -31,6 +31,8 @@ pub struct Grid {
     pub count: u64,
     /// An instant query: a plain selector looks back one bucket.
     pub look_back: bool,
+    /// How far back (ms) a plain `bucketd_reading` selector looks for a reading: `[t - this, t]`.
+    pub lookback_ms: i64,
 }
 
 impl Grid {
@@ -59,6 +61,7 @@ impl Grid {
             step_ms,
             count,
             look_back: false,
+            lookback_ms: LOOKBACK_MS,
         })
     }
 
@@ -69,6 +72,16 @@ impl Grid {
             step_ms: 1,
             count: 1,
             look_back: true,
+            lookback_ms: LOOKBACK_MS,
+        }
+    }
+
+    /// The same grid with a plain `bucketd_reading` selector looking back `ms` (`http.lookback`).
+    #[must_use]
+    pub fn looking_back(self, ms: i64) -> Grid {
+        Grid {
+            lookback_ms: ms,
+            ..self
         }
     }
 
@@ -267,10 +280,15 @@ struct Ctx<'a> {
     grid: Grid,
     width_ms: i64,
     window_ms: i64,
-    names: &'a [String],
+    names: &'a [SeriesLabels<'a>],
     data: BTreeMap<String, Stored>,
     /// Raw readings of the series a plain `bucketd_reading` selector matched.
     raw: RawReadings,
+    /// Raw readings of the series a range function over `bucketd_reading` matched, by series,
+    /// offset and range (ms), for windows answered exactly.
+    exact: ExactReadings,
+    /// Readings the exact windows may still visit (summed over every point's window).
+    work_left: std::cell::Cell<u64>,
 }
 
 /// The start (ms) of the bucket of width `w` (ms) holding `t`, saturating at the ends of an
@@ -303,42 +321,121 @@ fn needed(s: &Select, grid: Grid, width_ms: i64, window_ms: i64) -> (i64, i64) {
     }
 }
 
+/// What a raw read gives (`raw` of [`evaluate`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Raw {
+    /// The readings (ns, value) with `from <= ns < to`, in time order.
+    Readings(Vec<(i64, f64)>),
+    /// More than `at_most` of them.
+    TooMany,
+    /// The source keeps no raw readings (a query node); the text says where they are.
+    NotKept(&'static str),
+}
+
 /// Evaluates `expr` at `grid` over the stored series `names`, reading what its selectors need
 /// with one `fetch(names, from, to)` (per name, bucket starts in `[from, to)`, seconds, in time
-/// order) and, for plain `bucketd_reading` selectors, `raw(name, from, to, at_most)` (the raw
-/// readings with `from <= ns < to`, in time order, `None` past `at_most` of them).
+/// order) and, for `bucketd_reading` (plain, and in range functions while the readings are
+/// kept), `raw(name, from, to, at_most)`.
 pub fn evaluate<E>(
     expr: &Expr,
-    names: &[String],
+    names: &[SeriesLabels<'_>],
     grid: Grid,
     width_secs: i64,
     budget: &Budget,
     fetch: impl FnOnce(&[&str], i64, i64) -> Result<BTreeMap<String, Vec<BucketDoc>>, E>,
-    raw: impl FnMut(&str, i64, i64, u64) -> Result<Option<Vec<(i64, f64)>>, E>,
+    mut raw: impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<Value, EvalError<E>> {
     let width_ms = width_secs.saturating_mul(1000);
     let window_ms = window_ms(grid.step_ms, width_secs).map_err(EvalError::TooLarge)?;
     let selects = expr.selects();
+    let (wanted, from, to) =
+        plan(&selects, names, grid, (width_ms, window_ms), budget).map_err(EvalError::TooLarge)?;
+    let mut raw_left = budget.max_points;
+    let plain = read_raw(&selects, names, grid, &mut raw_left, &mut raw)?;
+    let mut data = BTreeMap::new();
+    if !wanted.is_empty() {
+        let read = fetch(
+            &wanted,
+            from.div_euclid(1000),
+            to.div_euclid(1000).saturating_add(1),
+        )
+        .map_err(EvalError::Read)?;
+        for (name, docs) in read {
+            let stored = Stored {
+                starts: docs.iter().map(|d| d.start.saturating_mul(1000)).collect(),
+                summaries: docs.iter().map(BucketDoc::summary).collect(),
+            };
+            data.insert(name, stored);
+        }
+    }
+    let work = budget.max_points.saturating_mul(EXACT_WORK_PER_POINT);
+    let exact = read_exact(
+        &selects,
+        names,
+        (grid, width_ms, &data),
+        (&mut raw_left, work),
+        &mut raw,
+    )?;
+    let ctx = Ctx {
+        budget,
+        grid,
+        width_ms,
+        window_ms,
+        names,
+        data,
+        raw: plain,
+        exact,
+        work_left: std::cell::Cell::new(work),
+    };
+    let value = ctx.eval(expr);
+    if budget.cancelled() {
+        return Err(EvalError::Cancelled);
+    }
+    let value = value.map_err(EvalError::TooLarge)?;
+    Ok(match value {
+        Value::Vector(series) => Value::Vector(
+            series
+                .into_iter()
+                .filter(|s| !s.points.is_empty())
+                .collect(),
+        ),
+        scalar @ Value::Scalar(_) => scalar,
+    })
+}
+
+/// What a query reads of the buckets: the series (names) its selectors match, and the bucket
+/// starts (ms, `[from, to)`) they need; refused when that, or its answer, is larger than the
+/// budget, or a selector is one bucketd cannot answer (the text says why).
+fn plan<'n>(
+    selects: &[&Select],
+    names: &[SeriesLabels<'n>],
+    grid: Grid,
+    (width_ms, window_ms): (i64, i64),
+    budget: &Budget,
+) -> Result<(Vec<&'n str>, i64, i64), String> {
     let mut wanted: BTreeSet<&str> = BTreeSet::new();
     let (mut from, mut to) = (i64::MAX, i64::MIN);
     let mut points: u64 = 0;
-    for s in &selects {
+    for s in selects {
         if let Some(r) = s.range_secs
             && (r.saturating_mul(1000) % width_ms != 0)
         {
-            return Err(EvalError::TooLarge(format!(
+            return Err(format!(
                 "a range must be a whole number of buckets ({}, {}, ...), not {}",
                 format_ms(width_ms),
                 format_ms(2 * width_ms),
                 format_ms(r.saturating_mul(1000))
-            )));
+            ));
         }
         let sources = s.selector.fields().len() as u64
             + u64::from(s.range_secs.is_some() && s.selector.selects_readings());
+        if let Some(hint) = s.selector.old_fleet_sensor(names) {
+            return Err(hint);
+        }
         let matched: Vec<&str> = names
             .iter()
-            .map(String::as_str)
-            .filter(|n| sources > 0 && s.selector.matches_series(&SeriesLabels::of(n)))
+            .filter(|l| sources > 0 && s.selector.matches_series(l))
+            .map(|l| l.series)
             .collect();
         points = points.saturating_add(
             grid.count
@@ -359,76 +456,40 @@ pub fn evaluate<E>(
     };
     let reads = buckets.saturating_mul(wanted.len() as u64);
     if reads > budget.max_points || points > budget.max_points {
-        return Err(EvalError::TooLarge(format!(
+        return Err(format!(
             "the query selects {} series over {buckets} buckets ({} points): more than \
              http.max_points_per_query ({}); narrow the selector or the range, or use a \
              coarser step",
             wanted.len(),
             points.max(reads),
             budget.max_points
-        )));
+        ));
     }
-    let raw = read_raw(&selects, names, grid, budget, raw)?;
-    let mut data = BTreeMap::new();
-    if !wanted.is_empty() {
-        let wanted: Vec<&str> = wanted.into_iter().collect();
-        let read = fetch(
-            &wanted,
-            from.div_euclid(1000),
-            to.div_euclid(1000).saturating_add(1),
-        )
-        .map_err(EvalError::Read)?;
-        for (name, docs) in read {
-            let stored = Stored {
-                starts: docs.iter().map(|d| d.start.saturating_mul(1000)).collect(),
-                summaries: docs.iter().map(BucketDoc::summary).collect(),
-            };
-            data.insert(name, stored);
-        }
-    }
-    let ctx = Ctx {
-        budget,
-        grid,
-        width_ms,
-        window_ms,
-        names,
-        data,
-        raw,
-    };
-    let value = ctx.eval(expr);
-    if budget.cancelled() {
-        return Err(EvalError::Cancelled);
-    }
-    let value = value.map_err(EvalError::TooLarge)?;
-    Ok(match value {
-        Value::Vector(series) => Value::Vector(
-            series
-                .into_iter()
-                .filter(|s| !s.points.is_empty())
-                .collect(),
-        ),
-        scalar @ Value::Scalar(_) => scalar,
-    })
+    Ok((wanted.into_iter().collect(), from, to))
 }
 
 type Labels = BTreeMap<String, String>;
+
+/// Raw readings for exact windows, by series, selector offset (seconds) and range (ms).
+type ExactReadings = BTreeMap<(String, i64, i64), Exact>;
 
 /// Raw readings (ns, value), in time order, by series and selector offset (seconds): the
 /// offset decides the time range read, the grid being the query's.
 type RawReadings = BTreeMap<(String, i64), Vec<(i64, f64)>>;
 
 /// The raw readings the plain `bucketd_reading` selectors of a query need: per matched series,
-/// those from the look-back before the grid's first time to its last. At most
-/// `budget.max_points` readings in all: past that the query is refused, naming the bound.
+/// those from the look-back before the grid's first time to its last. At most `left`
+/// readings in all (`http.max_points_per_query`, shared with [`read_exact`]): past that the
+/// query is refused, naming the bound.
 fn read_raw<E>(
     selects: &[&Select],
-    names: &[String],
+    names: &[SeriesLabels<'_>],
     grid: Grid,
-    budget: &Budget,
-    mut raw: impl FnMut(&str, i64, i64, u64) -> Result<Option<Vec<(i64, f64)>>, E>,
+    left: &mut u64,
+    raw: &mut impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<RawReadings, EvalError<E>> {
     let mut out = RawReadings::new();
-    let mut left = budget.max_points;
+    let max = *left;
     for s in selects
         .iter()
         .filter(|s| s.range_secs.is_none() && s.selector.names_readings())
@@ -437,7 +498,7 @@ fn read_raw<E>(
         let first = grid
             .start_ms
             .saturating_sub(shift)
-            .saturating_sub(LOOKBACK_MS);
+            .saturating_sub(grid.lookback_ms);
         let last = grid.last_ms().saturating_sub(shift);
         let (from, to) = (
             first.saturating_mul(1_000_000),
@@ -445,21 +506,175 @@ fn read_raw<E>(
         );
         for name in names
             .iter()
-            .filter(|n| s.selector.matches_series(&SeriesLabels::of(n)))
+            .filter(|l| s.selector.matches_series(l))
+            .map(|l| l.series)
         {
-            let key = (name.clone(), s.offset_secs);
+            let key = (name.to_owned(), s.offset_secs);
             if out.contains_key(&key) {
                 continue; // another selector of the query read the same range
             }
-            let Some(readings) = raw(name, from, to, left).map_err(EvalError::Read)? else {
-                return Err(EvalError::TooLarge(format!(
-                    "bucketd_reading reads more than http.max_points_per_query ({}) raw \
-                     readings here; narrow the selector or the time range",
-                    budget.max_points
-                )));
+            let readings = match raw(name, from, to, *left).map_err(EvalError::Read)? {
+                Raw::Readings(readings) => readings,
+                Raw::TooMany => {
+                    return Err(EvalError::TooLarge(format!(
+                        "bucketd_reading reads more than http.max_points_per_query ({max}) \
+                         raw readings here; narrow the selector or the time range"
+                    )));
+                }
+                Raw::NotKept(why) => {
+                    return Err(EvalError::TooLarge(format!(
+                        "a plain bucketd_reading selector answers the last raw reading, and \
+                         {why}; use a range function (max_over_time(bucketd_reading{{..}}[1h])) \
+                         or a bucket field (bucketd_bucket_last)"
+                    )));
+                }
             };
-            left = left.saturating_sub(readings.len() as u64);
+            *left = left.saturating_sub(readings.len() as u64);
             out.insert(key, readings);
+        }
+    }
+    Ok(out)
+}
+
+/// How many readings the exact windows of a query may visit in all, per point of
+/// `http.max_points_per_query`: a window is visited whole at each point of the grid (the
+/// readings of `[t - r, t]`, sorted for a quantile), so a fine step over a long range costs
+/// points x window; past this, the series' windows come from its buckets, as beyond the raw
+/// retention.
+pub const EXACT_WORK_PER_POINT: u64 = 16;
+
+/// One series' raw readings for exact windows: the readings (ms, value) of whole buckets, in
+/// time order, and which of those buckets hold every reading their bucket counts (a bucket
+/// past `store.raw_retention` has lost its raw pages; a central's buckets, merged from deltas,
+/// never had any).
+struct Exact {
+    readings: Vec<(i64, f64)>,
+    /// The start (ms) of the first bucket read, and the bucket width (ms).
+    first: i64,
+    width: i64,
+    /// `incomplete[k]`: how many of the buckets before bucket `k` (from `first`) miss readings.
+    incomplete: Vec<u32>,
+}
+
+impl Exact {
+    /// The readings of `[from, to]` (ms, both included: Prometheus 2.x's range), if every
+    /// bucket the window touches holds all its readings.
+    fn window(&self, from: i64, to: i64) -> Option<&[(i64, f64)]> {
+        let index = |t: i64| {
+            usize::try_from(bucket_of(t, self.width).checked_sub(self.first)? / self.width).ok()
+        };
+        let (a, b) = (index(from)?, index(to)?.checked_add(1)?);
+        if b >= self.incomplete.len() || self.incomplete[b] != self.incomplete[a] {
+            return None;
+        }
+        let lo = self.readings.partition_point(|r| r.0 < from);
+        let hi = self.readings.partition_point(|r| r.0 <= to);
+        Some(&self.readings[lo..hi.max(lo)])
+    }
+}
+
+/// The raw readings of the range functions over `bucketd_reading`: per matched series, the
+/// whole buckets its windows touch, kept where each bucket's raw readings are all there (their
+/// count is the bucket's). Within `left` readings in all (shared with [`read_raw`]); a series
+/// past it, or whose windows would visit more than `work` readings (told by its buckets'
+/// counts, before reading), or a source that keeps no raw readings, is answered from its
+/// buckets.
+fn read_exact<E>(
+    selects: &[&Select],
+    names: &[SeriesLabels<'_>],
+    (grid, width, data): (Grid, i64, &BTreeMap<String, Stored>),
+    (left, work): (&mut u64, u64),
+    raw: &mut impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
+) -> Result<ExactReadings, EvalError<E>> {
+    let mut out = BTreeMap::new();
+    for s in selects
+        .iter()
+        .filter(|s| s.range_secs.is_some() && s.selector.selects_readings())
+    {
+        let shift = s.offset_secs.saturating_mul(1000);
+        let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
+        let first = bucket_of(
+            grid.start_ms.saturating_sub(shift).saturating_sub(range),
+            width,
+        );
+        let end = bucket_of(grid.last_ms().saturating_sub(shift), width).saturating_add(width);
+        let Ok(buckets) = usize::try_from((end - first) / width) else {
+            continue;
+        };
+        for name in names
+            .iter()
+            .filter(|l| s.selector.matches_series(l))
+            .map(|l| l.series)
+        {
+            let key = (name.to_owned(), s.offset_secs, range);
+            let Some(stored) = data.get(name) else {
+                continue; // no buckets: no readings
+            };
+            if out.contains_key(&key) {
+                continue;
+            }
+            // The buckets' counts: `counted[k]` readings in the buckets before bucket `k`.
+            let mut counted = Vec::with_capacity(buckets + 1);
+            counted.push(0_u64);
+            for k in 0..buckets {
+                let start = first + k as i64 * width;
+                let (a, b) = stored.span(start, start.saturating_add(1));
+                let count: u64 = stored.summaries[a..b].iter().map(|s| s.count).sum();
+                counted.push(counted[k].saturating_add(count));
+            }
+            // Too many to read, or to visit: the buckets whole inside each window alone say so.
+            let whole_inside = |t: i64| {
+                let t0 = t.saturating_sub(shift);
+                let a = (t0.saturating_sub(range) - first + width - 1).div_euclid(width);
+                let b = (t0 - first - width).div_euclid(width) + 1;
+                match (usize::try_from(a), usize::try_from(b)) {
+                    (Ok(a), Ok(b)) if a < b && b <= buckets => counted[b] - counted[a],
+                    _ => 0,
+                }
+            };
+            let visits = grid
+                .times()
+                .fold(0_u64, |n, t| n.saturating_add(whole_inside(t)));
+            if counted[buckets] > *left || visits > work {
+                continue;
+            }
+            let (from, to) = (
+                first.saturating_mul(1_000_000),
+                end.saturating_mul(1_000_000),
+            );
+            let readings = match raw(name, from, to, *left).map_err(EvalError::Read)? {
+                Raw::Readings(readings) => readings,
+                Raw::TooMany => continue,
+                Raw::NotKept(_) => return Ok(out),
+            };
+            *left = left.saturating_sub(readings.len() as u64);
+            let readings: Vec<(i64, f64)> = readings
+                .into_iter()
+                .map(|(ns, v)| (ns.div_euclid(1_000_000), v))
+                .collect();
+            // Readings per bucket against the bucket's count.
+            let mut kept = vec![0_u64; buckets];
+            for r in &readings {
+                if let Some(k) = usize::try_from((bucket_of(r.0, width) - first) / width)
+                    .ok()
+                    .and_then(|k| kept.get_mut(k))
+                {
+                    *k += 1;
+                }
+            }
+            let mut incomplete = Vec::with_capacity(buckets + 1);
+            incomplete.push(0_u32);
+            for (k, kept) in kept.iter().enumerate() {
+                let missing = incomplete[k] + u32::from(counted[k + 1] - counted[k] != *kept);
+                incomplete.push(missing);
+            }
+            let exact = Exact {
+                readings,
+                first,
+                width,
+                incomplete,
+            };
+            out.insert(key, exact);
         }
     }
     Ok(out)
@@ -481,7 +696,7 @@ fn range_function_labels(func: Func, labels: Labels) -> Labels {
     }
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     fn eval(&self, expr: &Expr) -> Result<Value, String> {
         match expr {
             Expr::Number(n) => Ok(Value::Scalar(*n)),
@@ -557,13 +772,16 @@ impl Ctx<'_> {
     }
 
     /// The stored series a selector matches, with their buckets (none read: empty).
-    fn matched<'s>(&'s self, s: &'s Select) -> impl Iterator<Item = (&'s str, &'s Stored)> + 's {
+    fn matched<'s>(
+        &'s self,
+        s: &'s Select,
+    ) -> impl Iterator<Item = (&'s SeriesLabels<'a>, &'s Stored)> + 's {
         static EMPTY: std::sync::OnceLock<Stored> = std::sync::OnceLock::new();
         let empty = EMPTY.get_or_init(Stored::default);
         self.names
             .iter()
-            .filter(|n| s.selector.matches_series(&SeriesLabels::of(n)))
-            .map(move |n| (n.as_str(), self.data.get(n).unwrap_or(empty)))
+            .filter(|l| s.selector.matches_series(l))
+            .map(move |l| (l, self.data.get(l.series).unwrap_or(empty)))
     }
 
     /// A plain selector: each matched series' fields at each time.
@@ -572,7 +790,7 @@ impl Ctx<'_> {
         let w = self.width_ms;
         let mut out = self.last_readings(s);
         let fields = s.selector.fields();
-        for (name, stored) in self.matched(s) {
+        for (labels, stored) in self.matched(s) {
             let at: Vec<(i64, Option<Summary>)> = self
                 .grid
                 .times()
@@ -598,7 +816,7 @@ impl Ctx<'_> {
                     .filter_map(|(t, s)| Some((*t, field.value(s.as_ref()?)?)))
                     .collect();
                 out.push(Series {
-                    labels: SeriesLabels::of(name).with_name(field),
+                    labels: labels.with_name(field),
                     points,
                 });
             }
@@ -615,17 +833,17 @@ impl Ctx<'_> {
         }
         let shift = s.offset_secs.saturating_mul(1000);
         let mut out = Vec::new();
-        for ((name, offset), readings) in &self.raw {
-            if *offset != s.offset_secs || !s.selector.matches_series(&SeriesLabels::of(name)) {
+        for labels in self.names.iter().filter(|l| s.selector.matches_series(l)) {
+            let Some(readings) = self.raw.get(&(labels.series.to_owned(), s.offset_secs)) else {
                 continue;
-            }
+            };
             let points: Vec<(i64, f64)> = self
                 .grid
                 .times()
                 .take_while(|_| !self.budget.cancelled())
                 .filter_map(|t| {
                     let t0 = t.saturating_sub(shift).saturating_mul(1_000_000);
-                    let after = t0.saturating_sub(LOOKBACK_MS.saturating_mul(1_000_000));
+                    let after = t0.saturating_sub(self.grid.lookback_ms.saturating_mul(1_000_000));
                     // The last reading at or before t0.
                     let at = readings.partition_point(|r| r.0 <= t0);
                     let &(ts, value) = readings.get(at.checked_sub(1)?)?;
@@ -633,7 +851,7 @@ impl Ctx<'_> {
                     (ts >= after).then_some((t, value))
                 })
                 .collect();
-            let mut labels = SeriesLabels::of(name).with_name(Field::Count);
+            let mut labels = labels.with_name(Field::Count);
             labels.insert("__name__".to_owned(), READINGS.to_owned());
             out.push(Series { labels, points });
         }
@@ -656,8 +874,7 @@ impl Ctx<'_> {
             ));
         }
         let mut out = Vec::new();
-        for (name, stored) in self.matched(s) {
-            let labels = SeriesLabels::of(name);
+        for (labels, stored) in self.matched(s) {
             let in_range = |t: i64| {
                 let t0 = t.saturating_sub(shift);
                 // Buckets overlapping [t0 - range, t0): starting after t0 - range - width.
@@ -667,9 +884,13 @@ impl Ctx<'_> {
                 )
             };
             if readings {
-                // The windows only move forward as `t` grows: each bucket is merged in and out
-                // a bounded number of times, not once per point (issue 53: a 700-hour window at
-                // a one-second step merged 700 buckets at each of 10,801 points, 35 s a query).
+                // Exact windows where the raw readings are all kept (and within the work bound);
+                // else the buckets. The windows only move forward as `t` grows: each bucket is
+                // merged in and out a bounded number of times, not once per point (issue 53: a
+                // 700-hour window at a one-second step merged 700 buckets at each of 10,801
+                // points, 35 s a query).
+                let exact = self.exact_for(labels.series, s);
+                let mut values: Vec<f64> = Vec::new();
                 let mut window = Sliding::new(&stored.summaries);
                 let mut last: Option<((usize, usize), Option<f64>)> = None;
                 let points = self
@@ -677,6 +898,14 @@ impl Ctx<'_> {
                     .times()
                     .take_while(|_| !self.budget.cancelled())
                     .filter_map(|t| {
+                        let t0 = t.saturating_sub(shift);
+                        if let Some(raw) =
+                            exact.and_then(|e| e.window(t0.saturating_sub(range), t0))
+                        {
+                            values.clear();
+                            values.extend(raw.iter().map(|r| r.1));
+                            return Some((t, of_samples(func, q, &values)?));
+                        }
                         let span = in_range(t);
                         let value = match last {
                             Some((was, value)) if was == span => value,
@@ -724,6 +953,28 @@ impl Ctx<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// The raw readings for the exact windows of `s` over `name`, if they were read and
+    /// visiting every point's window stays within the query's work bound (which it then uses).
+    fn exact_for(&self, name: &str, s: &Select) -> Option<&Exact> {
+        let shift = s.offset_secs.saturating_mul(1000);
+        let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
+        let exact = self.exact.get(&(name.to_owned(), s.offset_secs, range))?;
+        let mut visits: u64 = 0;
+        for t in self.grid.times() {
+            let t0 = t.saturating_sub(shift);
+            let lo = exact
+                .readings
+                .partition_point(|r| r.0 < t0.saturating_sub(range));
+            let hi = exact.readings.partition_point(|r| r.0 <= t0);
+            visits = visits.saturating_add(hi.saturating_sub(lo) as u64);
+        }
+        let left = self.work_left.get();
+        (visits <= left).then(|| {
+            self.work_left.set(left - visits);
+            exact
+        })
     }
 
     /// 1 at each time no series of `present` has a point, with `labels`.

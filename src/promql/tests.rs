@@ -45,7 +45,7 @@ fn error(text: &str) -> String {
 
 fn selects(text: &str, series: &str) -> Vec<Field> {
     let v = select_of(text);
-    if v.selector.matches_series(&SeriesLabels::of(series)) {
+    if v.selector.matches_series(&SeriesLabels::of(series, false)) {
         v.selector.fields()
     } else {
         Vec::new()
@@ -276,7 +276,7 @@ fn try_eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Result<Value, EvalErr
     names.dedup();
     evaluate(
         &parse(text).unwrap_or_else(|e| panic!("{text}: {e}")),
-        &names,
+        &SeriesLabels::all(&names, false),
         grid,
         HOUR,
         &BUDGET,
@@ -287,8 +287,8 @@ fn try_eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Result<Value, EvalErr
 
 /// A source without raw readings.
 #[allow(clippy::unnecessary_wraps)]
-fn no_raw(_: &str, _: i64, _: i64, _: u64) -> Result<Option<Vec<(i64, f64)>>, ()> {
-    Ok(Some(Vec::new()))
+fn no_raw(_: &str, _: i64, _: i64, _: u64) -> Result<Raw, ()> {
+    Ok(Raw::Readings(Vec::new()))
 }
 
 fn hourly_docs() -> Vec<BucketDoc> {
@@ -448,7 +448,7 @@ fn a_query_past_the_budget_is_refused_before_reading() {
     let mut reads = 0;
     let e = evaluate(
         &parse(r#"bucketd_bucket_mean{metric="t"}"#).unwrap(),
-        &names,
+        &SeriesLabels::all(&names, false),
         grid,
         HOUR,
         &Budget {
@@ -526,7 +526,7 @@ proptest::proptest! {
             let names = vec!["a/t".to_owned(), "b/t".to_owned()];
             let _ = evaluate(
                 &e,
-                &names,
+                &SeriesLabels::all(&names, false),
                 grid,
                 HOUR,
                 &BUDGET,
@@ -942,7 +942,7 @@ fn the_example_dashboards_queries_all_parse() {
         let parsed = parse(e).unwrap_or_else(|err| panic!("{e}: {err}"));
         let out = evaluate(
             &parsed,
-            &["a/t".to_owned()],
+            &SeriesLabels::all(&["a/t".to_owned()], false),
             Grid::range(at(0), at(29), HOUR * 1000).unwrap(),
             HOUR,
             &BUDGET,
@@ -998,7 +998,7 @@ fn a_query_no_one_waits_for_is_cancelled() {
         };
         evaluate(
             &expr,
-            &names,
+            &SeriesLabels::all(&names, false),
             grid,
             HOUR,
             &budget,
@@ -1031,7 +1031,7 @@ fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
         let mut asked = Vec::new();
         let value = evaluate(
             &parse(text).unwrap(),
-            &names,
+            &SeriesLabels::all(&names, false),
             grid,
             HOUR,
             &Budget {
@@ -1050,7 +1050,11 @@ fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
                             .collect()
                     })
                     .unwrap_or_default();
-                Ok((r.len() as u64 <= at_most).then_some(r))
+                Ok(if r.len() as u64 <= at_most {
+                    Raw::Readings(r)
+                } else {
+                    Raw::TooMany
+                })
             },
         );
         (value, asked)
@@ -1100,4 +1104,154 @@ fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
         panic!("{value:?}")
     };
     assert!(m.contains("raw readings"), "{m}");
+}
+
+/// Readings of `a/t` every minute for six hours from DAY0, rising with some noise (so that a
+/// window's extremes and median are not its buckets'), and their hourly buckets.
+fn minute_readings() -> (Vec<(i64, f64)>, Vec<BucketDoc>) {
+    let readings: Vec<(i64, f64)> = (0..6 * 60)
+        .map(|m| {
+            let v = m as f64 + ((m * 37) % 61) as f64 / 100.0;
+            ((DAY0 + m * 60 + 5) * 1_000_000_000, v)
+        })
+        .collect();
+    let docs = readings
+        .chunks(60)
+        .map(|hour| {
+            let mut s = Summary::of(hour[0].0, hour[0].1);
+            for &(ts, v) in &hour[1..] {
+                s.push(ts, v);
+            }
+            BucketDoc::new("a/t", hour[0].0 / 1_000_000_000 / HOUR * HOUR, HOUR, &s)
+        })
+        .collect();
+    (readings, docs)
+}
+
+/// Evaluates `text` over `docs`, with the raw readings `kept` (those of earlier hours lost, as
+/// past `store.raw_retention`), within `max_points`.
+fn eval_kept(
+    text: &str,
+    docs: &[BucketDoc],
+    kept: &[(i64, f64)],
+    grid: Grid,
+    max_points: u64,
+) -> Vec<(i64, f64)> {
+    let names = vec!["a/t".to_owned()];
+    let value = evaluate(
+        &parse(text).unwrap(),
+        &SeriesLabels::all(&names, false),
+        grid,
+        HOUR,
+        &Budget {
+            max_points,
+            cancel: None,
+        },
+        |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
+        |_, from, to, at_most| {
+            let r: Vec<(i64, f64)> = kept
+                .iter()
+                .copied()
+                .filter(|x| from <= x.0 && x.0 < to)
+                .collect();
+            Ok(if r.len() as u64 <= at_most {
+                Raw::Readings(r)
+            } else {
+                Raw::TooMany
+            })
+        },
+    );
+    match value {
+        Ok(Value::Vector(v)) if v.len() == 1 => v[0].points.clone(),
+        other => panic!("{text}: {other:?}"),
+    }
+}
+
+/// Issue 55: a range function over `bucketd_reading` answers from the raw readings with
+/// Prometheus's window `[t - r, t]` while every bucket the window touches holds all its raw
+/// readings, and from the buckets otherwise (raw pages past `store.raw_retention`), and when
+/// visiting every window would pass the query's work bound.
+#[test]
+fn range_functions_are_exact_where_the_raw_readings_are_kept() {
+    let (readings, docs) = minute_readings();
+    // Hours 0-1 lost their raw pages; hours 2-5 kept.
+    let kept: Vec<(i64, f64)> = readings
+        .iter()
+        .copied()
+        .filter(|r| r.0 >= at(2) * 1_000_000)
+        .collect();
+    // Half past each hour from 1:30 to 5:30.
+    let grid = Grid::range(at(1) + 1_800_000, at(5) + 1_800_000, HOUR * 1000).unwrap();
+    let in_window = |t: i64, r: i64| -> Vec<f64> {
+        readings
+            .iter()
+            .filter(|x| t - r <= x.0 / 1_000_000 && x.0 / 1_000_000 <= t)
+            .map(|x| x.1)
+            .collect()
+    };
+    let in_buckets = |t: i64, r: i64| -> Vec<f64> {
+        // The whole hours overlapping [t - r, t): starting in (t - r - 1h, t).
+        readings
+            .iter()
+            .filter(|x| {
+                let start = x.0 / 1_000_000_000 / HOUR * HOUR * 1000;
+                t - r - 3_600_000 < start && start < t
+            })
+            .map(|x| x.1)
+            .collect()
+    };
+    let max = |v: Vec<f64>| v.into_iter().fold(f64::NEG_INFINITY, f64::max);
+    let got = eval_kept(
+        r#"max_over_time(bucketd_reading{series="a/t"}[1h])"#,
+        &docs,
+        &kept,
+        grid,
+        10_000,
+    );
+    let hour = 3_600_000;
+    for (t, v) in got {
+        // 1:30 and 2:30 touch hours 0-1 (lost): the buckets; later windows: the readings.
+        let want = if t < at(3) {
+            max(in_buckets(t, hour))
+        } else {
+            max(in_window(t, hour))
+        };
+        assert_eq!(v, want, "at {}", (t - at(0)) / 60_000);
+        if t >= at(3) {
+            assert_ne!(
+                v,
+                max(in_buckets(t, hour)),
+                "the windows tell the two apart"
+            );
+        }
+    }
+    // A quantile from the readings is the readings' (type 7, by hand: the median of an odd
+    // count is the middle one). At 4:30:05 the window holds the readings at both its ends.
+    let t = at(4) + 1_805_000;
+    let got = eval_kept(
+        r#"quantile_over_time(0.5, bucketd_reading{series="a/t"}[1h])"#,
+        &docs,
+        &kept,
+        Grid::instant(t),
+        10_000,
+    );
+    let mut window = in_window(t, hour);
+    window.sort_by(f64::total_cmp);
+    assert_eq!(window.len(), 61);
+    assert_eq!(got, [(t, window[30])]);
+    // Past the work bound (every point's window visited: 61 points x ~120 readings = ~7,300
+    // visits, over 16 x 400), the buckets answer; within it (16 x 1,000), the readings.
+    let fine = Grid::range(at(4), at(5), 60_000).unwrap();
+    let q = r#"count_over_time(bucketd_reading{series="a/t"}[2h])"#;
+    let count_of = |f: &dyn Fn(i64, i64) -> Vec<f64>| -> Vec<(i64, f64)> {
+        (0..fine.count as i64)
+            .map(|k| fine.start_ms + k * fine.step_ms)
+            .map(|t| (t, f(t, 2 * hour).len() as f64))
+            .collect()
+    };
+    assert_eq!(
+        eval_kept(q, &docs, &kept, fine, 1_000),
+        count_of(&in_window)
+    );
+    assert_eq!(eval_kept(q, &docs, &kept, fine, 400), count_of(&in_buckets));
 }

@@ -329,9 +329,11 @@ async fn client_certificate_and_secrets_from_the_credentials_directory() {
         .buckets(None, i64::MIN, i64::MAX)
         .unwrap();
     assert_matches_truth(&docs, &truth(&work.readings, 3600));
+    // The most verbose log there is: bucketd's debug lines (rustls is built without its
+    // `logging` feature since issue 55's round, so its handshake no longer logs at all).
     assert!(
-        lines.iter().any(|l| l.contains("TRACE")),
-        "the log is at trace level"
+        lines.iter().any(|l| l.contains("DEBUG")),
+        "the log is at its most verbose level"
     );
     for secret in [PASSWORD, API_TOKEN, METRICS_TOKEN, &pki.client_key_marker] {
         let leaked: Vec<_> = lines.iter().filter(|l| l.contains(secret)).collect();

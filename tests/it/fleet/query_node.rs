@@ -228,6 +228,8 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
         );
     }
 
+    gateway_labels(addr, (from, to), &truth, &fleet).await;
+
     // Raw readings stay on the gateways; the node says so.
     let path = format!("/api/v1/raw?series=qn-a:boiler/temp&from={from}&to={to}");
     let refused = get(addr, &path, 404).await;
@@ -298,6 +300,113 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
     admin_drop_role(&role).await;
 }
 
+/// The query string of a PromQL request, encoded.
+fn promql(query: &str) -> String {
+    serde_urlencoded::to_string([("query", query)]).unwrap()
+}
+
+/// Issue 55: on a query node the gateway is a label of its own and `sensor` the sensor without
+/// it; a fleet-wide series is selected only when a query names it (`gateway="*"`), so that a
+/// `sum` counts each reading once; a `sensor` written the old way is refused with what to
+/// write. Checked against the readings' counts per hour.
+async fn gateway_labels(
+    addr: &str,
+    (from, to): (i64, i64),
+    truth: &BTreeMap<(String, i64), Vec<f64>>,
+    fleet: &BTreeMap<(String, i64), Vec<f64>>,
+) {
+    let range = |query: &str| {
+        format!(
+            "/prom/api/v1/query_range?{}&start={from}&end={}&step=3600",
+            promql(query),
+            to - HOUR
+        )
+    };
+    let hours: Vec<i64> = (0..3).map(|h| from + h * HOUR).collect();
+    let per_hour = |answer: &Value| -> Vec<f64> {
+        let result = answer["data"]["result"].as_array().unwrap();
+        assert_eq!(result.len(), 1, "{answer}");
+        result[0]["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[1].as_str().unwrap().parse().unwrap())
+            .collect()
+    };
+    let readings_of = |map: &BTreeMap<(String, i64), Vec<f64>>, start: i64| -> f64 {
+        map.iter()
+            .filter(|((_, s), _)| *s == start)
+            .map(|(_, v)| v.len() as f64)
+            .sum()
+    };
+    // Each reading once: the gateways' series only, unless the fleet-wide ones are named.
+    let every: Vec<f64> = hours.iter().map(|&h| readings_of(truth, h)).collect();
+    let answer = get(
+        addr,
+        &range(r#"sum(bucketd_bucket_count{metric="temp"})"#),
+        200,
+    )
+    .await;
+    assert_eq!(per_hour(&answer), every, "{answer}");
+    let named = r#"sum(bucketd_bucket_count{metric="temp", gateway="*"})"#;
+    let answer = get(addr, &range(named), 200).await;
+    assert_eq!(
+        per_hour(&answer),
+        every,
+        "the fleet-wide series hold the same readings"
+    );
+    assert_eq!(
+        hours
+            .iter()
+            .map(|&h| readings_of(fleet, h))
+            .collect::<Vec<_>>(),
+        every
+    );
+    // Per gateway, by the label.
+    let q = r#"sum by (gateway) (bucketd_bucket_count{metric="temp"})"#;
+    let answer = get(addr, &range(q), 200).await;
+    let result = answer["data"]["result"].as_array().unwrap();
+    let gateways: Vec<&str> = result
+        .iter()
+        .map(|s| s["metric"]["gateway"].as_str().unwrap())
+        .collect();
+    assert_eq!(gateways, GATEWAYS, "{answer}");
+    // One series' labels.
+    let q = r#"bucketd_bucket_count{gateway="qn-b", sensor="boiler"}"#;
+    let answer = get(addr, &range(q), 200).await;
+    let want: Vec<f64> = hours
+        .iter()
+        .map(|&h| truth[&("qn-b:boiler/temp".to_owned(), h)].len() as f64)
+        .collect();
+    assert_eq!(per_hour(&answer), want);
+    let labels = &answer["data"]["result"][0]["metric"];
+    assert_eq!(
+        labels,
+        &serde_json::json!({"__name__": "bucketd_bucket_count", "gateway": "qn-b",
+            "sensor": "boiler", "metric": "temp", "series": "qn-b:boiler/temp"}),
+    );
+    // The old way of naming a fleet-wide series still selects it.
+    let q = r#"bucketd_bucket_count{series="*:pump/temp"}"#;
+    let answer = get(addr, &range(q), 200).await;
+    assert_eq!(answer["data"]["result"][0]["metric"]["gateway"], "*");
+    // The label's values, and the old form of `sensor` refused with what to write.
+    let listed = get(addr, "/prom/api/v1/label/gateway/values", 200).await;
+    assert_eq!(
+        listed["data"],
+        serde_json::json!(["*", "qn-a", "qn-b", "qn-c"])
+    );
+    let q = format!(
+        "/prom/api/v1/query?{}",
+        promql(r#"bucketd_bucket_count{sensor="qn-a:boiler"}"#)
+    );
+    let refused = get(addr, &q, 400).await;
+    let error = refused["error"].as_str().unwrap();
+    assert!(
+        error.contains(r#"gateway="qn-a", sensor="boiler""#),
+        "{refused}"
+    );
+}
+
 async fn admin_drop_role(role: &str) {
     let admin = connect(&super::pg::admin_conninfo()).await;
     admin
@@ -366,25 +475,34 @@ async fn a_forged_row_takes_only_the_series_it_feeds_out_of_a_query_nodes_answer
         .unwrap();
     let addr = node.http_addr.to_string();
 
-    // Every series at once, as a dashboard's panel of all sensors asks.
-    let path = format!(
-        "/prom/api/v1/query?query=bucketd_bucket_count&time={}",
-        start + HOUR / 2
-    );
-    let answer = get(&addr, &path, 200).await;
-    let warnings = answer["warnings"].to_string();
-    for left_out in ["qn-a:boiler/temp", "qn-b:boiler/temp", "*:boiler/temp"] {
-        assert!(warnings.contains(left_out), "{left_out} named: {answer}");
-    }
+    // Every series at once, as a dashboard's panel of all sensors asks: the gateways' series;
+    // and the fleet-wide ones, named (`gateway="*"`).
     let mut answered = BTreeMap::new();
-    for r in answer["data"]["result"].as_array().unwrap() {
-        let series = format!(
-            "{}/{}",
-            r["metric"]["sensor"].as_str().unwrap(),
-            r["metric"]["metric"].as_str().unwrap()
+    for (query, left_out) in [
+        (
+            "bucketd_bucket_count",
+            &["qn-a:boiler/temp", "qn-b:boiler/temp"][..],
+        ),
+        (
+            "bucketd_bucket_count{gateway=\"*\"}",
+            &["*:boiler/temp"][..],
+        ),
+    ] {
+        let path = format!(
+            "/prom/api/v1/query?{}&time={}",
+            promql(query),
+            start + HOUR / 2
         );
-        let count: usize = r["value"][1].as_str().unwrap().parse().unwrap();
-        answered.insert(series, count);
+        let answer = get(&addr, &path, 200).await;
+        let warnings = answer["warnings"].to_string();
+        for left_out in left_out {
+            assert!(warnings.contains(left_out), "{left_out} named: {answer}");
+        }
+        for r in answer["data"]["result"].as_array().unwrap() {
+            let series = r["metric"]["series"].as_str().unwrap().to_owned();
+            let count: usize = r["value"][1].as_str().unwrap().parse().unwrap();
+            answered.insert(series, count);
+        }
     }
     let mut expected: BTreeMap<String, usize> = counts
         .iter()
@@ -396,7 +514,7 @@ async fn a_forged_row_takes_only_the_series_it_feeds_out_of_a_query_nodes_answer
         .map(|g| counts[&format!("{g}:pump/temp")])
         .sum();
     expected.insert("*:pump/temp".into(), fleet_pump);
-    assert_eq!(answered, expected, "{answer}");
+    assert_eq!(answered, expected);
 
     // The JSON API names the series it cannot read, and answers the others.
     let (from, to) = (start, start + HOUR);
