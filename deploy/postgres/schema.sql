@@ -11,17 +11,23 @@
 -- bucketd_ensure_partitions as gateways need them; fleet retention (upstream.postgres_retention)
 -- drops whole partitions (bucketd_drop_partitions_before), never deletes rows.
 --
--- Citus:       SELECT create_distributed_table('bucketd_buckets', 'series');
---              SELECT create_reference_table('bucketd_gateways');
---              (Citus distributes a partitioned table with its partitions.)
+-- The primary key leads with the gateway (issue 57): a gateway's batch reads and writes only
+-- its own rows, the query node lists each gateway's series with one index probe a series, and
+-- Citus can distribute by gateway_id. A table keyed (series, start) by an earlier release keeps
+-- working (bucketd finds the key when it connects); deploy/postgres/migrate-gateway-key.sql
+-- moves it, once, and Citus needs that first.
+--
+-- Citus:       deploy/postgres/citus.sql, on the coordinator after this file and before
+--              roles.sql: bucketd_buckets and bucketd_gateways distributed by gateway_id and
+--              co-located, so that one gateway's batch is one shard's transaction (docs/FLEET.md,
+--              "Citus", step by step; tested by tests/it/fleet/citus.rs).
 -- TimescaleDB: make bucketd_buckets a plain table with the same columns and key and
 --              SELECT create_hypertable('bucketd_buckets', 'start',
 --                                       chunk_time_interval => interval '7 days');
 --              before bucketd first connects: bucketd accepts a hypertable in place of the
 --              partitioned table, and its partition functions then do nothing (use
---              TimescaleDB's drop_chunks for retention).
--- (the primary key holds both the distribution column and the time column, as both require).
--- Neither extension can be installed where bucketd is tested: these steps are untested.
+--              TimescaleDB's drop_chunks for retention). Untested: TimescaleDB is not
+--              installed where bucketd is tested.
 
 -- A table made by a release before partitions is not changed behind the operator's back: its
 -- rows may be many. deploy/postgres/migrate-partitioned.sql moves them, once.
@@ -71,7 +77,7 @@ CREATE TABLE IF NOT EXISTS bucketd_buckets (
     p50         double precision,
     p90         double precision,
     p99         double precision,
-    PRIMARY KEY (series, start)
+    PRIMARY KEY (gateway_id, series, start)
 ) PARTITION BY RANGE (start);
 -- Changes to a table that exists are made only when missing: ALTER TABLE and CREATE INDEX lock
 -- the table even when IF NOT EXISTS finds nothing to do, and a gateway connecting while others

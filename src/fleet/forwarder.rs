@@ -98,7 +98,7 @@ impl Forwarder {
                          upstream.postgres_retention."
                     ),
                     Err(e) => warn!(
-                        error = format!("{e:#}"),
+                        error = describe(&e),
                         "Fleet retention failed; retrying in an hour. It drops every \
                          gateway's old months, so only members of the database's maintainer \
                          group may run it (<database>_maintainer): grant that role to this \
@@ -128,7 +128,7 @@ impl Forwarder {
                     // flood the log, and the operator sees it is still failing.
                     if failures.is_power_of_two() {
                         warn!(
-                            error = format!("{e:#}"),
+                            error = describe(&e),
                             attempt = failures,
                             "Forwarding to {name} failed; the outbox keeps every delta and \
                              retries. Check upstream.{} and that it is reachable{}.",
@@ -365,4 +365,13 @@ async fn publish(
     polled?;
     publisher.await??;
     Ok(entries.iter().map(OutboxDoc::readings).sum())
+}
+
+/// An error for the log: with a PostgreSQL error in it, the server's SQLSTATE and message
+/// (tokio-postgres's own text is only "db error").
+fn describe(e: &anyhow::Error) -> String {
+    #[cfg(feature = "postgres")]
+    return super::postgres::describe_any(e);
+    #[cfg(not(feature = "postgres"))]
+    format!("{e:#}")
 }

@@ -21,22 +21,35 @@ pub const SCHEMA: &str = include_str!("../../deploy/postgres/schema.sql");
 /// Key of the advisory lock that serialises schema creation between gateways.
 const SCHEMA_LOCK: i64 = 0x0062_7563_6b65_7464; // "bucketd" in ASCII
 
-/// Every row of a batch in one statement: the keys and values as arrays, one element per
-/// bucket (the batch's deltas merged per bucket first: `ON CONFLICT` may not touch a row twice).
-const UPSERT: &str = "
-INSERT INTO bucketd_buckets AS t (series, start, gateway_id, sensor, metric, width_secs, count,
-    sum, sum_comp, min, max, first_ts_ns, first_value, last_ts_ns, last_value, mean, m2, sketch,
-    p50, p90, p99)
-SELECT u.series, u.start, $3::text, u.sensor, u.metric, u.width_secs, u.count, u.sum, u.sum_comp,
-    u.min, u.max, u.first_ts_ns, u.first_value, u.last_ts_ns, u.last_value, u.mean, u.m2,
-    u.sketch, u.p50, u.p90, u.p99
-FROM unnest($1::text[], $2::timestamptz[], $4::text[], $5::text[], $6::int4[], $7::int8[],
-    $8::float8[], $9::float8[], $10::float8[], $11::float8[], $12::int8[], $13::float8[],
-    $14::int8[], $15::float8[], $16::float8[], $17::float8[], $18::bytea[], $19::float8[],
-    $20::float8[], $21::float8[])
-    AS u(series, start, sensor, metric, width_secs, count, sum, sum_comp, min, max, first_ts_ns,
-         first_value, last_ts_ns, last_value, mean, m2, sketch, p50, p90, p99)
-ON CONFLICT (series, start) DO UPDATE SET
+/// The columns a bucket row is written with, `gateway_id` third, each with its type: the upsert
+/// names them and casts each parameter ([`upsert_text`]).
+const COLUMNS: [(&str, &str); 21] = [
+    ("series", "text"),
+    ("start", "timestamptz"),
+    ("gateway_id", "text"),
+    ("sensor", "text"),
+    ("metric", "text"),
+    ("width_secs", "int4"),
+    ("count", "int8"),
+    ("sum", "float8"),
+    ("sum_comp", "float8"),
+    ("min", "float8"),
+    ("max", "float8"),
+    ("first_ts_ns", "int8"),
+    ("first_value", "float8"),
+    ("last_ts_ns", "int8"),
+    ("last_value", "float8"),
+    ("mean", "float8"),
+    ("m2", "float8"),
+    ("sketch", "bytea"),
+    ("p50", "float8"),
+    ("p90", "float8"),
+    ("p99", "float8"),
+];
+
+/// How a conflicting row takes a delta: counts and sums added, extremes and first/last
+/// compared, mean and M2 combined (Chan), the sketch and quantiles as the forwarder merged them.
+const ADD_DELTA: &str = "
     count = t.count + excluded.count,
     sum = t.sum + excluded.sum,
     sum_comp = t.sum_comp + excluded.sum_comp,
@@ -59,6 +72,125 @@ ON CONFLICT (series, start) DO UPDATE SET
     p90 = excluded.p90,
     p99 = excluded.p99";
 
+/// Rows per upsert statement: a batch is written by statements of these sizes (the largest
+/// that fit first), pipelined. A multi-row `VALUES` whose rows all have one `gateway_id` is
+/// what Citus routes to the one shard holding that gateway; an `INSERT ... SELECT FROM
+/// unnest(...)` it pulls to the coordinator first (issue 57: 4.8x slower). 256 rows are 5,121
+/// parameters, within PostgreSQL's 65,535.
+const UPSERT_ROWS: [usize; 9] = [256, 128, 64, 32, 16, 8, 4, 2, 1];
+
+/// The upsert of `rows` rows: `$1` the gateway, then each row's other 20 columns in
+/// [`COLUMNS`] order; a conflict on `key` adds the delta to the row ([`ADD_DELTA`]).
+fn upsert_text(key: Key, rows: usize) -> String {
+    use std::fmt::Write as _;
+    let names: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    let mut text = format!(
+        "INSERT INTO bucketd_buckets AS t ({}) VALUES ",
+        names.join(", ")
+    );
+    let mut n = 1;
+    for r in 0..rows {
+        text.push_str(if r == 0 { "(" } else { ", (" });
+        for (i, (column, kind)) in COLUMNS.iter().enumerate() {
+            if i > 0 {
+                text.push_str(", ");
+            }
+            if *column == "gateway_id" {
+                text.push_str("$1::text");
+            } else {
+                n += 1;
+                let _ = write!(text, "${n}::{kind}");
+            }
+        }
+        text.push(')');
+    }
+    let _ = write!(
+        text,
+        " ON CONFLICT ({}) DO UPDATE SET{ADD_DELTA}",
+        key.columns()
+    );
+    text
+}
+
+/// The upsert of `rows` rows as a gateway's batch sends it to a table keyed by gateway: `$1`
+/// the gateway, then 20 parameters a row (`series`, `start`, `sensor`, `metric`, `width_secs`,
+/// `count`, `sum`, `sum_comp`, `min`, `max`, `first_ts_ns`, `first_value`, `last_ts_ns`,
+/// `last_value`, `mean`, `m2`, `sketch`, `p50`, `p90`, `p99`). For `EXPLAIN`: the Citus test
+/// checks that Citus routes it to one shard.
+pub fn upsert_statement(rows: usize) -> String {
+    upsert_text(Key::Gateway, rows)
+}
+
+/// How the fleet's table is keyed, found when a connection opens: by gateway, series and
+/// start (tables made since issue 57, which Citus distributes by `gateway_id`), or by series and
+/// start (made before; `deploy/postgres/migrate-gateway-key.sql` moves them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    Gateway,
+    Series,
+}
+
+/// The primary key's columns of `bucketd_buckets`, in order.
+const PRIMARY_KEY: &str = "
+SELECT coalesce(array_agg(a.attname::text ORDER BY k.n), '{}')
+FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = to_regclass('bucketd_buckets') AND i.indisprimary";
+
+impl Key {
+    /// The key of the table `client` sees.
+    pub async fn of(client: &tokio_postgres::Client) -> Result<Key, tokio_postgres::Error> {
+        let columns: Vec<String> = client.query_one(PRIMARY_KEY, &[]).await?.get(0);
+        Ok(
+            if columns.first().map(String::as_str) == Some("gateway_id") {
+                Key::Gateway
+            } else {
+                Key::Series
+            },
+        )
+    }
+
+    fn columns(self) -> &'static str {
+        match self {
+            Key::Gateway => "gateway_id, series, start",
+            Key::Series => "series, start",
+        }
+    }
+}
+
+/// A PostgreSQL error as an operator can act on it: the server's message with its SQLSTATE,
+/// detail and hint (tokio-postgres's own text is only "db error"), or the client's error.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+            for (what, more) in [("detail", db.detail()), ("hint", db.hint())] {
+                if let Some(more) = more {
+                    use std::fmt::Write as _;
+                    let _ = write!(text, " ({what}: {more})");
+                }
+            }
+            text
+        }
+        None => format!(
+            "{e}{}",
+            std::error::Error::source(e).map_or(String::new(), |s| format!(": {s}"))
+        ),
+    }
+}
+
+/// [`describe`] for an error that may hold a PostgreSQL error somewhere in its chain.
+pub fn describe_any(e: &anyhow::Error) -> String {
+    match e
+        .chain()
+        .find_map(|c| c.downcast_ref::<tokio_postgres::Error>())
+    {
+        Some(pg) => format!("{e}: {}", describe(pg)),
+        None => format!("{e:#}"),
+    }
+}
+
 /// The gateway's position, its row made if missing and locked (a conflict's update takes the
 /// row lock and returns the row as it was).
 const CLAIM: &str = "
@@ -67,13 +199,15 @@ ON CONFLICT (gateway_id) DO UPDATE SET last_seq = g.last_seq
 RETURNING last_seq, origin";
 
 /// The stored rows of the batch's buckets: what the merged sketch and quantiles start from.
+/// The gateway named too: Citus then reads the one shard holding the gateway's rows.
 /// No row lock: the gateway's `bucketd_gateways` row, locked first, serialises every writer of
 /// the gateway's rows (they are its own: `series` starts with its id).
 const STORED: &str = "
 SELECT b.series, b.start, b.count, b.min, b.max, b.sketch
 FROM bucketd_buckets b
 JOIN unnest($1::text[], $2::timestamptz[]) AS k(series, start)
-  ON b.series = k.series AND b.start = k.start";
+  ON b.series = k.series AND b.start = k.start
+WHERE b.gateway_id = $3";
 
 /// Why a password for `conninfo` (in it, or from its password file) would reach someone who
 /// is not the server: the connection goes over the network (not a socket or loopback) and does
@@ -183,7 +317,8 @@ pub struct FleetDb {
     client: tokio_postgres::Client,
     claim: tokio_postgres::Statement,
     stored: tokio_postgres::Statement,
-    upsert: tokio_postgres::Statement,
+    /// The upsert of each of [`UPSERT_ROWS`] rows, in that order.
+    upserts: Vec<tokio_postgres::Statement>,
     /// Months (`year * 12 + month - 1`) whose partition is known to exist.
     months: BTreeSet<i64>,
 }
@@ -198,12 +333,16 @@ impl FleetDb {
         let client = connect(conninfo, password, application_name, SCHEMA).await?;
         let claim = client.prepare(CLAIM).await?;
         let stored = client.prepare(STORED).await?;
-        let upsert = client.prepare(UPSERT).await?;
+        let key = Key::of(&client).await?;
+        let mut upserts = Vec::with_capacity(UPSERT_ROWS.len());
+        for rows in UPSERT_ROWS {
+            upserts.push(client.prepare(&upsert_text(key, rows)).await?);
+        }
         Ok(FleetDb {
             client,
             claim,
             stored,
-            upsert,
+            upserts,
             months: BTreeSet::new(),
         })
     }
@@ -274,8 +413,9 @@ struct Merged<'a> {
 
 /// Applies the entries above the gateway's `last_seq` in one transaction, with a fixed number
 /// of round trips whatever the batch holds (five): the transaction begun, the gateway's row
-/// locked, the batch's stored rows read, every row written by one statement and the position
-/// moved (pipelined), the commit. Month partitions the batch needs and this connection has not
+/// locked, the batch's stored rows read, every row written (statements of [`UPSERT_ROWS`]
+/// rows) and the position moved (pipelined), the commit. Every statement names the gateway: on
+/// Citus, distributed by `gateway_id`, the transaction runs on the one worker holding it. Month partitions the batch needs and this connection has not
 /// seen are made first, in a transaction of their own. Returns the readings the applied entries
 /// represent (none for a batch that was already applied) and those left out as older than
 /// `expire`, the fleet retention.
@@ -310,7 +450,7 @@ pub async fn apply(
     // The gateway's row, made if missing, locked for the transaction: every writer of its rows
     // waits here. Then what the rows hold (in this order: after the lock).
     let row = tx.query_one(&db.claim, &[&gateway]).await?;
-    let stored = tx.query(&db.stored, &[&series, &starts]).await?;
+    let stored = tx.query(&db.stored, &[&series, &starts, &gateway]).await?;
     let (mut last, stored_origin): (i64, String) = (row.get(0), row.get(1));
     // A replaced database numbers its entries from the start again (see `super::applied`).
     if !stored_origin.is_empty() && stored_origin != origin {
@@ -359,12 +499,20 @@ pub async fn apply(
         }
         Ok::<_, tokio_postgres::Error>(())
     };
-    let write = async {
-        if !rows.series.is_empty() {
-            tx.execute(&db.upsert, &rows.params(&gateway)).await?;
+    // The rows in statements of [`UPSERT_ROWS`] sizes, largest first.
+    let mut chunks = Vec::new();
+    let mut at = 0;
+    for (size, statement) in UPSERT_ROWS.iter().zip(&db.upserts) {
+        while rows.series.len() - at >= *size {
+            chunks.push((statement, rows.params(&gateway, at..at + size)));
+            at += size;
         }
-        Ok::<_, tokio_postgres::Error>(())
-    };
+    }
+    let write = futures_util::future::try_join_all(
+        chunks
+            .iter()
+            .map(|(statement, params)| tx.execute(*statement, params)),
+    );
     // Pipelined (one round trip): the two touch different tables, in either order.
     tokio::try_join!(write, advance)?;
     tx.commit().await?;
@@ -464,30 +612,40 @@ impl<'a> Rows<'a> {
         Ok(rows)
     }
 
-    fn params<'p>(&'p self, gateway: &'p &'p str) -> [&'p (dyn ToSql + Sync); 21] {
-        [
-            &self.series,
-            &self.start,
-            gateway,
-            &self.sensor,
-            &self.metric,
-            &self.width,
-            &self.count,
-            &self.sum,
-            &self.sum_comp,
-            &self.min,
-            &self.max,
-            &self.first_ts,
-            &self.first_value,
-            &self.last_ts,
-            &self.last_value,
-            &self.mean,
-            &self.m2,
-            &self.sketch,
-            &self.quantiles[0],
-            &self.quantiles[1],
-            &self.quantiles[2],
-        ]
+    /// The parameters of an upsert of the rows `rows` ([`upsert_text`]): the gateway, then
+    /// each row's columns.
+    fn params<'p>(
+        &'p self,
+        gateway: &'p &'p str,
+        rows: std::ops::Range<usize>,
+    ) -> Vec<&'p (dyn ToSql + Sync)> {
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(1 + 20 * rows.len());
+        params.push(gateway);
+        for i in rows {
+            params.extend([
+                &self.series[i] as &(dyn ToSql + Sync),
+                &self.start[i],
+                &self.sensor[i],
+                &self.metric[i],
+                &self.width[i],
+                &self.count[i],
+                &self.sum[i],
+                &self.sum_comp[i],
+                &self.min[i],
+                &self.max[i],
+                &self.first_ts[i],
+                &self.first_value[i],
+                &self.last_ts[i],
+                &self.last_value[i],
+                &self.mean[i],
+                &self.m2[i],
+                &self.sketch[i],
+                &self.quantiles[0][i],
+                &self.quantiles[1][i],
+                &self.quantiles[2][i],
+            ]);
+        }
+        params
     }
 }
 

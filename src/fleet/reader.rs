@@ -19,21 +19,41 @@ use crate::summary::{Point, Summary};
 /// a `*`: `reading::valid_gateway_id`).
 pub const FLEET_PREFIX: &str = "*:";
 
-/// The rows of some series over a range, in series then time order: the primary key
-/// `(series, start)` on each month partition the range touches. At most `$5` rows. A sketch
-/// longer than `$6` bytes (more than any bucketd writes: [`sketch_bytes_max`]) is not sent:
-/// NULL in its place (issue 52: a gateway role's row with a 20 MB sketch took a query node
-/// from 8 to 580 MiB a query).
+/// The rows of some series (`$1`, each of the gateway at the same place in `$7`) over a range,
+/// in series then time order: the primary key on each month partition the range touches, one
+/// probe per series. At most `$5` rows. A sketch longer than `$6` bytes (more than any bucketd
+/// writes: [`sketch_bytes_max`]) is not sent: NULL in its place (issue 52: a gateway role's row
+/// with a 20 MB sketch took a query node from 8 to 580 MiB a query). The gateways named: on
+/// Citus, distributed by `gateway_id`, only their shards are read.
 const BUCKETS: &str = "
-SELECT series, start, count, sum, sum_comp, min, max, first_ts_ns, first_value, last_ts_ns,
-    last_value, mean, m2, CASE WHEN octet_length(sketch) <= $6 THEN sketch END
-FROM bucketd_buckets
-WHERE series = ANY($1) AND start >= $2 AND start < $3 AND width_secs = $4
-ORDER BY series, start
+SELECT b.series, b.start, b.count, b.sum, b.sum_comp, b.min, b.max, b.first_ts_ns,
+    b.first_value, b.last_ts_ns, b.last_value, b.mean, b.m2,
+    CASE WHEN octet_length(b.sketch) <= $6 THEN b.sketch END
+FROM unnest($1::text[], $7::text[]) AS k(series, gateway_id)
+JOIN bucketd_buckets b ON b.gateway_id = k.gateway_id AND b.series = k.series
+WHERE b.gateway_id = ANY($7) AND b.start >= $2 AND b.start < $3 AND b.width_secs = $4
+ORDER BY b.series, b.start
 LIMIT $5";
 
-/// Every series name, one index probe per series (a skip scan of the primary key: PostgreSQL
-/// has none built in), at most `$1`.
+/// The gateways, for [`GATEWAY_SERIES`]: every gateway that wrote a row has its position row.
+const GATEWAYS: &str = "SELECT gateway_id FROM bucketd_gateways ORDER BY gateway_id";
+
+/// One gateway's (`$1`) series names, at most `$2`: one probe of the primary key
+/// `(gateway_id, series, start)` per series (a skip scan: PostgreSQL has none built in). The
+/// gateway named in every part, so that Citus runs it on the gateway's shard (it refuses a
+/// recursive query without a filter on the distribution column).
+const GATEWAY_SERIES: &str = "
+WITH RECURSIVE s(series) AS (
+    (SELECT series FROM bucketd_buckets WHERE gateway_id = $1 ORDER BY series LIMIT 1)
+    UNION ALL
+    SELECT (SELECT b.series FROM bucketd_buckets b WHERE b.gateway_id = $1 AND b.series > s.series
+            ORDER BY b.series LIMIT 1)
+    FROM s WHERE s.series IS NOT NULL
+)
+SELECT series FROM s WHERE series IS NOT NULL LIMIT $2";
+
+/// Every series name, at most `$1`, on a table keyed `(series, start)` (an earlier release's):
+/// the same skip scan over the whole key.
 const SERIES: &str = "
 WITH RECURSIVE s(series) AS (
     (SELECT series FROM bucketd_buckets ORDER BY series LIMIT 1)
@@ -43,6 +63,10 @@ WITH RECURSIVE s(series) AS (
     FROM s WHERE s.series IS NOT NULL
 )
 SELECT series FROM s WHERE series IS NOT NULL LIMIT $1";
+
+/// [`SERIES`] where the server cannot run a recursive query over the whole table (Citus, on a
+/// table distributed by `series` as earlier docs said): a scan of every row.
+const SERIES_SCAN: &str = "SELECT DISTINCT series FROM bucketd_buckets ORDER BY series LIMIT $1";
 
 /// What a query node reads and how much (`[query_node]`).
 #[derive(Debug, Clone)]
@@ -76,6 +100,14 @@ struct SeriesList {
 struct Conn {
     client: tokio_postgres::Client,
     buckets: tokio_postgres::Statement,
+    /// How the table is keyed: which way the series are listed.
+    key: super::postgres::Key,
+}
+
+/// A failed statement as a read error that names the server's SQLSTATE and message.
+#[allow(clippy::needless_pass_by_value)] // the shape `map_err` passes
+fn failed(e: tokio_postgres::Error) -> ReadError {
+    ReadError::failed(super::postgres::describe(&e))
 }
 
 /// Read access to the fleet's PostgreSQL, for the HTTP layer ([`BucketSource`]). Its calls
@@ -136,9 +168,14 @@ impl Reader {
                     "SET default_transaction_read_only = on; SET statement_timeout = {timeout}"
                 ))
                 .await
-                .map_err(ReadError::failed)?;
-            let buckets = client.prepare(BUCKETS).await.map_err(ReadError::failed)?;
-            *slot = Some(Conn { client, buckets });
+                .map_err(failed)?;
+            let buckets = client.prepare(BUCKETS).await.map_err(failed)?;
+            let key = super::postgres::Key::of(&client).await.map_err(failed)?;
+            *slot = Some(Conn {
+                client,
+                buckets,
+                key,
+            });
         }
         Ok(slot)
     }
@@ -172,12 +209,8 @@ impl Reader {
     /// Reads the series list from PostgreSQL and keeps it.
     async fn read_series(&self) -> Result<Arc<SeriesList>, ReadError> {
         let conn = self.conn().await?;
-        let client = &conn.as_ref().expect("connected by conn()").client;
-        let limit = i64::try_from(self.settings.max_series).unwrap_or(i64::MAX);
-        let rows = client
-            .query(SERIES, &[&limit])
-            .await
-            .map_err(ReadError::failed)?;
+        let conn = conn.as_ref().expect("connected by conn()");
+        let rows = list_series(conn, self.settings.max_series).await?;
         if rows.len() >= self.settings.max_series {
             tracing::warn!(
                 max = self.settings.max_series,
@@ -187,8 +220,7 @@ impl Reader {
         }
         let mut names: Vec<String> = Vec::with_capacity(rows.len() * 2);
         let mut members: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for row in rows {
-            let name: String = row.get(0);
+        for name in rows {
             if let Some((_, rest)) = name.split_once(':') {
                 members
                     .entry(rest.to_owned())
@@ -237,6 +269,11 @@ impl Reader {
             }
         }
         let keys: Vec<&str> = wanted.keys().copied().collect();
+        // Each series' gateway (the part before its `:`), for the key and Citus's shards.
+        let gateways: Vec<&str> = keys
+            .iter()
+            .map(|k| k.split_once(':').map_or("", |(g, _)| g))
+            .collect();
         let max = self.settings.max_rows;
         let conn = self.conn().await?;
         let conn = conn.as_ref().expect("connected by conn()");
@@ -252,10 +289,11 @@ impl Reader {
                     &i32::try_from(self.settings.width_secs).unwrap_or(i32::MAX),
                     &limit,
                     &sketch_bytes_max(),
+                    &gateways,
                 ],
             )
             .await
-            .map_err(ReadError::failed)?;
+            .map_err(failed)?;
         if rows.len() > max {
             return Err(ReadError::TooLarge(format!(
                 "the query reads more than query_node.max_rows ({max}) buckets of the fleet; \
@@ -292,6 +330,49 @@ impl Reader {
         }
         Ok(out)
     }
+}
+
+/// Every series name, at most `max`, sorted: per gateway on a table keyed by gateway, else over
+/// the whole key, else (a server that refuses that) by scanning the table.
+async fn list_series(conn: &Conn, max: usize) -> Result<Vec<String>, ReadError> {
+    let client = &conn.client;
+    let limit = |got: usize| i64::try_from(max.saturating_sub(got)).unwrap_or(i64::MAX);
+    let mut names: Vec<String> = Vec::new();
+    if conn.key == super::postgres::Key::Gateway {
+        let gateways = client.query(GATEWAYS, &[]).await.map_err(failed)?;
+        let each = client.prepare(GATEWAY_SERIES).await.map_err(failed)?;
+        for gateway in gateways {
+            let gateway: String = gateway.get(0);
+            if names.len() >= max {
+                break;
+            }
+            let rows = client
+                .query(&each, &[&gateway, &limit(names.len())])
+                .await
+                .map_err(failed)?;
+            names.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+        }
+        names.sort_unstable();
+        return Ok(names);
+    }
+    let rows = match client.query(SERIES, &[&limit(0)]).await {
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FEATURE_NOT_SUPPORTED) => {
+            tracing::warn!(
+                error = %super::postgres::describe(&e),
+                "The fleet's table is keyed (series, start) on a server that cannot skip-scan it \
+                 (Citus): the series list scans every row. Re-key it \
+                 (deploy/postgres/migrate-gateway-key.sql) and distribute it by gateway_id \
+                 (deploy/postgres/citus.sql)."
+            );
+            client
+                .query(SERIES_SCAN, &[&limit(0)])
+                .await
+                .map_err(failed)?
+        }
+        rows => rows.map_err(failed)?,
+    };
+    names.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+    Ok(names)
 }
 
 /// `secs` since the epoch as PostgreSQL's `timestamptz`, clamped to about 30,000 years either

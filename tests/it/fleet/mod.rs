@@ -24,6 +24,9 @@ use bucketd::store::StoreReader;
 use crate::own_mosquitto::OwnMosquitto;
 use crate::support::*;
 
+/// The fleet on a Citus cluster (skipped where Citus is not installed).
+#[cfg(feature = "postgres")]
+mod citus;
 /// Gateways to central instances over an upstream broker.
 /// A central's whole admission path fuzzed with forged and damaged delta messages.
 #[cfg(feature = "central")]

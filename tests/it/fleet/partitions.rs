@@ -313,3 +313,76 @@ async fn an_unpartitioned_table_is_refused_and_the_migration_keeps_its_rows() {
     drop((db, pg));
     testdb.drop_it().await;
 }
+
+/// Issue 57: a table keyed `(series, start)` by a release before the gateway led the key keeps
+/// working (gateways merge into it, a query node lists its series), and
+/// `deploy/postgres/migrate-gateway-key.sql` re-keys it with every row kept, after which the
+/// same deltas merge into the same rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_keyed_by_series_keeps_working_and_is_re_keyed() {
+    let testdb = TestDb::create().await;
+    let conninfo = testdb.conninfo();
+    let pg = connect(&conninfo).await;
+    let old = postgres::SCHEMA.replace(
+        "PRIMARY KEY (gateway_id, series, start)",
+        "PRIMARY KEY (series, start)",
+    );
+    assert_ne!(old, postgres::SCHEMA, "the schema names its key");
+    pg.batch_execute(&old).await.unwrap();
+    assert_eq!(postgres::Key::of(&pg).await.unwrap(), postgres::Key::Series);
+    let start = month_start(0);
+    let mut seq = 0;
+    for gateway in ["gw-a", "gw-b"] {
+        let mut db = open(&conninfo, gateway).await;
+        for values in [[1.0, 2.0], [3.0, 4.0]] {
+            let buckets = vec![delta("t/a", start, &values), delta("t/b", start, &values)];
+            apply_one(&mut db, gateway, seq, buckets).await;
+            seq += 1;
+        }
+    }
+    let counts = |rows: BTreeMap<(String, i64), (String, i64, Option<f64>)>| -> Vec<(String, i64)> {
+        rows.into_iter().map(|((s, _), (_, c, _))| (s, c)).collect()
+    };
+    let want: Vec<(String, i64)> = ["gw-a:t/a", "gw-a:t/b", "gw-b:t/a", "gw-b:t/b"]
+        .into_iter()
+        .map(|s| (s.to_owned(), 4))
+        .collect();
+    assert_eq!(counts(rows(&pg).await), want);
+    // A query node lists the series over the old key.
+    let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
+    raw.query_node.postgres = conninfo.clone();
+    raw.http.bind = "127.0.0.1:0".into();
+    let node = bucketd::daemon::start_query_node(&bucketd::config::Config::try_from(raw).unwrap())
+        .unwrap();
+    let (status, body) =
+        crate::support::http("GET", format!("http://{}/api/v1/series", node.http_addr)).await;
+    assert_eq!(status, 200, "{body}");
+    for name in ["gw-a:t/a", "gw-b:t/b", "*:t/a"] {
+        assert!(body.contains(&format!("\"{name}\"")), "{name}: {body}");
+    }
+    node.stop().await;
+    // Re-keyed: every row kept, and a delta merges into its row as before.
+    pg.batch_execute(include_str!(
+        "../../../deploy/postgres/migrate-gateway-key.sql"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        postgres::Key::of(&pg).await.unwrap(),
+        postgres::Key::Gateway
+    );
+    assert_eq!(counts(rows(&pg).await), want);
+    let mut db = open(&conninfo, "gw-a").await;
+    apply_one(&mut db, "gw-a", seq, vec![delta("t/a", start, &[5.0])]).await;
+    let got = rows(&pg).await;
+    assert_eq!(got[&("gw-a:t/a".to_owned(), start)].1, 5);
+    assert_eq!(got.len(), 4, "merged into its row, not a new one");
+    // Running the migration again changes nothing.
+    pg.batch_execute(include_str!(
+        "../../../deploy/postgres/migrate-gateway-key.sql"
+    ))
+    .await
+    .unwrap();
+    drop((db, pg));
+    testdb.drop_it().await;
+}

@@ -70,14 +70,23 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
         .await
         .unwrap();
     let as_reader = testdb.conninfo_as(&role);
+    answers_as_the_readings_say(&testdb.conninfo(), &as_reader).await;
+    testdb.drop_it().await;
+    admin_drop_role(&role).await;
+}
 
+/// The fleet's tables (made, with roles.sql) filled through bucketd's apply as `admin`, then
+/// read by query nodes as `as_reader` (a member of the reader group): what they answer, checked
+/// against the readings. Also run on a Citus cluster (`super::citus`).
+pub async fn answers_as_the_readings_say(admin: &str, as_reader: &str) {
+    let as_reader = as_reader.to_owned();
     // Three recent hours of every gateway's series, each bucket applied as two deltas (two
     // entries), so that PostgreSQL's upsert merges them as a forwarder's retries would.
     let first = (chrono::Utc::now().timestamp() / HOUR - 4) * HOUR;
     let mut truth: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
     let mut fleet: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
     for (g, gateway) in GATEWAYS.iter().enumerate() {
-        let mut db = FleetDb::open(&testdb.conninfo(), None, format!("bucketd {gateway}"))
+        let mut db = FleetDb::open(admin, None, format!("bucketd {gateway}"))
             .await
             .unwrap();
         let mut halves = [Vec::new(), Vec::new()];
@@ -262,7 +271,7 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
     let eager_addr = eager.http_addr.to_string();
     let before = get(&eager_addr, "/api/v1/series", 200).await;
     assert!(!before.to_string().contains("qn-d:"), "{before}");
-    let mut db = FleetDb::open(&testdb.conninfo(), None, "bucketd qn-d".into())
+    let mut db = FleetDb::open(admin, None, "bucketd qn-d".into())
         .await
         .unwrap();
     let rs = readings(3, 0, 0, first);
@@ -296,8 +305,6 @@ async fn query_nodes_answer_per_gateway_and_fleet_wide_as_the_readings_say() {
         node.stop().await;
     }
     drop(reader);
-    testdb.drop_it().await;
-    admin_drop_role(&role).await;
 }
 
 /// The query string of a PromQL request, encoded.
