@@ -9,7 +9,10 @@
 //! merge into one row (the worst case).
 //!
 //! `cargo bench --bench forward`. PostgreSQL: `BENCH_POSTGRES` (libpq key=value of a role that
-//! may create databases), by default the local socket as the current user.
+//! may create databases), by default the local socket as the current user. `BENCH_DATABASE`:
+//! a database of that server made beforehand, emptied before each run instead of a fresh one
+//! (a Citus coordinator's: docs/FLEET.md, "Citus"; the WAL figures are then the coordinator's
+//! alone, the CPU every `postgres` process's on the machine, workers' too).
 //! `BENCH_TARGET=mqtt cargo bench --bench forward`: to a Mosquitto the benchmark starts, where a
 //! subscriber decodes every delta message and checks the readings they carry.
 //! `BENCH_TARGET=central cargo bench --bench forward`: through that Mosquitto into a central
@@ -138,8 +141,24 @@ async fn run_pg(
     run: usize,
 ) -> PgRun {
     let admin = connect(&admin_conninfo()).await;
-    let db = format!("bucketd_bench_{}_{run}_{gateways}", std::process::id());
-    let conninfo = create_db(&admin, &db).await;
+    // `BENCH_DATABASE`: a database made beforehand (a Citus cluster's, whose every node needs
+    // the extension), its tables emptied before each run; else a fresh database each run.
+    let fixed = std::env::var("BENCH_DATABASE").ok();
+    let db = fixed
+        .clone()
+        .unwrap_or_else(|| format!("bucketd_bench_{}_{run}_{gateways}", std::process::id()));
+    let conninfo = match &fixed {
+        Some(db) => {
+            let conninfo = pg::conninfo_of(db);
+            let pg = connect(&conninfo).await;
+            // The tables may not be made yet (the first gateway makes them).
+            let _ = pg
+                .batch_execute("TRUNCATE bucketd_buckets, bucketd_gateways")
+                .await;
+            conninfo
+        }
+        None => create_db(&admin, &db).await,
+    };
     let outboxes: Vec<_> = (0..gateways)
         .map(|_| fill(entries, buckets, per_bucket, spread))
         .collect();
@@ -182,10 +201,12 @@ async fn run_pg(
     let readings = (gateways * entries * buckets * per_bucket) as u64;
     assert_eq!(total as u64, readings, "readings in PostgreSQL");
     drop(pg);
-    admin
-        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
-        .await
-        .unwrap();
+    if fixed.is_none() {
+        admin
+            .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+            .await
+            .unwrap();
+    }
     drop(outboxes);
     // Rows written: each batch of 16 entries writes each of its buckets once.
     let batches = entries.div_ceil(BATCH_ENTRIES);

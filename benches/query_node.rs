@@ -24,6 +24,13 @@ use bucketd::summary::Summary;
 
 const DB: &str = "bucketd_bench_query_node";
 
+/// The database: `BENCH_DATABASE`, made beforehand (a Citus coordinator's, whose every node
+/// needs the extension: docs/FLEET.md, "Citus"; its tables emptied and filled again when they
+/// do not hold the sizes asked for), else [`DB`], made here.
+fn database() -> String {
+    std::env::var("BENCH_DATABASE").unwrap_or_else(|_| DB.to_owned())
+}
+
 /// Makes the table (unless it holds the sizes asked for already); returns the first hour.
 async fn fill(gateways: i64, series: i64, days: i64) -> i64 {
     let admin = connect(&admin_conninfo()).await;
@@ -31,12 +38,15 @@ async fn fill(gateways: i64, series: i64, days: i64) -> i64 {
     let first = last - days * 86_400;
     let want = gateways * series * days * 24;
     let exists = !admin
-        .query("SELECT 1 FROM pg_database WHERE datname = $1", &[&DB])
+        .query(
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            &[&database()],
+        )
         .await
         .unwrap()
         .is_empty();
     if exists && std::env::var("BENCH_FRESH").as_deref() != Ok("1") {
-        let db = connect(&conninfo_of(DB)).await;
+        let db = connect(&conninfo_of(&database())).await;
         let row = db
             .query_one(
                 "SELECT count(*), min(extract(epoch FROM start))::int8 FROM bucketd_buckets",
@@ -46,20 +56,25 @@ async fn fill(gateways: i64, series: i64, days: i64) -> i64 {
             .unwrap();
         let (n, start): (i64, Option<i64>) = (row.get(0), row.get(1));
         if n == want {
-            println!("reusing {DB}: {n} rows");
+            println!("reusing {}: {n} rows", database());
             return start.unwrap_or(first);
         }
     }
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
-        .await
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {DB}"))
-        .await
-        .unwrap();
-    let db = connect(&conninfo_of(DB)).await;
+    if std::env::var("BENCH_DATABASE").is_err() {
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {DB}"))
+            .await
+            .unwrap();
+    }
+    let db = connect(&conninfo_of(&database())).await;
     db.batch_execute(bucketd::fleet::postgres::SCHEMA)
+        .await
+        .unwrap();
+    db.batch_execute("TRUNCATE bucketd_buckets, bucketd_gateways")
         .await
         .unwrap();
     // The partitions: one per month the rows touch.
@@ -96,11 +111,21 @@ async fn fill(gateways: i64, series: i64, days: i64) -> i64 {
         .await
         .unwrap();
     }
+    // Each gateway's position row, as its first batch makes it: the node lists a gateway's
+    // series from it (every gateway that wrote a row has one).
+    db.execute(
+        "INSERT INTO bucketd_gateways (gateway_id, last_seq)
+         SELECT 'gw-' || g, 0 FROM generate_series(0, $1::int8 - 1) g",
+        &[&gateways],
+    )
+    .await
+    .unwrap();
     db.batch_execute("VACUUM ANALYZE bucketd_buckets")
         .await
         .unwrap();
     println!(
-        "filled {DB}: {want} rows in {:.1} s",
+        "filled {}: {want} rows in {:.1} s",
+        database(),
         began.elapsed().as_secs_f64()
     );
     first
@@ -120,24 +145,29 @@ fn time(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
     (ms[ms.len() / 2], ms[ms.len() - 1])
 }
 
-/// `EXPLAIN ANALYZE` of the node's bucket read for `series` over `[from, to)`: the execution
-/// time (ms) and the index lines of the plan.
+/// `EXPLAIN ANALYZE` of the node's bucket read (its statement, `fleet::reader`) for `series`
+/// over `[from, to)`: the execution time (ms) and the index lines of the plan.
 async fn explain(
     db: &tokio_postgres::Client,
     series: &[String],
     from: i64,
     to: i64,
 ) -> (f64, Vec<String>) {
+    let gateways: Vec<&str> = series
+        .iter()
+        .map(|s| s.split_once(':').map_or("", |(g, _)| g))
+        .collect();
     let rows = db
         .query(
             "EXPLAIN (ANALYZE, FORMAT TEXT)
-             SELECT series, start, count, sum, sum_comp, min, max, first_ts_ns, first_value,
-                 last_ts_ns, last_value, mean, m2, sketch
-             FROM bucketd_buckets
-             WHERE series = ANY($1) AND start >= to_timestamp($2) AND start < to_timestamp($3)
-               AND width_secs = 3600
-             ORDER BY series, start",
-            &[&series, &(from as f64), &(to as f64)],
+             SELECT b.series, b.start, b.count, b.sum, b.sum_comp, b.min, b.max, b.first_ts_ns,
+                 b.first_value, b.last_ts_ns, b.last_value, b.mean, b.m2, b.sketch
+             FROM unnest($1::text[], $4::text[]) AS k(series, gateway_id)
+             JOIN bucketd_buckets b ON b.gateway_id = k.gateway_id AND b.series = k.series
+             WHERE b.gateway_id = ANY($4) AND b.start >= to_timestamp($2)
+               AND b.start < to_timestamp($3) AND b.width_secs = 3600
+             ORDER BY b.series, b.start",
+            &[&series, &(from as f64), &(to as f64), &gateways],
         )
         .await
         .unwrap();
@@ -176,13 +206,13 @@ async fn main() {
     let last_day = first + (days - 1) * 86_400;
 
     let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
-    raw.query_node.postgres = conninfo_of(DB);
+    raw.query_node.postgres = conninfo_of(&database());
     raw.http.bind = "127.0.0.1:0".into();
     raw.http.max_buckets_per_query = 10_000;
     let config = bucketd::config::Config::try_from(raw).unwrap();
     let node = bucketd::daemon::start_query_node(&config).unwrap();
     let base = format!("http://{}", node.http_addr);
-    let db = connect(&conninfo_of(DB)).await;
+    let db = connect(&conninfo_of(&database())).await;
 
     let one = "gw-7:s42/temp".to_owned();
     let members: Vec<String> = (0..gateways).map(|g| format!("gw-{g}:s42/temp")).collect();
@@ -219,7 +249,7 @@ async fn main() {
             ("30 days of one series (/api/v1/buckets, 720 rows at most)", time(runs, || {
                 get(&agent, &thirty);
             })),
-            ("fleet-wide day, hourly, 64 gateways merged (/api/v1/buckets)", time(runs, || {
+            ("fleet-wide day, hourly, every gateway merged (/api/v1/buckets)", time(runs, || {
                 get(&agent, &fleet);
             })),
             ("fleet-wide hourly p99 of a day (/prom query_range)", time(runs, || {

@@ -12,7 +12,15 @@
 -- (migrate-gateway-key.sql); one distributed by series (what earlier docs said) undistributed
 -- first: SELECT undistribute_table('bucketd_buckets');
 
-SELECT create_distributed_table('bucketd_buckets', 'gateway_id')
+-- Two shards a worker (Citus's default is 32 in all): a fleet-wide series reads one shard of
+-- each gateway it merges, one task each, and the coordinator's cost per task is most of such a
+-- read (docs/FLEET.md: 32 shards made a fleet-wide day 4.4x the single server's, 4 shards
+-- 2.2x); a gateway's batch is one shard's whatever the count. More workers later:
+-- SELECT alter_distributed_table('bucketd_buckets', shard_count := <2 x workers>,
+--                                cascade_to_colocated := true);
+SELECT create_distributed_table('bucketd_buckets', 'gateway_id',
+    shard_count := greatest(2, 2 * (SELECT count(*)::int FROM pg_dist_node
+                                     WHERE noderole = 'primary' AND groupid <> 0)))
 WHERE NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'bucketd_buckets'::regclass);
 SELECT create_distributed_table('bucketd_gateways', 'gateway_id', colocate_with => 'bucketd_buckets')
 WHERE NOT EXISTS (SELECT FROM pg_dist_partition WHERE logicalrelid = 'bucketd_gateways'::regclass);
