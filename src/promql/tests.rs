@@ -285,6 +285,20 @@ fn try_eval(text: &str, docs: &[BucketDoc], grid: Grid) -> Result<Value, EvalErr
     )
 }
 
+/// What a source holding the raw readings `kept` answers for `[from, to)` (ns).
+fn raw_between(kept: &[(i64, f64)], from: i64, to: i64, at_most: u64) -> Raw {
+    let r: Vec<(i64, f64)> = kept
+        .iter()
+        .copied()
+        .filter(|x| from <= x.0 && x.0 < to)
+        .collect();
+    if r.len() as u64 <= at_most {
+        Raw::Readings(r)
+    } else {
+        Raw::TooMany
+    }
+}
+
 /// A source without raw readings.
 #[allow(clippy::unnecessary_wraps)]
 fn no_raw(_: &str, _: i64, _: i64, _: u64) -> Result<Raw, ()> {
@@ -1041,20 +1055,8 @@ fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
             |_, _, _| Ok::<_, ()>(BTreeMap::new()),
             |series: &str, from, to, at_most| {
                 asked.push((series.to_owned(), from, to));
-                let r: Vec<(i64, f64)> = raw
-                    .get(series)
-                    .map(|r| {
-                        r.iter()
-                            .copied()
-                            .filter(|x| from <= x.0 && x.0 < to)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Ok(if r.len() as u64 <= at_most {
-                    Raw::Readings(r)
-                } else {
-                    Raw::TooMany
-                })
+                let kept = raw.get(series).map_or(&[][..], Vec::as_slice);
+                Ok(raw_between(kept, from, to, at_most))
             },
         );
         (value, asked)
@@ -1148,18 +1150,7 @@ fn eval_kept(
             cancel: None,
         },
         |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
-        |_, from, to, at_most| {
-            let r: Vec<(i64, f64)> = kept
-                .iter()
-                .copied()
-                .filter(|x| from <= x.0 && x.0 < to)
-                .collect();
-            Ok(if r.len() as u64 <= at_most {
-                Raw::Readings(r)
-            } else {
-                Raw::TooMany
-            })
-        },
+        |_, from, to, at_most| Ok(raw_between(kept, from, to, at_most)),
     );
     match value {
         Ok(Value::Vector(v)) if v.len() == 1 => v[0].points.clone(),

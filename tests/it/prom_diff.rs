@@ -93,6 +93,19 @@ impl Prometheus {
     }
 }
 
+/// The range functions compared (the first six at hour-aligned windows, all of them on an
+/// offset grid).
+const OVER_TIME: [&str; 8] = [
+    "count_over_time",
+    "sum_over_time",
+    "min_over_time",
+    "max_over_time",
+    "avg_over_time",
+    "last_over_time",
+    "stddev_over_time",
+    "present_over_time",
+];
+
 /// A result's series by their label sets, each with its points (time, value).
 fn answers(body: &str) -> BTreeMap<String, Vec<(f64, f64)>> {
     let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
@@ -245,14 +258,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         ("end", t(hour(23))),
         ("step", "3600".to_owned()),
     ];
-    for f in [
-        "count_over_time",
-        "sum_over_time",
-        "min_over_time",
-        "max_over_time",
-        "avg_over_time",
-        "last_over_time",
-    ] {
+    for f in &OVER_TIME[..6] {
         for r in ["1h", "3h"] {
             let q = format!(r#"{f}(bucketd_reading{{sensor=~"day|night"}}[{r}])"#);
             assert_eq!(same(&prom, &ours, &q, &hours, 1e-12).await, 4, "{q}");
@@ -285,16 +291,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         ("end", t(hour(22) + 1234)),
         ("step", "900".to_owned()),
     ];
-    for f in [
-        "count_over_time",
-        "sum_over_time",
-        "min_over_time",
-        "max_over_time",
-        "avg_over_time",
-        "last_over_time",
-        "stddev_over_time",
-        "present_over_time",
-    ] {
+    for f in OVER_TIME {
         let q = format!(r#"{f}(bucketd_reading{{sensor=~"day|night"}}[2h])"#);
         assert_eq!(same(&prom, &ours, &q, &offset, 1e-9).await, 4, "{q}");
     }

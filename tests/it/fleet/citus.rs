@@ -266,16 +266,7 @@ async fn gateways_forward_to_citus_exactly_once_through_a_kill_9() {
         gateway(&broker, ids[1], 0xC17B, 1500, &cluster.conninfo(ids[1])),
         gateway(&broker, ids[2], 0xC17C, 800, &cluster.conninfo(ids[2])),
     ];
-    let mut daemons: Vec<Option<Daemon>> = gateways
-        .iter()
-        .map(|g| {
-            let d = Daemon::start(&g.config);
-            d.wait_for_line("saying it subscribed", |l| {
-                l.contains("Subscribed to every")
-            });
-            Some(d)
-        })
-        .collect();
+    let mut daemons = start_subscribed(&gateways);
     for g in &gateways {
         publish_all(&broker, &g.work.messages, 1).await;
     }

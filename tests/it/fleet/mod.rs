@@ -431,6 +431,20 @@ mod pg {
         }
     }
 
+    /// Each of `gateways` started, once it says it subscribed.
+    pub fn start_subscribed(gateways: &[Gateway]) -> Vec<Option<Daemon>> {
+        gateways
+            .iter()
+            .map(|g| {
+                let d = Daemon::start(&g.config);
+                d.wait_for_line("saying it subscribed", |l| {
+                    l.contains("Subscribed to every")
+                });
+                Some(d)
+            })
+            .collect()
+    }
+
     pub fn gateway(broker: &Broker, id: &str, seed: u64, readings: usize, pg: &str) -> Gateway {
         gateway_to(broker, id, seed, readings, |raw| {
             raw.upstream.target = "postgres".into();

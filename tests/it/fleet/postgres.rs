@@ -17,16 +17,7 @@ async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() 
         gateway(&broker, "gw-b", 0xF1EE8, 2500, &conninfo),
         gateway(&broker, "gw-c", 0xF1EE9, 600, &conninfo),
     ];
-    let mut daemons: Vec<Option<Daemon>> = gateways
-        .iter()
-        .map(|g| {
-            let d = Daemon::start(&g.config);
-            d.wait_for_line("saying it subscribed", |l| {
-                l.contains("Subscribed to every")
-            });
-            Some(d)
-        })
-        .collect();
+    let mut daemons = start_subscribed(&gateways);
 
     // gw-a's first workload, forwarded completely; the others stream meanwhile.
     let a = &gateways[0];
