@@ -1,7 +1,7 @@
 //! The fleet on a Citus cluster (issue 57): a coordinator and two workers this test starts
 //! from an installed Citus (`shared_preload_libraries = 'citus'` on the local PostgreSQL's
 //! binaries, `pg_config`'s), the tables distributed as docs/FLEET.md ("Citus") says. Skipped,
-//! with a note, where Citus is not installed (CI does not build it: README, "Citus").
+//! with a note, where Citus is not installed (CI does not build it: README, "Tests").
 //!
 //! Checked against the readings: three gateways forward exactly once through a `kill -9`; a
 //! query node reads every series and answers buckets, fleet-wide quantiles and the Prometheus
@@ -48,12 +48,12 @@ impl Cluster {
     /// installed.
     pub async fn start(workers: usize) -> Option<Cluster> {
         let (Some(bindir), Some(libdir)) = (pg_config("--bindir"), pg_config("--pkglibdir")) else {
-            eprintln!("Citus test not run: pg_config not found (README, \"Citus\")");
+            eprintln!("Citus test not run: pg_config not found (README, \"Tests\")");
             return None;
         };
         if !libdir.join("citus.so").exists() {
             eprintln!(
-                "Citus test not run: {} is not installed (README, \"Citus\", builds it)",
+                "Citus test not run: {} is not installed (README, \"Tests\", says how to build it)",
                 libdir.join("citus.so").display()
             );
             return None;
