@@ -59,6 +59,11 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, UPDATE ON bucketd_buckets, bucketd_gateways TO %I',
         gateway);
     EXECUTE format('GRANT SELECT ON bucketd_buckets, bucketd_gateways TO %I', reader);
+    -- A batch's rows pass through bucketd_staging (schema.sql). PostgreSQL refuses COPY into a
+    -- table with row-level security, so none is on it: a batch moves only the rows with its
+    -- own random token, in its own transaction, and the move's INSERT into bucketd_buckets is
+    -- held by that table's policies (a gateway's role writes only its own rows there).
+    EXECUTE format('GRANT SELECT, INSERT, DELETE ON bucketd_staging TO %I', gateway);
 
     ALTER TABLE bucketd_buckets ENABLE ROW LEVEL SECURITY;
     ALTER TABLE bucketd_gateways ENABLE ROW LEVEL SECURITY;

@@ -72,7 +72,72 @@ const ADD_DELTA: &str = "
     p90 = excluded.p90,
     p99 = excluded.p99";
 
-/// Rows per upsert statement: a batch is written by statements of these sizes (the largest
+/// A batch's rows into the staging table (`schema.sql`), binary: the batch's token, then
+/// [`COLUMNS`] in order.
+fn copy_text() -> String {
+    let names: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    format!(
+        "COPY bucketd_staging (batch, {}) FROM STDIN (FORMAT binary)",
+        names.join(", ")
+    )
+}
+
+/// The types of the batch's token and [`COLUMNS`], for the binary copy.
+const COLUMN_TYPES: [tokio_postgres::types::Type; 22] = {
+    use tokio_postgres::types::Type;
+    [
+        Type::INT8,
+        Type::TEXT,
+        Type::TIMESTAMPTZ,
+        Type::TEXT,
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::INT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::INT8,
+        Type::FLOAT8,
+        Type::INT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::BYTEA,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+    ]
+};
+
+/// The gateway's (`$1`) rows staged by this batch (its token, `$2`) into the table: one
+/// `INSERT ... SELECT` that Citus runs on the gateway's shard (the two tables are co-located),
+/// each conflict adding the delta.
+///
+/// The token is a random number of the batch's own: PostgreSQL refuses `COPY FROM` into a
+/// table with row-level security, so a gateway's role may stage rows under another's id; rows
+/// without the token of the batch that moves them are never moved. (Another batch's rows are
+/// invisible until it commits, and it deletes them before it does.)
+fn move_in_text(key: Key) -> String {
+    let names: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+    format!(
+        "INSERT INTO bucketd_buckets AS t ({0}) SELECT {0} FROM bucketd_staging \
+         WHERE gateway_id = $1 AND batch = $2 ON CONFLICT ({1}) DO UPDATE SET{ADD_DELTA}",
+        names.join(", "),
+        key.columns()
+    )
+}
+
+/// The batch's staged rows (gateway `$1`, token `$2`), gone once moved in.
+const CLEAR_STAGED: &str = "DELETE FROM bucketd_staging WHERE gateway_id = $1 AND batch = $2";
+
+/// Whether this connection may stage rows: the table is there (`schema.sql` since issue 57) and
+/// the role may insert and delete in it (`roles.sql`); else batches go as multi-row `VALUES`.
+const MAY_STAGE: &str = "
+SELECT coalesce(has_table_privilege(to_regclass('bucketd_staging'), 'INSERT, DELETE'), false)";
+
+/// Rows per upsert statement, where rows cannot be staged: a batch is written by statements of these sizes (the largest
 /// that fit first), pipelined. A multi-row `VALUES` whose rows all have one `gateway_id` is
 /// what Citus routes to the one shard holding that gateway; an `INSERT ... SELECT FROM
 /// unnest(...)` it pulls to the coordinator first (issue 57: 4.8x slower). 256 rows are 5,121
@@ -119,6 +184,12 @@ fn upsert_text(key: Key, rows: usize) -> String {
 /// checks that Citus routes it to one shard.
 pub fn upsert_statement(rows: usize) -> String {
     upsert_text(Key::Gateway, rows)
+}
+
+/// The move of a gateway's (`$1`) rows staged by a batch (token `$2`) into a table keyed by
+/// gateway, as a batch sends it. For `EXPLAIN`: the Citus test checks that Citus runs it on one shard.
+pub fn move_in_statement() -> String {
+    move_in_text(Key::Gateway)
 }
 
 /// How the fleet's table is keyed, found when a connection opens: by gateway, series and
@@ -264,6 +335,12 @@ pub async fn connect(
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])
         .await?;
+    // On Citus, a change to a distributed table (an index a new release adds) and the
+    // function definitions after it may not share a transaction over several connections per
+    // node ("cannot run function command because there was a parallel operation"): one
+    // connection per node. A placeholder setting, and harmless, on a server without Citus.
+    tx.batch_execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+        .await?;
     // A gateway's own role (deploy/postgres/roles.sql) may not create or alter tables: an admin
     // made them, and the schema step is skipped.
     tx.batch_execute("SAVEPOINT bucketd_schema").await?;
@@ -319,6 +396,9 @@ pub struct FleetDb {
     stored: tokio_postgres::Statement,
     /// The upsert of each of [`UPSERT_ROWS`] rows, in that order.
     upserts: Vec<tokio_postgres::Statement>,
+    /// Where rows can be staged ([`MAY_STAGE`]): the copy into the staging table, the move
+    /// into the table, and the staged rows' delete.
+    staging: Option<[tokio_postgres::Statement; 3]>,
     /// Months (`year * 12 + month - 1`) whose partition is known to exist.
     months: BTreeSet<i64>,
 }
@@ -338,11 +418,27 @@ impl FleetDb {
         for rows in UPSERT_ROWS {
             upserts.push(client.prepare(&upsert_text(key, rows)).await?);
         }
+        let staging = if client.query_one(MAY_STAGE, &[]).await?.get(0) {
+            Some([
+                client.prepare(&copy_text()).await?,
+                client.prepare(&move_in_text(key)).await?,
+                client.prepare(CLEAR_STAGED).await?,
+            ])
+        } else {
+            tracing::warn!(
+                "This role may not stage rows in bucketd_staging (made by schema.sql and opened \
+                 to gateways by roles.sql since issue 57): batches go as multi-row INSERTs, \
+                 which Citus sends to its workers as text (3x slower there). Run schema.sql and \
+                 roles.sql again as the tables' owner."
+            );
+            None
+        };
         Ok(FleetDb {
             client,
             claim,
             stored,
             upserts,
+            staging,
             months: BTreeSet::new(),
         })
     }
@@ -499,10 +595,56 @@ pub async fn apply(
         }
         Ok::<_, tokio_postgres::Error>(())
     };
+    write(&tx, (&db.staging, &db.upserts), &rows, gateway, advance).await?;
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// Writes the batch's `rows` in `tx` and moves the gateway's position (`advance`), pipelined:
+/// staged and moved in where the connection may stage, else as multi-row `VALUES`.
+async fn write(
+    tx: &tokio_postgres::Transaction<'_>,
+    (staging, upserts): (
+        &Option<[tokio_postgres::Statement; 3]>,
+        &[tokio_postgres::Statement],
+    ),
+    rows: &Rows<'_>,
+    gateway: &str,
+    advance: impl std::future::Future<Output = Result<(), tokio_postgres::Error>>,
+) -> Result<(), tokio_postgres::Error> {
+    if let Some([copy, move_in, clear]) = staging
+        && !rows.series.is_empty()
+    {
+        // Staged (a binary COPY: the values travel as PostgreSQL's own binary, to the worker
+        // too on Citus), then moved in by one statement on the gateway's shard.
+        let token = i64::from_ne_bytes(
+            getrandom::u64()
+                .unwrap_or_else(|_| {
+                    // No random source: a token still unlike another batch's of this gateway.
+                    let now = std::time::SystemTime::now().duration_since(UNIX_EPOCH);
+                    now.map_or(0, |d| d.as_nanos() as u64)
+                })
+                .to_ne_bytes(),
+        );
+        let sink = tx.copy_in(copy).await?;
+        let writer = tokio_postgres::binary_copy::BinaryCopyInWriter::new(sink, &COLUMN_TYPES);
+        let mut writer = std::pin::pin!(writer);
+        for i in 0..rows.series.len() {
+            let row = rows.row(&gateway, i);
+            let mut values: [&(dyn ToSql + Sync); 22] = [&token; 22];
+            values[1..].copy_from_slice(&row);
+            writer.as_mut().write(&values).await?;
+        }
+        writer.finish().await?;
+        // Pipelined, in this order: the move, the delete, the position.
+        let own: [&(dyn ToSql + Sync); 2] = [&gateway, &token];
+        tokio::try_join!(tx.execute(move_in, &own), tx.execute(clear, &own), advance)?;
+        return Ok(());
+    }
     // The rows in statements of [`UPSERT_ROWS`] sizes, largest first.
     let mut chunks = Vec::new();
     let mut at = 0;
-    for (size, statement) in UPSERT_ROWS.iter().zip(&db.upserts) {
+    for (size, statement) in UPSERT_ROWS.iter().zip(upserts) {
         while rows.series.len() - at >= *size {
             chunks.push((statement, rows.params(&gateway, at..at + size)));
             at += size;
@@ -515,8 +657,7 @@ pub async fn apply(
     );
     // Pipelined (one round trip): the two touch different tables, in either order.
     tokio::try_join!(write, advance)?;
-    tx.commit().await?;
-    Ok(applied)
+    Ok(())
 }
 
 /// What a batch applied: the readings its deltas represent, and those left out as older than
@@ -610,6 +751,33 @@ impl<'a> Rows<'a> {
             rows.sketch.push(whole.sketch.encode());
         }
         Ok(rows)
+    }
+
+    /// Row `i` in [`COLUMNS`] order, for the binary copy.
+    fn row<'p>(&'p self, gateway: &'p &'p str, i: usize) -> [&'p (dyn ToSql + Sync); 21] {
+        [
+            &self.series[i],
+            &self.start[i],
+            gateway,
+            &self.sensor[i],
+            &self.metric[i],
+            &self.width[i],
+            &self.count[i],
+            &self.sum[i],
+            &self.sum_comp[i],
+            &self.min[i],
+            &self.max[i],
+            &self.first_ts[i],
+            &self.first_value[i],
+            &self.last_ts[i],
+            &self.last_value[i],
+            &self.mean[i],
+            &self.m2[i],
+            &self.sketch[i],
+            &self.quantiles[0][i],
+            &self.quantiles[1][i],
+            &self.quantiles[2][i],
+        ]
     }
 
     /// The parameters of an upsert of the rows `rows` ([`upsert_text`]): the gateway, then

@@ -354,6 +354,26 @@ async fn routed_to_one_shard(cluster: &Cluster) {
         plan.contains("Task Count: 1") && !plan.contains("pull to coordinator"),
         "a gateway's upsert is routed to one shard:\n{plan}"
     );
+    // The way a batch goes where the role may stage (roles.sql): staged rows moved in by one
+    // INSERT ... SELECT that runs on the gateway's shard.
+    let explain = format!(
+        "EXPLAIN (COSTS OFF) {}",
+        bucketd::fleet::postgres::move_in_statement()
+    );
+    let plan: Vec<String> = admin
+        .query(&explain, &[&gateway, &1_i64])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains("Task Count: 1")
+            && !plan.contains("pull to coordinator")
+            && !plan.contains("repartition"),
+        "a gateway's staged rows are moved in on its shard:\n{plan}"
+    );
 }
 
 /// As `role` (a gateway), through the coordinator and on every worker's shards of the fleet's
@@ -580,7 +600,20 @@ async fn the_layout_distributed_by_series_is_read_and_migrated() {
         postgres::Key::Gateway
     );
     assert_eq!(counts().await, before, "every row kept");
+    // A release that adds an index: the schema step of the next connection (as the tables'
+    // owner) makes it on the distributed table, then redefines its functions, in one
+    // transaction; Citus refused that mix unless told to use one connection per node.
+    admin
+        .batch_execute("DROP INDEX bucketd_staging_batch")
+        .await
+        .unwrap();
     apply("cz-a", 1, 3.0).await;
+    let index = admin
+        .query_one("SELECT to_regclass('bucketd_staging_batch')::text", &[])
+        .await
+        .unwrap()
+        .get::<_, Option<String>>(0);
+    assert_eq!(index.as_deref(), Some("bucketd_staging_batch"));
     let after = counts().await;
     assert_eq!(after.len(), 4, "merged into the rows, not new ones");
     assert_eq!(after[0], ("cz-a:s/a".to_owned(), 2));

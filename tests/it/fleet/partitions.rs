@@ -386,3 +386,91 @@ async fn a_table_keyed_by_series_keeps_working_and_is_re_keyed() {
     drop((db, pg));
     testdb.drop_it().await;
 }
+
+/// Issue 57: a batch goes through `bucketd_staging` (a binary COPY, then one INSERT ... SELECT)
+/// where the gateway's role may stage, and as multi-row `VALUES` where it may not (the
+/// `roles.sql` of an earlier release): both write the same rows. Two gateways, one each way,
+/// apply the same deltas (a bucket written twice, so that the second merges); their rows must
+/// hold the same numbers, and the staging table nothing afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staged_and_values_batches_write_the_same_rows() {
+    let testdb = TestDb::create().await;
+    let pg = connect(&testdb.conninfo()).await;
+    pg.batch_execute(postgres::SCHEMA).await.unwrap();
+    pg.batch_execute(include_str!("../../../deploy/postgres/roles.sql"))
+        .await
+        .unwrap();
+    let group = testdb.group("gateway");
+    let (staged, plain) = (
+        crate::support::unique("st-a").to_lowercase(),
+        crate::support::unique("st-b").to_lowercase(),
+    );
+    for role in [&staged, &plain] {
+        pg.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN IN ROLE \"{group}\""))
+            .await
+            .unwrap();
+    }
+    // The second role may not stage, as before roles.sql granted it.
+    pg.batch_execute(&format!(
+        "REVOKE ALL ON bucketd_staging FROM \"{plain}\", \"{group}\""
+    ))
+    .await
+    .unwrap();
+    pg.batch_execute(&format!(
+        "GRANT SELECT, INSERT, DELETE ON bucketd_staging TO \"{staged}\""
+    ))
+    .await
+    .unwrap();
+    let start = month_start(0);
+    for role in [&staged, &plain] {
+        let mut db = open(&testdb.conninfo_as(role), role).await;
+        for (seq, values) in [[1.5, 9.0, -2.0], [4.0, 4.5, 100.25]].iter().enumerate() {
+            let buckets = vec![
+                delta("t/a", start, values),
+                delta("t/b", start + HOUR, &values[..2]),
+            ];
+            apply_one(&mut db, role, seq as i64, buckets).await;
+        }
+    }
+    // series, count, sum, min, max, mean, p99.
+    type Numbers = Vec<(String, i64, f64, f64, f64, f64, Option<f64>)>;
+    let numbers = async |role: &str| -> Numbers {
+        pg.query(
+            "SELECT split_part(series, ':', 2), count, sum + sum_comp, min, max, mean, p99
+             FROM bucketd_buckets WHERE gateway_id = $1 ORDER BY series",
+            &[&role],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r.get(0),
+                r.get(1),
+                r.get(2),
+                r.get(3),
+                r.get(4),
+                r.get(5),
+                r.get(6),
+            )
+        })
+        .collect()
+    };
+    let (a, b) = (numbers(&staged).await, numbers(&plain).await);
+    assert_eq!(a.len(), 2, "{a:?}");
+    assert_eq!(a[0].1, 6, "t/a: both deltas merged: {a:?}");
+    assert_eq!(a, b, "staged and VALUES batches write the same rows");
+    let left: i64 = pg
+        .query_one("SELECT count(*) FROM bucketd_staging", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "nothing stays staged");
+    drop(pg);
+    testdb.drop_it().await;
+    let admin = connect(&super::pg::admin_conninfo()).await;
+    admin
+        .batch_execute(&format!("DROP ROLE IF EXISTS \"{staged}\", \"{plain}\""))
+        .await
+        .unwrap();
+}
