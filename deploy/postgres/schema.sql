@@ -4,8 +4,9 @@
 -- One row per (series, hour) over the whole fleet. Series are '<gateway_id>:<sensor>/<metric>'.
 -- A gateway applies a batch of its outbox in one transaction: its bucketd_gateways row locked,
 -- the batch's rows read (their sketches: bucketd's binary encoding, which SQL cannot merge),
--- and every row written by one multi-row INSERT ... ON CONFLICT DO UPDATE that adds the
--- batch's deltas, with the sketch merged by the forwarder and p50/p90/p99 recomputed from it.
+-- staged (bucketd_staging, below) and moved in by one INSERT ... SELECT ... ON CONFLICT DO
+-- UPDATE that adds the batch's deltas, with the sketch merged by the forwarder and
+-- p50/p90/p99 recomputed from it.
 --
 -- Partitioned by month of `start` (bucketd_buckets_y2026m11 and so on), made by
 -- bucketd_ensure_partitions as gateways need them; fleet retention (upstream.postgres_retention)
