@@ -108,28 +108,9 @@ $$;
 CREATE UNLOGGED TABLE IF NOT EXISTS bucketd_staging (
     -- A random number of the batch's own: a batch moves only rows with its token (row-level
     -- security cannot guard this table: PostgreSQL refuses COPY FROM into one with policies).
-    batch       bigint           NOT NULL,
-    series      text             NOT NULL,
-    start       timestamptz      NOT NULL,
-    gateway_id  text             NOT NULL,
-    sensor      text             NOT NULL,
-    metric      text             NOT NULL,
-    width_secs  integer          NOT NULL,
-    count       bigint           NOT NULL,
-    sum         double precision NOT NULL,
-    sum_comp    double precision NOT NULL,
-    min         double precision NOT NULL,
-    max         double precision NOT NULL,
-    first_ts_ns bigint           NOT NULL,
-    first_value double precision NOT NULL,
-    last_ts_ns  bigint           NOT NULL,
-    last_value  double precision NOT NULL,
-    mean        double precision NOT NULL,
-    m2          double precision NOT NULL,
-    sketch      bytea            NOT NULL,
-    p50         double precision,
-    p90         double precision,
-    p99         double precision
+    batch bigint NOT NULL,
+    -- bucketd_buckets' columns, with their NOT NULLs (not its key or partitions).
+    LIKE bucketd_buckets
 );
 -- A batch finds its own rows by its token, past the deleted rows of earlier batches that
 -- autovacuum has not reached yet (on gateway_id alone, each batch walked all of them: a

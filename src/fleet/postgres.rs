@@ -753,12 +753,11 @@ impl<'a> Rows<'a> {
         Ok(rows)
     }
 
-    /// Row `i` in [`COLUMNS`] order, for the binary copy.
-    fn row<'p>(&'p self, gateway: &'p &'p str, i: usize) -> [&'p (dyn ToSql + Sync); 21] {
+    /// Row `i`'s values but the gateway: [`COLUMNS`] in order without `gateway_id`.
+    fn values(&self, i: usize) -> [&(dyn ToSql + Sync); 20] {
         [
             &self.series[i],
             &self.start[i],
-            gateway,
             &self.sensor[i],
             &self.metric[i],
             &self.width[i],
@@ -780,8 +779,17 @@ impl<'a> Rows<'a> {
         ]
     }
 
+    /// Row `i` in [`COLUMNS`] order, for the binary copy.
+    fn row<'p>(&'p self, gateway: &'p &'p str, i: usize) -> [&'p (dyn ToSql + Sync); 21] {
+        let v = self.values(i);
+        let mut row: [&(dyn ToSql + Sync); 21] = [gateway; 21];
+        row[..2].copy_from_slice(&v[..2]);
+        row[3..].copy_from_slice(&v[2..]);
+        row
+    }
+
     /// The parameters of an upsert of the rows `rows` ([`upsert_text`]): the gateway, then
-    /// each row's columns.
+    /// each row's other columns.
     fn params<'p>(
         &'p self,
         gateway: &'p &'p str,
@@ -790,28 +798,7 @@ impl<'a> Rows<'a> {
         let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(1 + 20 * rows.len());
         params.push(gateway);
         for i in rows {
-            params.extend([
-                &self.series[i] as &(dyn ToSql + Sync),
-                &self.start[i],
-                &self.sensor[i],
-                &self.metric[i],
-                &self.width[i],
-                &self.count[i],
-                &self.sum[i],
-                &self.sum_comp[i],
-                &self.min[i],
-                &self.max[i],
-                &self.first_ts[i],
-                &self.first_value[i],
-                &self.last_ts[i],
-                &self.last_value[i],
-                &self.mean[i],
-                &self.m2[i],
-                &self.sketch[i],
-                &self.quantiles[0][i],
-                &self.quantiles[1][i],
-                &self.quantiles[2][i],
-            ]);
+            params.extend(self.values(i));
         }
         params
     }

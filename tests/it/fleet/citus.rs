@@ -338,42 +338,38 @@ async fn routed_to_one_shard(cluster: &Cluster) {
             &q,
         ]);
     }
-    let explain = format!(
-        "EXPLAIN (COSTS OFF) {}",
-        bucketd::fleet::postgres::upsert_statement(names.len())
-    );
-    let plan: Vec<String> = admin
-        .query(&explain, &params)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+    let statement = bucketd::fleet::postgres::upsert_statement(names.len());
+    let plan = plan_of(&admin, &statement, &params).await;
     assert!(
         plan.contains("Task Count: 1") && !plan.contains("pull to coordinator"),
         "a gateway's upsert is routed to one shard:\n{plan}"
     );
     // The way a batch goes where the role may stage (roles.sql): staged rows moved in by one
     // INSERT ... SELECT that runs on the gateway's shard.
-    let explain = format!(
-        "EXPLAIN (COSTS OFF) {}",
-        bucketd::fleet::postgres::move_in_statement()
-    );
-    let plan: Vec<String> = admin
-        .query(&explain, &[&gateway, &1_i64])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
+    let statement = bucketd::fleet::postgres::move_in_statement();
+    let plan = plan_of(&admin, &statement, &[&gateway, &1_i64]).await;
     assert!(
         plan.contains("Task Count: 1")
             && !plan.contains("pull to coordinator")
             && !plan.contains("repartition"),
         "a gateway's staged rows are moved in on its shard:\n{plan}"
     );
+}
+
+/// The plan Citus makes for `statement` with `params`, as `EXPLAIN (COSTS OFF)` prints it.
+async fn plan_of(
+    admin: &tokio_postgres::Client,
+    statement: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> String {
+    let lines: Vec<String> = admin
+        .query(&format!("EXPLAIN (COSTS OFF) {statement}"), params)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    lines.join("\n")
 }
 
 /// As `role` (a gateway), through the coordinator and on every worker's shards of the fleet's
