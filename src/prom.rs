@@ -335,9 +335,7 @@ async fn query_range(s: &PromState, p: &Params) -> Result<Value, PromError> {
             })
             .collect(),
         Err(n) => {
-            let values: Vec<Value> = (0..grid.count)
-                .map(|k| point(grid.start_ms + k as i64 * grid.step_ms, n))
-                .collect();
+            let values: Vec<Value> = grid.times().map(|t| point(t, n)).collect();
             vec![json!({"metric": {}, "values": values})]
         }
     };

@@ -35,8 +35,9 @@ WHERE b.gateway_id = ANY($7) AND b.start >= $2 AND b.start < $3 AND b.width_secs
 ORDER BY b.series, b.start
 LIMIT $5";
 
-/// The gateways, for [`GATEWAY_SERIES`]: every gateway that wrote a row has its position row.
-const GATEWAYS: &str = "SELECT gateway_id FROM bucketd_gateways ORDER BY gateway_id";
+/// The gateways, at most `$1`, for [`GATEWAY_SERIES`]: every gateway that wrote a row has its
+/// position row.
+const GATEWAYS: &str = "SELECT gateway_id FROM bucketd_gateways ORDER BY gateway_id LIMIT $1";
 
 /// One gateway's (`$1`) series names, at most `$2`: one probe of the primary key
 /// `(gateway_id, series, start)` per series (a skip scan: PostgreSQL has none built in). The
@@ -339,7 +340,9 @@ async fn list_series(conn: &Conn, max: usize) -> Result<Vec<String>, ReadError> 
     let limit = |got: usize| i64::try_from(max.saturating_sub(got)).unwrap_or(i64::MAX);
     let mut names: Vec<String> = Vec::new();
     if conn.key == super::postgres::Key::Gateway {
-        let gateways = client.query(GATEWAYS, &[]).await.map_err(failed)?;
+        // Bounded as the list is: at most `max` gateways (each with a series or more, as a
+        // gateway that applied a batch has).
+        let gateways = client.query(GATEWAYS, &[&limit(0)]).await.map_err(failed)?;
         let each = client.prepare(GATEWAY_SERIES).await.map_err(failed)?;
         for gateway in gateways {
             let gateway: String = gateway.get(0);

@@ -85,12 +85,20 @@ impl Grid {
         }
     }
 
-    fn times(&self) -> impl Iterator<Item = i64> + '_ {
-        (0..self.count).map(|k| self.start_ms + k as i64 * self.step_ms)
+    /// Its times, in order (ms).
+    pub fn times(&self) -> impl Iterator<Item = i64> + '_ {
+        (0..self.count).map(|k| self.at(k))
     }
 
     fn last_ms(&self) -> i64 {
-        self.start_ms + (self.count as i64 - 1) * self.step_ms
+        self.at(self.count.saturating_sub(1))
+    }
+
+    /// Time `k` of the grid: never past its end (`Grid::range`), so it fits an i64, though
+    /// `k x step` alone may not (a client's grid across all of time, two steps of 2^62 ms).
+    fn at(&self, k: u64) -> i64 {
+        let t = i128::from(self.start_ms) + i128::from(k) * i128::from(self.step_ms);
+        i64::try_from(t).unwrap_or(if t < 0 { i64::MIN } else { i64::MAX })
     }
 }
 
@@ -598,7 +606,7 @@ fn read_exact<E>(
             width,
         );
         let end = bucket_of(grid.last_ms().saturating_sub(shift), width).saturating_add(width);
-        let Ok(buckets) = usize::try_from((end - first) / width) else {
+        let Ok(buckets) = usize::try_from(end.saturating_sub(first) / width) else {
             continue;
         };
         for name in names
@@ -625,8 +633,16 @@ fn read_exact<E>(
             // Too many to read, or to visit: the buckets whole inside each window alone say so.
             let whole_inside = |t: i64| {
                 let t0 = t.saturating_sub(shift);
-                let a = (t0.saturating_sub(range) - first + width - 1).div_euclid(width);
-                let b = (t0 - first - width).div_euclid(width) + 1;
+                let a = t0
+                    .saturating_sub(range)
+                    .saturating_sub(first)
+                    .saturating_add(width - 1)
+                    .div_euclid(width);
+                let b = t0
+                    .saturating_sub(first)
+                    .saturating_sub(width)
+                    .div_euclid(width)
+                    .saturating_add(1);
                 match (usize::try_from(a), usize::try_from(b)) {
                     (Ok(a), Ok(b)) if a < b && b <= buckets => counted[b] - counted[a],
                     _ => 0,
@@ -655,9 +671,10 @@ fn read_exact<E>(
             // Readings per bucket against the bucket's count.
             let mut kept = vec![0_u64; buckets];
             for r in &readings {
-                if let Some(k) = usize::try_from((bucket_of(r.0, width) - first) / width)
-                    .ok()
-                    .and_then(|k| kept.get_mut(k))
+                if let Some(k) =
+                    usize::try_from(bucket_of(r.0, width).saturating_sub(first) / width)
+                        .ok()
+                        .and_then(|k| kept.get_mut(k))
                 {
                     *k += 1;
                 }

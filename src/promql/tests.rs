@@ -1235,8 +1235,7 @@ fn range_functions_are_exact_where_the_raw_readings_are_kept() {
     let fine = Grid::range(at(4), at(5), 60_000).unwrap();
     let q = r#"count_over_time(bucketd_reading{series="a/t"}[2h])"#;
     let count_of = |f: &dyn Fn(i64, i64) -> Vec<f64>| -> Vec<(i64, f64)> {
-        (0..fine.count as i64)
-            .map(|k| fine.start_ms + k * fine.step_ms)
+        fine.times()
             .map(|t| (t, f(t, 2 * hour).len() as f64))
             .collect()
     };
@@ -1245,4 +1244,34 @@ fn range_functions_are_exact_where_the_raw_readings_are_kept() {
         count_of(&in_window)
     );
     assert_eq!(eval_kept(q, &docs, &kept, fine, 400), count_of(&in_buckets));
+}
+
+/// A grid that spans the whole range of an i64 (a few points, a step of whole hours near 2^63
+/// ms: within the point limit) over a range function of the readings that matches nothing, and one that matches:
+/// answered or refused, never an overflow (the exact windows' bucket arithmetic, issue 55).
+#[test]
+fn exact_windows_take_a_grid_across_all_of_time() {
+    let (readings, docs) = minute_readings();
+    let step = i64::MAX / 3_600_000 * 3_600_000;
+    let grid = Grid::range(i64::MIN + 1, i64::MAX - 1, step).unwrap();
+    for text in [
+        r#"max_over_time(bucketd_reading{series="nothing"}[1h])"#,
+        r#"max_over_time(bucketd_reading{series="a/t"}[1h] offset -1h)"#,
+    ] {
+        let names = vec!["a/t".to_owned()];
+        let value = evaluate(
+            &parse(text).unwrap(),
+            &SeriesLabels::all(&names, false),
+            grid,
+            HOUR,
+            &BUDGET,
+            |wanted, from, to| Ok::<_, ()>(fetch(&docs, wanted, from, to)),
+            |_, from, to, at_most| Ok(raw_between(&readings, from, to, at_most)),
+        );
+        match value {
+            Ok(Value::Vector(v)) => assert!(v.iter().all(|s| s.points.is_empty()), "{text}"),
+            Err(EvalError::TooLarge(m)) => assert!(m.contains("max_points"), "{text}: {m}"),
+            other => panic!("{text}: {other:?}"),
+        }
+    }
 }

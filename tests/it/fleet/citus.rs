@@ -280,13 +280,7 @@ async fn gateways_forward_to_citus_exactly_once_through_a_kill_9() {
     );
     let forwarded = pg_count(&pg, &a.id).await;
     daemons[0] = Some(restart(&a.config).0);
-    for g in &gateways {
-        until_forwarded(&pg, &g.id, g.work.readings.len() as i64).await;
-    }
-    for d in &mut daemons {
-        let (status, _) = d.take().unwrap().terminate();
-        assert!(status.success(), "clean exit: {status}");
-    }
+    all_forwarded_then_stopped(&pg, &gateways, &mut daemons).await;
     for g in &gateways {
         let rows = rows_of(&pg, &g.id).await;
         assert_eq!(

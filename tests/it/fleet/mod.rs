@@ -431,6 +431,22 @@ mod pg {
         }
     }
 
+    /// Waits until PostgreSQL holds every reading of each of `gateways`, then stops each
+    /// daemon, which must exit cleanly.
+    pub async fn all_forwarded_then_stopped(
+        pg: &tokio_postgres::Client,
+        gateways: &[Gateway],
+        daemons: &mut [Option<Daemon>],
+    ) {
+        for g in gateways {
+            until_forwarded(pg, &g.id, g.work.readings.len() as i64).await;
+        }
+        for d in daemons {
+            let (status, _) = d.take().unwrap().terminate();
+            assert!(status.success(), "clean exit: {status}");
+        }
+    }
+
     /// Each of `gateways` started, once it says it subscribed.
     pub fn start_subscribed(gateways: &[Gateway]) -> Vec<Option<Daemon>> {
         gateways

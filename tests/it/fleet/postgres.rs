@@ -97,14 +97,8 @@ async fn three_gateways_forward_exactly_once_through_a_kill_9_mid_transaction() 
 
     let mut gateways = gateways;
     gateways[0].work.extend(second);
-    for g in &gateways {
-        until_forwarded(&pg, &g.id, g.work.readings.len() as i64).await;
-    }
     // Stop the gateways: every entry left in an outbox must be one PostgreSQL has applied.
-    for d in &mut daemons {
-        let (status, _) = d.take().unwrap().terminate();
-        assert!(status.success(), "clean exit: {status}");
-    }
+    all_forwarded_then_stopped(&pg, &gateways, &mut daemons).await;
     for g in &gateways {
         let last_seq: i64 = pg
             .query_one(
