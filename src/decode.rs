@@ -274,6 +274,23 @@ impl Decoded {
     }
 }
 
+/// `name` into `into` (cleared first) with each `/` turned into `.`: a SenML or Sparkplug
+/// metric name as a bucketd metric. A piece at a time, not a char at a time (the names are
+/// decoded once a reading).
+fn slashes_to_dots(name: &str, into: &mut String) {
+    into.clear();
+    if !name.as_bytes().contains(&b'/') {
+        into.push_str(name);
+        return;
+    }
+    for (i, piece) in name.split('/').enumerate() {
+        if i > 0 {
+            into.push('.');
+        }
+        into.push_str(piece);
+    }
+}
+
 /// Decodes one message into `out` (cleared first). `Err` rejects the whole message. Stateless:
 /// a Sparkplug DATA message's aliases are unknown here (see [`decode_with`]).
 pub fn decode(

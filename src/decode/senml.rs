@@ -139,9 +139,7 @@ impl Resolve<'_> {
                 return;
             }
         };
-        self.name.clear();
-        self.name
-            .extend(metric.chars().map(|c| if c == '/' { '.' } else { c }));
+        super::slashes_to_dots(metric, &mut self.name);
         out.push(self.ctx, sensor, &self.name, ts, value);
     }
 }

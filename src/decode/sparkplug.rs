@@ -343,11 +343,11 @@ pub(super) fn decode(
             }
         }
     }
-    let key = Births::key(group, node);
+    // The node's births, looked up once: nothing below changes them.
+    let known = births.nodes.get(&Births::key(group, node));
     let mut name_buf = String::new();
     let mut unknown = false;
     for m in &payload.metrics {
-        let known = births.nodes.get(&key);
         let name: &str = match (&m.name, m.alias) {
             (Some(name), _) => name,
             (None, Some(alias)) => {
@@ -394,8 +394,7 @@ pub(super) fn decode(
                 Timestamp::from_nanos(ns)
             }
         };
-        name_buf.clear();
-        name_buf.extend(name.chars().map(|c| if c == '/' { '.' } else { c }));
+        super::slashes_to_dots(name, &mut name_buf);
         out.push(ctx, &sensor, &name_buf, ts, value);
     }
     if unknown {

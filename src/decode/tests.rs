@@ -2144,3 +2144,20 @@ mod sparkplug_b {
         }
     }
 }
+
+/// A SenML or Sparkplug metric name's `/` become `.`, every one, wherever it is.
+#[test]
+fn slashes_become_dots_in_metric_names() {
+    let mut into = String::from("left over");
+    for (name, want) in [
+        ("temp", "temp"),
+        ("Inputs/Temp", "Inputs.Temp"),
+        ("a//b/", "a..b."),
+        ("/", "."),
+        ("", ""),
+        ("ä/ö", "ä.ö"),
+    ] {
+        slashes_to_dots(name, &mut into);
+        assert_eq!(into, want, "{name}");
+    }
+}
