@@ -3,8 +3,16 @@
 //! and allocations per reading for each, and each format's time per reading as a ratio of the
 //! flat `json` object's, measured in the same run (rounds interleaved, median of the rounds).
 //!
+//! Then what the target names, the daemon's CPU at a gateway's rate: for each format, the
+//! built `bucketd run` (shipped defaults, one subscription of that format) on a Mosquitto of its
+//! own, a publisher sending one device's 20 metrics ten times a second (200 readings a second,
+//! timestamped as sent; Sparkplug's DBIRTH first, then DDATA by alias) for
+//! `FORMATS_DAEMON_SECS` (default 60); the daemon's CPU (`/proc/<pid>/task/*/schedstat`) from
+//! the first publish until every reading is committed (all its threads' time on a CPU), per second, and as a ratio of `json`'s;
+//! `FORMATS_DAEMON_ROUNDS` rounds (default 2), formats interleaved, medians.
+//!
 //! `cargo bench --bench formats` (`FORMATS_ROUNDS`, default 15; `FORMATS_MESSAGES` per round,
-//! default 20,000).
+//! default 20,000; `FORMATS_DAEMON_SECS=0` for the decoders alone).
 
 // Set-up reads top to bottom; the 100-line limit (clippy.toml) holds the library.
 #![allow(clippy::too_many_lines)]
@@ -19,6 +27,13 @@ use bucketd::decode::sparkplug::{Metric, Payload, Value};
 use bucketd::decode::{Births, DecodeContext, Decoded, Format, Template, decode_with};
 use bucketd::reading::Timestamp;
 use prost::Message;
+
+#[path = "../tests/shared/bucketd_child.rs"]
+mod bucketd_child;
+#[path = "../tests/shared/own_mosquitto.rs"]
+mod own_mosquitto;
+#[path = "../tests/shared/prom.rs"]
+mod prom;
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -190,9 +205,10 @@ fn env(name: &str, default: usize) -> usize {
 }
 
 fn main() {
-    // `cargo test --benches` runs this with `--test`-like arguments: one quick round then.
-    let quick = std::env::args().any(|a| a == "--test" || a == "--bench")
-        && std::env::args().all(|a| a != "--bench");
+    // `cargo test` builds this without optimisation (and passes no `--bench`): one quick round
+    // of the decoders then, and no daemon part (a debug build's CPU measures nothing).
+    let quick = cfg!(debug_assertions)
+        || (std::env::args().any(|a| a == "--test") && std::env::args().all(|a| a != "--bench"));
     let rounds = if quick { 1 } else { env("FORMATS_ROUNDS", 15) };
     let messages = if quick {
         100
@@ -262,6 +278,270 @@ fn main() {
             1.0 / medians[k],
             allocations[k] as f64 / (messages * METRICS) as f64,
             medians[k] / medians[0]
+        );
+    }
+    let secs = env("FORMATS_DAEMON_SECS", 60);
+    if !quick && secs > 0 {
+        daemon_cpu(secs as u64, env("FORMATS_DAEMON_ROUNDS", 2));
+    }
+}
+
+/// The formats the daemon part publishes, in the order of its table.
+const DAEMON_FORMATS: [Format; 4] = [
+    Format::Json,
+    Format::Influx,
+    Format::Senml,
+    Format::SparkplugB,
+];
+
+/// The subscription of `format` under `prefix` (Sparkplug's topics are its own: `spBv1.0/...`,
+/// the group named after `prefix`), and the topic one device publishes on.
+fn daemon_subscription(format: Format, prefix: &str) -> (bucketd::config::RawSubscription, String) {
+    let mut sub = bucketd::config::RawSubscription::defaults_under(prefix)
+        .into_iter()
+        .find(|s| s.format == Format::Json)
+        .expect("a json subscription among the defaults");
+    sub.format = format;
+    sub.sensor_field = None;
+    sub.timestamp_field = None;
+    let (filter, template, topic) = match format {
+        Format::Json => {
+            sub.timestamp_field = Some("ts".into());
+            (
+                format!("{prefix}/devices/+/telemetry"),
+                Some(format!("{prefix}/devices/{{sensor}}/telemetry")),
+                format!("{prefix}/devices/s17/telemetry"),
+            )
+        }
+        Format::Influx => (
+            format!("{prefix}/telegraf/#"),
+            None,
+            format!("{prefix}/telegraf/s17"),
+        ),
+        Format::Senml => (
+            format!("{prefix}/senml/+"),
+            Some(format!("{prefix}/senml/{{sensor}}")),
+            format!("{prefix}/senml/s17"),
+        ),
+        _ => (
+            format!("spBv1.0/{prefix}/#"),
+            None,
+            format!("spBv1.0/{prefix}/DDATA/edge1/s17"),
+        ),
+    };
+    sub.filter = filter;
+    sub.template = template;
+    (sub, topic)
+}
+
+/// One message of the device's 20 metrics at `ms`, in `format` (Sparkplug: by alias, or the
+/// birth naming them when `birth`).
+fn daemon_payload(format: Format, ms: i64, birth: bool) -> Vec<u8> {
+    let v = |i: usize| value(i) + (ms % 1000) as f64 / 1000.0;
+    match format {
+        Format::Json => format!(
+            "{{\"ts\": {ms}, {}}}",
+            (0..METRICS)
+                .map(|i| format!("\"m{i}\": {}", v(i)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+        .into_bytes(),
+        Format::Influx => format!(
+            "dev,site=s17 {} {}",
+            (0..METRICS)
+                .map(|i| format!("m{i}={}", v(i)))
+                .collect::<Vec<_>>()
+                .join(","),
+            ms * 1_000_000
+        )
+        .into_bytes(),
+        Format::Senml => format!(
+            "[{}]",
+            (0..METRICS)
+                .map(|i| if i == 0 {
+                    format!(
+                        "{{\"bn\":\"s17:\",\"bt\":{}.{:03},\"n\":\"m0\",\"v\":{}}}",
+                        ms / 1000,
+                        ms % 1000,
+                        v(0)
+                    )
+                } else {
+                    format!("{{\"n\":\"m{i}\",\"v\":{}}}", v(i))
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+        .into_bytes(),
+        _ => Payload {
+            timestamp: Some(ms as u64),
+            metrics: (0..METRICS)
+                .map(|i| Metric {
+                    name: birth.then(|| format!("m{i}")),
+                    alias: Some(i as u64),
+                    datatype: Some(10),
+                    timestamp: Some(ms as u64),
+                    value: Some(Value::Double(v(i))),
+                    ..Metric::default()
+                })
+                .collect(),
+            seq: Some(1),
+            uuid: None,
+        }
+        .encode_to_vec(),
+    }
+}
+
+/// The format's name in a configuration (`sparkplug_b`).
+fn format_name(format: Format) -> String {
+    serde_json::to_value(format)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A process's CPU time so far, all its threads' (`/proc/<pid>/task/*/schedstat`: nanoseconds
+/// on a CPU; `/proc/<pid>/stat` counts 10 ms ticks, too coarse for a daemon using ~2 ms a
+/// second). Threads that have exited are not counted: bucketd's threads live as long as it does.
+fn cpu_of(pid: u32) -> std::time::Duration {
+    let mut nanos = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let path = task.unwrap().path().join("schedstat");
+        if let Ok(text) = std::fs::read_to_string(path) {
+            nanos += text
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    std::time::Duration::from_nanos(nanos)
+}
+
+/// One run of `format`: the daemon's CPU seconds per second of the run.
+fn daemon_run(broker: &own_mosquitto::OwnMosquitto, format: Format, secs: u64, run: usize) -> f64 {
+    let prefix = format!(
+        "fb{}r{run}{}",
+        std::process::id(),
+        format_name(format).replace('_', "")
+    );
+    let (sub, topic) = daemon_subscription(format, &prefix);
+    let dir = tempfile::tempdir().unwrap();
+    let mut raw = bucketd::config::RawConfig::load(None, Vec::new()).unwrap();
+    raw.mqtt.host = "127.0.0.1".into();
+    raw.mqtt.port = broker.port;
+    raw.mqtt.client_id = format!("bench-{prefix}");
+    raw.store.path = dir.path().join("gateway.redb");
+    raw.http.bind = "127.0.0.1:0".into();
+    raw.subscriptions = vec![sub];
+    let daemon =
+        bucketd_child::BucketdChild::start(env!("CARGO_BIN_EXE_bucketd"), &raw, dir.path(), 1);
+    let pid = daemon.child.id();
+    let messages = secs * 10;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let cpu0 = cpu_of(pid);
+    let start = Instant::now();
+    runtime.block_on(async {
+        let mut options =
+            rumqttc::MqttOptions::new(format!("pub-{prefix}"), "127.0.0.1", broker.port);
+        options.set_keep_alive(std::time::Duration::from_secs(30));
+        let (client, mut eventloop) = rumqttc::AsyncClient::new(options, 64);
+        tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+        let now_ms = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64
+        };
+        if format == Format::SparkplugB {
+            let birth = topic.replace("/DDATA/", "/DBIRTH/");
+            client
+                .publish(
+                    birth,
+                    rumqttc::QoS::AtLeastOnce,
+                    false,
+                    daemon_payload(format, now_ms(), true),
+                )
+                .await
+                .unwrap();
+        }
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+        for _ in 0..messages {
+            tick.tick().await;
+            client
+                .publish(
+                    &topic,
+                    rumqttc::QoS::AtLeastOnce,
+                    false,
+                    daemon_payload(format, now_ms(), false),
+                )
+                .await
+                .unwrap();
+        }
+    });
+    // Until every reading is committed (the birth's too, for Sparkplug: it carries values).
+    let expect = (messages + u64::from(format == Format::SparkplugB)) * METRICS as u64;
+    loop {
+        let text = ureq::get(&daemon.metrics_url)
+            .call()
+            .unwrap()
+            .into_body()
+            .read_to_string()
+            .unwrap();
+        let ingested = prom::metric(&text, "bucketd_readings_ingested_total") as u64;
+        assert!(
+            ingested <= expect,
+            "{format:?}: {ingested} readings of {expect}"
+        );
+        if ingested == expect {
+            break;
+        }
+        assert!(
+            start.elapsed().as_secs() < secs + 60,
+            "{format:?}: {ingested} of {expect} readings"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let cpu = cpu_of(pid).saturating_sub(cpu0);
+    let span = start.elapsed();
+    daemon.stop();
+    cpu.as_secs_f64() / span.as_secs_f64()
+}
+
+/// The daemon part: each format's CPU at 200 readings a second against `json`'s.
+fn daemon_cpu(secs: u64, rounds: usize) {
+    let broker = own_mosquitto::OwnMosquitto::start(false, "");
+    let mut per_second: Vec<Vec<f64>> = vec![Vec::new(); DAEMON_FORMATS.len()];
+    for round in 0..rounds {
+        for (k, format) in DAEMON_FORMATS.iter().enumerate() {
+            per_second[k].push(daemon_run(&broker, *format, secs, round));
+        }
+    }
+    println!(
+        "\nthe daemon at 200 readings a second (10 messages of 20), {secs} s a run, {rounds} round(s), medians"
+    );
+    println!(
+        "{:<12} {:>18} {:>12}",
+        "format", "CPU ms a second", "vs json"
+    );
+    let medians: Vec<f64> = per_second
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        })
+        .collect();
+    for (k, format) in DAEMON_FORMATS.iter().enumerate() {
+        println!(
+            "{:<12} {:>18.2} {:>11.2}x   (runs: {})",
+            format_name(*format),
+            medians[k] * 1000.0,
+            medians[k] / medians[0],
+            per_second[k]
+                .iter()
+                .map(|c| format!("{:.2}", c * 1000.0))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
 }
