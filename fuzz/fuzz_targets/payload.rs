@@ -26,7 +26,11 @@ fn cases() -> &'static [(Subscription, &'static [u8])] {
             s.timestamp_field = None;
             s
         };
-        let mut json = with(Format::Json, "devices/+/telemetry", "devices/{sensor}/telemetry");
+        let mut json = with(
+            Format::Json,
+            "devices/+/telemetry",
+            "devices/{sensor}/telemetry",
+        );
         json.timestamp_field = Some("ts".into());
         vec![
             (
@@ -34,14 +38,24 @@ fn cases() -> &'static [(Subscription, &'static [u8])] {
                 b"sensors/s1/temp".as_slice(),
             ),
             (json, b"devices/s1/telemetry"),
-            (with(Format::Influx, "telegraf/#", "telegraf/#"), b"telegraf/s1"),
-            (with(Format::Senml, "senml/+", "senml/{sensor}"), b"senml/s1"),
+            (
+                with(Format::Influx, "telegraf/#", "telegraf/#"),
+                b"telegraf/s1",
+            ),
+            (
+                with(Format::Senml, "senml/+", "senml/{sensor}"),
+                b"senml/s1",
+            ),
             (
                 with(Format::SparkplugB, "spBv1.0/#", "spBv1.0/#"),
                 b"spBv1.0/plant/DBIRTH/edge1/s1",
             ),
             (
-                with(Format::Delta, "bucketd/+/deltas", "bucketd/{gateway}/deltas"),
+                with(
+                    Format::Delta,
+                    "bucketd/+/deltas",
+                    "bucketd/{gateway}/deltas",
+                ),
                 b"bucketd/gw-1/deltas",
             ),
         ]
