@@ -105,45 +105,11 @@ fn cases() -> Vec<Case> {
         fields[..10].join(", "),
         fields[10..].join(", ")
     );
-    let line = format!(
-        "dev,site=s17 {} {}",
-        (0..METRICS)
-            .map(|i| format!("m{i}={}", value(i)))
-            .collect::<Vec<_>>()
-            .join(","),
-        NOW_S * 1_000_000_000
-    );
-    let senml = format!(
-        "[{}]",
-        (0..METRICS)
-            .map(|i| if i == 0 {
-                format!(
-                    "{{\"bn\":\"s17:\",\"bt\":{NOW_S},\"n\":\"m0\",\"v\":{}}}",
-                    value(0)
-                )
-            } else {
-                format!("{{\"n\":\"m{i}\",\"v\":{}}}", value(i))
-            })
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let metric = |i: usize, birth: bool| Metric {
-        name: birth.then(|| format!("m{i}")),
-        alias: Some(i as u64),
-        datatype: Some(10),
-        timestamp: Some(ms as u64),
-        value: Some(Value::Double(value(i))),
-        ..Metric::default()
-    };
-    let payload = |birth: bool| {
-        Payload {
-            timestamp: Some(ms as u64),
-            metrics: (0..METRICS).map(|i| metric(i, birth)).collect(),
-            seq: Some(1),
-            uuid: None,
-        }
-        .encode_to_vec()
-    };
+    // The same payloads as the daemon part publishes, at the fixed time (whole seconds: the
+    // values are `value(i)` exactly).
+    let line = daemon_payload(Format::Influx, ms, false);
+    let senml = daemon_payload(Format::Senml, ms, false);
+    let payload = |birth: bool| daemon_payload(Format::SparkplugB, ms, birth);
     let spb = with(Format::SparkplugB, "spBv1.0/#", "spBv1.0/#");
     // The data names its metrics by alias, after the birth that gave them.
     let mut births = Births::default();
@@ -177,14 +143,14 @@ fn cases() -> Vec<Case> {
             name: "influx (one line, 20 fields)",
             sub: with(Format::Influx, "telegraf/#", "telegraf/#"),
             topic: "telegraf/s17".into(),
-            payload: line.into_bytes(),
+            payload: line,
             births: Births::default(),
         },
         Case {
             name: "senml (a pack of 20 records)",
             sub: with(Format::Senml, "senml/+", "senml/{sensor}"),
             topic: "senml/s17".into(),
-            payload: senml.into_bytes(),
+            payload: senml,
             births: Births::default(),
         },
         Case {
