@@ -73,9 +73,10 @@ const SERIES_SCAN: &str = "SELECT DISTINCT series FROM bucketd_buckets ORDER BY 
 /// for the next query: a fleet-wide series reads a shard of every gateway, and Citus otherwise
 /// runs a worker's tasks one after another on its one cached connection, opening a second only
 /// after 10 ms (issue 57: the SQL of a fleet-wide day 3.3-3.9 -> 2.8 ms with two shards a
-/// worker). Two connections a worker at most, opened once and kept, as `citus.sql` makes two
-/// shards a worker (a table of more shards still takes two at a time, not one new connection a
-/// task). On a plain PostgreSQL these are placeholders that nothing reads.
+/// worker). `citus.sql` makes one shard a worker, where this changes nothing; a table of more
+/// (shard counts are the operator's) takes two connections a worker at most, opened once and
+/// kept, not one new connection a task. On a plain PostgreSQL these are placeholders that
+/// nothing reads.
 const CITUS_READS: &str = "SET citus.executor_slow_start_interval = 0; \
      SET citus.max_adaptive_executor_pool_size = 2; SET citus.max_cached_conns_per_worker = 2";
 

@@ -406,7 +406,8 @@ async fn no_reach_into_other_gateways(cluster: &Cluster, role: &str, other: &str
         .await
         .unwrap();
     assert!(
-        shards.len() >= 2 * 4, // citus.sql: two shards a worker, per table and partition
+        // citus.sql: a shard a worker (two), of each table and month partition (at least one).
+        shards.len() >= 2 * 3,
         "shards of both tables: {}",
         shards.len()
     );
