@@ -3,10 +3,11 @@
 --
 --   psql -d fleet -v ON_ERROR_STOP=1 -f schema.sql -f citus.sql -f roles.sql
 --
--- The three tables distributed by gateway_id and co-located, one shard a worker: a gateway's batch (its
--- bucketd_gateways row locked, its rows read, staged in bucketd_staging and moved in) is a
--- transaction on the one worker holding its shard, routed there by Citus without a two-phase commit; a query node reading one gateway's
--- series reads one shard, a fleet-wide series every shard (docs/FLEET.md has the figures).
+-- The three tables distributed by gateway_id and co-located, one shard a worker: a gateway's
+-- batch (its bucketd_gateways row locked, its rows read, staged in bucketd_staging and moved in)
+-- is a transaction on the one worker holding its shard, routed there by Citus without a
+-- two-phase commit; a query node reading one gateway's series reads one shard, a fleet-wide
+-- series every shard (docs/FLEET.md has the figures).
 -- Month partitions made later (bucketd_ensure_partitions) are distributed with the table.
 -- A table keyed (series, start) by an earlier release must be re-keyed first
 -- (migrate-gateway-key.sql); one distributed by series (what earlier docs said) undistributed
