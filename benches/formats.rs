@@ -7,9 +7,10 @@
 //! built `bucketd run` (shipped defaults, one subscription of that format) on a Mosquitto of its
 //! own, a publisher sending one device's 20 metrics ten times a second (200 readings a second,
 //! timestamped as sent; Sparkplug's DBIRTH first, then DDATA by alias) for
-//! `FORMATS_DAEMON_SECS` (default 60); the daemon's CPU (`/proc/<pid>/task/*/schedstat`) from
-//! the first publish until every reading is committed (all its threads' time on a CPU), per second, and as a ratio of `json`'s;
-//! `FORMATS_DAEMON_ROUNDS` rounds (default 2), formats interleaved, medians.
+//! `FORMATS_DAEMON_SECS` (default 60); the daemon's CPU (all its threads' time on a CPU,
+//! `/proc/<pid>/task/*/schedstat`) from the first publish until every reading is committed, per
+//! second and as a ratio of `json`'s; `FORMATS_DAEMON_ROUNDS` rounds (default 2), formats
+//! interleaved, medians.
 //!
 //! `cargo bench --bench formats` (`FORMATS_ROUNDS`, default 15; `FORMATS_MESSAGES` per round,
 //! default 20,000; `FORMATS_DAEMON_SECS=0` for the decoders alone).
