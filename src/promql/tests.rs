@@ -1139,20 +1139,11 @@ fn eval_kept(
     grid: Grid,
     max_points: u64,
 ) -> Vec<(i64, f64)> {
-    let names = vec!["a/t".to_owned()];
-    let value = evaluate(
-        &parse(text).unwrap(),
-        &SeriesLabels::all(&names, false),
-        grid,
-        HOUR,
-        &Budget {
-            max_points,
-            cancel: None,
-        },
-        |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
-        |_, from, to, at_most| Ok(raw_between(kept, from, to, at_most)),
-    );
-    match value {
+    let budget = Budget {
+        max_points,
+        cancel: None,
+    };
+    match evaluate_kept(text, docs, kept, grid, &budget) {
         Ok(Value::Vector(v)) if v.len() == 1 => v[0].points.clone(),
         other => panic!("{text}: {other:?}"),
     }
@@ -1246,6 +1237,26 @@ fn range_functions_are_exact_where_the_raw_readings_are_kept() {
     assert_eq!(eval_kept(q, &docs, &kept, fine, 400), count_of(&in_buckets));
 }
 
+/// [`eval_kept`]'s evaluation, its outcome as it is.
+fn evaluate_kept(
+    text: &str,
+    docs: &[BucketDoc],
+    kept: &[(i64, f64)],
+    grid: Grid,
+    budget: &Budget,
+) -> Result<Value, EvalError<()>> {
+    let names = vec!["a/t".to_owned()];
+    evaluate(
+        &parse(text).unwrap(),
+        &SeriesLabels::all(&names, false),
+        grid,
+        HOUR,
+        budget,
+        |wanted, from, to| Ok::<_, ()>(fetch(docs, wanted, from, to)),
+        |_, from, to, at_most| Ok(raw_between(kept, from, to, at_most)),
+    )
+}
+
 /// A grid that spans the whole range of an i64 (a few points, a step of whole hours near 2^63
 /// ms: within the point limit) over a range function of the readings that matches nothing, and one that matches:
 /// answered or refused, never an overflow (the exact windows' bucket arithmetic, issue 55).
@@ -1258,17 +1269,7 @@ fn exact_windows_take_a_grid_across_all_of_time() {
         r#"max_over_time(bucketd_reading{series="nothing"}[1h])"#,
         r#"max_over_time(bucketd_reading{series="a/t"}[1h] offset -1h)"#,
     ] {
-        let names = vec!["a/t".to_owned()];
-        let value = evaluate(
-            &parse(text).unwrap(),
-            &SeriesLabels::all(&names, false),
-            grid,
-            HOUR,
-            &BUDGET,
-            |wanted, from, to| Ok::<_, ()>(fetch(&docs, wanted, from, to)),
-            |_, from, to, at_most| Ok(raw_between(&readings, from, to, at_most)),
-        );
-        match value {
+        match evaluate_kept(text, &docs, &readings, grid, &BUDGET) {
             Ok(Value::Vector(v)) => assert!(v.iter().all(|s| s.points.is_empty()), "{text}"),
             Err(EvalError::TooLarge(m)) => assert!(m.contains("max_points"), "{text}: {m}"),
             other => panic!("{text}: {other:?}"),
