@@ -150,10 +150,26 @@ impl PromError {
         }
     }
 
+    /// A query refused, as Prometheus answers its kind: `bad_data` (400) for one bucketd does not
+    /// answer as written, `execution` (422) for a limit passed or an expression with no answer.
+    fn refused(r: &promql::Refusal) -> PromError {
+        let status = match r.error_type() {
+            "bad_data" => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        PromError {
+            status,
+            kind: r.error_type(),
+            message: r.to_string(),
+        }
+    }
+
     /// A failed read: a bound passed is the client's to narrow; the rest is internal.
     fn read(e: crate::source::ReadError) -> PromError {
         match e {
-            crate::source::ReadError::TooLarge(why) => PromError::bad(why),
+            crate::source::ReadError::TooLarge(why) => {
+                PromError::refused(&promql::Refusal::TooLarge(why))
+            }
             e => PromError::internal(e),
         }
     }
@@ -291,7 +307,7 @@ async fn evaluate(
         };
         let value = promql::evaluate(&expr, &names, grid, width, &budget, fetch, raw).map_err(
             |e| match e {
-                promql::EvalError::TooLarge(m) => PromError::bad(m),
+                promql::EvalError::Refused(r) => PromError::refused(&r),
                 promql::EvalError::Read(e) => PromError::read(e),
                 // No one reads this answer.
                 promql::EvalError::Cancelled => PromError {

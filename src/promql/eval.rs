@@ -104,7 +104,7 @@ impl Grid {
 
 /// The window (ms) a plain selector's point merges: the bucket for steps up to its width, else
 /// the step, which must then be a whole number of buckets.
-pub fn window_ms(step_ms: i64, width_secs: i64) -> Result<i64, String> {
+pub fn window_ms(step_ms: i64, width_secs: i64) -> Result<i64, Refusal> {
     let width_ms = width_secs.saturating_mul(1000);
     if step_ms <= width_ms {
         Ok(width_ms)
@@ -112,11 +112,11 @@ pub fn window_ms(step_ms: i64, width_secs: i64) -> Result<i64, String> {
         Ok(step_ms)
     } else {
         let w = crate::rollup::format_step(width_secs);
-        Err(format!(
+        Err(Refusal::Unsupported(format!(
             "step {}: a step coarser than the bucket width ({w}) must be a whole number of \
              buckets (2 x {w}, 5 x {w}, 1d, ...); or use a step up to {w}",
             format_ms(step_ms)
-        ))
+        )))
     }
 }
 
@@ -142,12 +142,40 @@ pub enum Value {
     Vector(Vec<Series>),
 }
 
+/// Why a query is not answered, by what the client must do about it; the text says what to
+/// change. Each kind is one of Prometheus's `errorType`s ([`Refusal::error_type`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Not a query bucketd answers as written: a step or range that is not a whole number of
+    /// buckets, a selector of the old fleet form, a range function without a range. Prometheus
+    /// answers its own parameter checks so (`bad_data`).
+    #[error("{0}")]
+    Unsupported(String),
+    /// Past `http.max_points_per_query`: narrow the selector or the range. Prometheus's engine
+    /// answers its own sample limit as an `execution` error.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The expression has no answer on these series: many-to-many matching, several metrics
+    /// under one range function (`execution`, as in Prometheus).
+    #[error("{0}")]
+    Execution(String),
+}
+
+impl Refusal {
+    /// Prometheus's `errorType` for it.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Refusal::Unsupported(_) => "bad_data",
+            Refusal::TooLarge(_) | Refusal::Execution(_) => "execution",
+        }
+    }
+}
+
 /// Why an evaluation stopped.
 #[derive(Debug)]
 pub enum EvalError<E> {
-    /// The query would read or return more than the limit, or is not one bucketd can answer;
-    /// the text says what to change.
-    TooLarge(String),
+    /// Refused, before or while evaluating: the client's to change.
+    Refused(Refusal),
     /// Reading the buckets failed.
     Read(E),
     /// [`Budget::cancel`] was set: no one waits for the answer.
@@ -354,10 +382,10 @@ pub fn evaluate<E>(
     mut raw: impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<Value, EvalError<E>> {
     let width_ms = width_secs.saturating_mul(1000);
-    let window_ms = window_ms(grid.step_ms, width_secs).map_err(EvalError::TooLarge)?;
+    let window_ms = window_ms(grid.step_ms, width_secs).map_err(EvalError::Refused)?;
     let selects = expr.selects();
     let (wanted, from, to) =
-        plan(&selects, names, grid, (width_ms, window_ms), budget).map_err(EvalError::TooLarge)?;
+        plan(&selects, names, grid, (width_ms, window_ms), budget).map_err(EvalError::Refused)?;
     let mut raw_left = budget.max_points;
     let plain = read_raw(&selects, names, grid, &mut raw_left, &mut raw)?;
     let mut data = BTreeMap::new();
@@ -399,7 +427,7 @@ pub fn evaluate<E>(
     if budget.cancelled() {
         return Err(EvalError::Cancelled);
     }
-    let value = value.map_err(EvalError::TooLarge)?;
+    let value = value.map_err(EvalError::Refused)?;
     Ok(match value {
         Value::Vector(series) => Value::Vector(
             series
@@ -420,7 +448,7 @@ fn plan<'n>(
     grid: Grid,
     (width_ms, window_ms): (i64, i64),
     budget: &Budget,
-) -> Result<(Vec<&'n str>, i64, i64), String> {
+) -> Result<(Vec<&'n str>, i64, i64), Refusal> {
     let mut wanted: BTreeSet<&str> = BTreeSet::new();
     let (mut from, mut to) = (i64::MAX, i64::MIN);
     let mut points: u64 = 0;
@@ -428,17 +456,17 @@ fn plan<'n>(
         if let Some(r) = s.range_secs
             && (r.saturating_mul(1000) % width_ms != 0)
         {
-            return Err(format!(
+            return Err(Refusal::Unsupported(format!(
                 "a range must be a whole number of buckets ({}, {}, ...), not {}",
                 format_ms(width_ms),
                 format_ms(2 * width_ms),
                 format_ms(r.saturating_mul(1000))
-            ));
+            )));
         }
         let sources = s.selector.fields().len() as u64
             + u64::from(s.range_secs.is_some() && s.selector.selects_readings());
         if let Some(hint) = s.selector.old_fleet_sensor(names) {
-            return Err(hint);
+            return Err(Refusal::Unsupported(hint));
         }
         let matched: Vec<&str> = names
             .iter()
@@ -464,14 +492,14 @@ fn plan<'n>(
     };
     let reads = buckets.saturating_mul(wanted.len() as u64);
     if reads > budget.max_points || points > budget.max_points {
-        return Err(format!(
+        return Err(Refusal::TooLarge(format!(
             "the query selects {} series over {buckets} buckets ({} points): more than \
              http.max_points_per_query ({}); narrow the selector or the range, or use a \
              coarser step",
             wanted.len(),
             points.max(reads),
             budget.max_points
-        ));
+        )));
     }
     Ok((wanted.into_iter().collect(), from, to))
 }
@@ -524,17 +552,17 @@ fn read_raw<E>(
             let readings = match raw(name, from, to, *left).map_err(EvalError::Read)? {
                 Raw::Readings(readings) => readings,
                 Raw::TooMany => {
-                    return Err(EvalError::TooLarge(format!(
+                    return Err(EvalError::Refused(Refusal::TooLarge(format!(
                         "bucketd_reading reads more than http.max_points_per_query ({max}) \
                          raw readings here; narrow the selector or the time range"
-                    )));
+                    ))));
                 }
                 Raw::NotKept(why) => {
-                    return Err(EvalError::TooLarge(format!(
+                    return Err(EvalError::Refused(Refusal::Unsupported(format!(
                         "a plain bucketd_reading selector answers the last raw reading, and \
                          {why}; use a range function (max_over_time(bucketd_reading{{..}}[1h])) \
                          or a bucket field (bucketd_bucket_last)"
-                    )));
+                    ))));
                 }
             };
             *left = left.saturating_sub(readings.len() as u64);
@@ -714,7 +742,7 @@ fn range_function_labels(func: Func, labels: Labels) -> Labels {
 }
 
 impl<'a> Ctx<'a> {
-    fn eval(&self, expr: &Expr) -> Result<Value, String> {
+    fn eval(&self, expr: &Expr) -> Result<Value, Refusal> {
         match expr {
             Expr::Number(n) => Ok(Value::Scalar(*n)),
             Expr::Select(s) => Ok(Value::Vector(self.plain(s))),
@@ -728,7 +756,9 @@ impl<'a> Ctx<'a> {
             }
             Expr::Call(func, args) => {
                 let Some(Expr::Select(s)) = args.last() else {
-                    return Err("a range function takes a range selector".into());
+                    return Err(Refusal::Unsupported(
+                        "a range function takes a range selector".into(),
+                    ));
                 };
                 let q = args.first().and_then(Expr::number).unwrap_or(f64::NAN);
                 if *func == Func::AbsentOverTime {
@@ -781,10 +811,12 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn vector(&self, expr: &Expr) -> Result<Vec<Series>, String> {
+    fn vector(&self, expr: &Expr) -> Result<Vec<Series>, Refusal> {
         match self.eval(expr)? {
             Value::Vector(v) => Ok(v),
-            Value::Scalar(_) => Err("expected series, found a number".into()),
+            Value::Scalar(_) => Err(Refusal::Unsupported(
+                "expected series, found a number".into(),
+            )),
         }
     }
 
@@ -877,18 +909,18 @@ impl<'a> Ctx<'a> {
 
     /// A range function over a range selector: per matched series, over the readings (merged)
     /// and over each field's bucket values (samples).
-    fn over_time(&self, func: Func, q: f64, s: &Select) -> Result<Vec<Series>, String> {
+    fn over_time(&self, func: Func, q: f64, s: &Select) -> Result<Vec<Series>, Refusal> {
         let shift = s.offset_secs.saturating_mul(1000);
         let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
         let w = self.width_ms;
         let fields = s.selector.fields();
         let readings = s.selector.selects_readings();
         if usize::from(readings) + fields.len() > 1 {
-            return Err(format!(
+            return Err(Refusal::Execution(format!(
                 "{func:?}: the selector matches several metrics of each series, which would \
                  give series with the same labels; name one, like bucketd_reading or \
                  bucketd_bucket_max"
-            ));
+            )));
         }
         let mut out = Vec::new();
         for (labels, stored) in self.matched(s) {
@@ -1170,7 +1202,7 @@ fn binary(
     matching: &Matching,
     lhs: Value,
     rhs: Value,
-) -> Result<Value, String> {
+) -> Result<Value, Refusal> {
     let filter = op.is_comparison() && !bool_result;
     // One point: the result's value, or none where a comparison filters it out.
     let point = |a: f64, b: f64, keep: f64| {
@@ -1228,11 +1260,11 @@ fn binary(
             let mut right: BTreeMap<BTreeMap<String, String>, &Series> = BTreeMap::new();
             for s in &r {
                 if right.insert(key(&s.labels), s).is_some() {
-                    return Err(format!(
+                    return Err(Refusal::Execution(format!(
                         "many-to-many matching: several series on the right side have the \
                          labels {:?}; match on fewer labels with on (..) or ignoring (..)",
                         key(&s.labels)
-                    ));
+                    )));
                 }
             }
             let mut seen = BTreeSet::new();
@@ -1240,10 +1272,10 @@ fn binary(
             for s in l {
                 let k = key(&s.labels);
                 if !seen.insert(k.clone()) {
-                    return Err(format!(
+                    return Err(Refusal::Execution(format!(
                         "many-to-many matching: several series on the left side have the \
                          labels {k:?}; match on fewer labels with on (..) or ignoring (..)"
-                    ));
+                    )));
                 }
                 let Some(other) = right.get(&k) else {
                     continue;

@@ -404,7 +404,7 @@ fn a_step_coarser_than_a_bucket_merges_its_buckets_exactly() {
     let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + day, 90 * 60 * 1000).unwrap();
     let e = try_eval("bucketd_bucket_max", &docs, grid);
     assert!(
-        matches!(&e, Err(EvalError::TooLarge(m)) if m.contains("whole number of buckets")),
+        matches!(&e, Err(EvalError::Refused(Refusal::Unsupported(m))) if m.contains("whole number of buckets")),
         "{e:?}"
     );
     let grid = Grid::range(DAY0 * 1000, DAY0 * 1000 + day, 5 * HOUR * 1000).unwrap();
@@ -476,7 +476,7 @@ fn a_query_past_the_budget_is_refused_before_reading() {
         no_raw,
     );
     // 50 series x 31 days of hourly buckets = 37,200 buckets to read.
-    let Err(EvalError::TooLarge(m)) = e else {
+    let Err(EvalError::Refused(Refusal::TooLarge(m))) = e else {
         panic!("not refused: {e:?}")
     };
     assert!(m.contains("http.max_points_per_query (10000)"), "{m}");
@@ -738,7 +738,7 @@ fn range_functions_over_the_readings_merge_their_buckets() {
         Grid::instant(at(3)),
     );
     assert!(
-        matches!(&e, Err(EvalError::TooLarge(m)) if m.contains("whole number of buckets")),
+        matches!(&e, Err(EvalError::Refused(Refusal::Unsupported(m))) if m.contains("whole number of buckets")),
         "{e:?}"
     );
 }
@@ -821,7 +821,7 @@ fn arithmetic_and_comparisons_follow_promql() {
         Grid::instant(at(3)),
     );
     assert!(
-        matches!(&e, Err(EvalError::TooLarge(m)) if m.contains("many-to-many")),
+        matches!(&e, Err(EvalError::Refused(Refusal::Execution(m))) if m.contains("many-to-many")),
         "{e:?}"
     );
     let out = eval(
@@ -985,7 +985,7 @@ fn huge_offsets_and_ranges_saturate() {
         ] {
             match try_eval(q, &docs, grid) {
                 Ok(Value::Vector(v)) => assert!(v.is_empty(), "{q}: {v:?}"),
-                Err(EvalError::TooLarge(_)) => {}
+                Err(EvalError::Refused(_)) => {}
                 other => panic!("{q}: {other:?}"),
             }
         }
@@ -1102,7 +1102,7 @@ fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
     assert_eq!(series[0].points, [(at(10) + 10 * 60_000, 1.0)]);
     // The raw reads count against the budget.
     let (value, _) = run(r#"bucketd_reading{series="a/t"}"#, grid, 2);
-    let Err(EvalError::TooLarge(m)) = value else {
+    let Err(EvalError::Refused(Refusal::TooLarge(m))) = value else {
         panic!("{value:?}")
     };
     assert!(m.contains("raw readings"), "{m}");
@@ -1271,7 +1271,9 @@ fn exact_windows_take_a_grid_across_all_of_time() {
     ] {
         match evaluate_kept(text, &docs, &readings, grid, &BUDGET) {
             Ok(Value::Vector(v)) => assert!(v.iter().all(|s| s.points.is_empty()), "{text}"),
-            Err(EvalError::TooLarge(m)) => assert!(m.contains("max_points"), "{text}: {m}"),
+            Err(EvalError::Refused(Refusal::TooLarge(m))) => {
+                assert!(m.contains("max_points"), "{text}: {m}");
+            }
             other => panic!("{text}: {other:?}"),
         }
     }
