@@ -236,6 +236,18 @@ impl Batch {
     }
 }
 
+/// What the writer reports for a batch it committed.
+#[derive(Debug, Clone, Default)]
+pub struct Committed {
+    pub readings: usize,
+    /// Bucket deltas in the commit's log record.
+    pub buckets: usize,
+    pub took: Duration,
+    /// Series that retention deleted since the last result (their last bucket expired), for
+    /// the ingest side to forget: they no longer count against `limits.max_series`.
+    pub forgotten: Vec<Arc<str>>,
+}
+
 /// A connection's one probe: a burst committed with no window known, so that the broker's
 /// refill can prove one (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

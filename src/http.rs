@@ -1166,11 +1166,13 @@ mod tests {
             crate::reject::DecodeError::InvalidJson,
             b"devices/d1/x",
             b"{",
+            crate::reading::Timestamp::now(),
         );
         state.stats.reject(
             crate::reject::DecodeError::GatewayMismatch,
             b"bucketd/site-1/deltas",
             &[0xff, 0x00],
+            crate::reading::Timestamp::now(),
         );
         let request = Request::get("/api/v1/rejected")
             .body(Body::empty())

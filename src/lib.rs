@@ -65,6 +65,7 @@ pub mod fleet;
 pub mod http;
 pub mod ingest;
 pub mod limits;
+pub mod link;
 #[cfg(test)]
 mod log_count;
 pub mod metrics;

@@ -385,7 +385,12 @@ mod tests {
     fn render_has_help_for_every_metric_and_bounded_labels() {
         let m = Metrics::new();
         let stats = Stats::new(4);
-        stats.reject(DecodeError::NonFinite, b"t", b"NaN");
+        stats.reject(
+            DecodeError::NonFinite,
+            b"t",
+            b"NaN",
+            crate::reading::Timestamp::now(),
+        );
         stats.flush_started(FlushReason::Stall);
         m.record_commit(Duration::from_millis(3), 42);
         m.record_checkpoint(Duration::from_millis(30));

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use crate::batcher::FlushReason;
+use crate::reading::Timestamp;
 use crate::reject::DecodeError;
 
 /// Longest payload prefix kept in a dead letter.
@@ -17,8 +18,8 @@ pub const DEAD_LETTER_TOPIC_BYTES_MAX: usize = 256;
 /// One rejected message or reading, as kept in the dead-letter ring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
-    /// When it was refused.
-    pub at: crate::reading::Timestamp,
+    /// When the message came (a reconnect's resends are refused when their burst ends).
+    pub at: Timestamp,
     pub reason: &'static str,
     pub topic: String,
     /// The payload, truncated to [`DEAD_LETTER_BYTES_MAX`] bytes.
@@ -91,15 +92,15 @@ impl Stats {
     }
 
     /// Counts a message refused as a whole, and keeps it in the dead letters.
-    pub fn reject(&self, reason: DecodeError, topic: &[u8], payload: &[u8]) {
-        self.reject_all(&[reason], topic, payload);
+    pub fn reject(&self, reason: DecodeError, topic: &[u8], payload: &[u8], at: Timestamp) {
+        self.reject_all(&[reason], topic, payload, at);
     }
 
     /// Counts every refusal of one message (the message's, or each of its readings') and keeps
     /// one dead letter per reason, whatever the number of readings: a message of 10,000 bad
     /// fields costs 10,000 counter increments and a few bounded copies, not 10,000 copies of
-    /// its topic.
-    pub fn reject_all(&self, reasons: &[DecodeError], topic: &[u8], payload: &[u8]) {
+    /// its topic. `at`: when the message came, the dead letters' stamp.
+    pub fn reject_all(&self, reasons: &[DecodeError], topic: &[u8], payload: &[u8], at: Timestamp) {
         let mut per_reason = [0u64; DecodeError::ALL.len()];
         for reason in reasons {
             per_reason[reason.index()] += 1;
@@ -112,7 +113,6 @@ impl Stats {
         if self.dead_letters_max == 0 || reasons.is_empty() {
             return;
         }
-        let at = crate::reading::Timestamp::now();
         let topic = truncated_text(topic, DEAD_LETTER_TOPIC_BYTES_MAX);
         let payload = &payload[..payload.len().min(DEAD_LETTER_BYTES_MAX)];
         let mut ring = self
@@ -197,12 +197,32 @@ mod tests {
     #[test]
     fn dead_letter_ring_keeps_the_newest_and_truncates() {
         let stats = Stats::new(2);
-        stats.reject(DecodeError::InvalidJson, b"a", b"1");
-        stats.reject(DecodeError::InvalidJson, b"b", &[b'x'; 1000]);
-        stats.reject(DecodeError::NonFinite, b"c", b"NaN");
+        stats.reject(
+            DecodeError::InvalidJson,
+            b"a",
+            b"1",
+            Timestamp::from_secs(7),
+        );
+        stats.reject(
+            DecodeError::InvalidJson,
+            b"b",
+            &[b'x'; 1000],
+            Timestamp::from_secs(8),
+        );
+        stats.reject(
+            DecodeError::NonFinite,
+            b"c",
+            b"NaN",
+            Timestamp::from_secs(9),
+        );
         let letters = stats.dead_letters();
         assert_eq!(letters.len(), 2);
         assert_eq!(letters[0].topic, "b");
+        assert_eq!(
+            letters[0].at,
+            Timestamp::from_secs(8),
+            "stamped when it came"
+        );
         assert_eq!(letters[0].payload.len(), DEAD_LETTER_BYTES_MAX);
         assert_eq!(letters[1].reason, "non_finite");
         assert_eq!(stats.rejected(DecodeError::InvalidJson), 2);
@@ -220,7 +240,12 @@ mod tests {
         let mut reasons = vec![DecodeError::NonFinite; 10_000];
         reasons.push(DecodeError::InvalidName);
         reasons.push(DecodeError::NonFinite);
-        stats.reject_all(&reasons, topic.as_bytes(), b"{...}");
+        stats.reject_all(
+            &reasons,
+            topic.as_bytes(),
+            b"{...}",
+            Timestamp::from_secs(1),
+        );
         let letters = stats.dead_letters();
         assert_eq!(letters.len(), 2);
         assert_eq!(

@@ -8,7 +8,6 @@
 //! [`SessionState`]; the batch and the broker windows in the [`Batcher`]; which resends are
 //! copies in [`crate::resend`] (its fingerprints), the held messages' bodies here.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -18,27 +17,16 @@ use tracing::{debug, error, info, warn};
 
 use crate::ack::{AckToken, SessionId};
 use crate::admit::{Admitted, Admitter, Message, Verdict};
-use crate::batcher::{Batch, Batcher, FlushReason};
-use crate::limits::RESEND_QUIET_MIN;
-use crate::mqtt::{Backoff, MqttEvent, PollError};
+use crate::batcher::{Batch, Batcher, Committed, FlushReason};
+use crate::link::{Backoff, MqttEvent, PollError};
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
 use crate::resend::{BurstEnd, BurstPart};
-use crate::stats::Stats;
-use crate::store::CommitError;
-use crate::writer::Committed;
 
-/// Why ingestion stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum IngestError {
-    #[error("commit failed; nothing of the failed batch was acknowledged: {0}")]
-    Commit(#[from] CommitError),
-    #[error(
-        "the writer thread stopped (its error is logged above); nothing it had not committed \
-         was acknowledged"
-    )]
-    WriterGone,
-}
+use self::session::{
+    HeldMessage, Link, MARKERS_IN_FLIGHT_MAX, Marker, SessionState, Subscriptions,
+};
+use crate::stats::Stats;
 
 /// The time of a step, on both clocks: `at` orders deadlines, `wall` stamps what arrives.
 #[derive(Debug, Clone, Copy)]
@@ -55,8 +43,9 @@ pub struct Now {
 pub enum Event<R> {
     /// A session's client reported a packet read or written, or the connection's end.
     Mqtt(SessionId, Result<MqttEvent, PollError>),
-    /// The writer answered the batch in flight.
-    Committed(Result<Committed, CommitError>),
+    /// The writer committed the batch in flight (a commit that fails for good ends ingestion
+    /// in the shell: nothing of it is acknowledged).
+    Committed(Committed),
     /// `POST /api/v1/flush`: answered with the readings committed once what is pending is.
     Flush(R),
 }
@@ -93,154 +82,6 @@ enum Mode {
     /// Shutting down: messages still arriving are neither counted nor acknowledged (the broker
     /// keeps them for the next start).
     Draining,
-}
-
-/// A session's connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Link {
-    /// The client is connecting (at start, or resumed after a wait).
-    Connecting,
-    /// Connected; the broker has the session's subscriptions or they were asked for.
-    Up(Subscriptions),
-    /// The connection was lost; the client is resumed at `retry_at`.
-    Waiting { retry_at: Instant },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Subscriptions {
-    Requested,
-    /// The broker has (some of) them on this connection.
-    Granted,
-}
-
-/// One MQTT session (`mqtt.sessions`) and the state of its connection.
-struct SessionState {
-    link: Link,
-    backoff: Backoff,
-    /// Counts CONNACKs; a token from an older connection is never sent.
-    connection: u64,
-    /// The session had its subscriptions at least once (readiness).
-    ever_subscribed: bool,
-    acks: Acks,
-    /// What the broker has confirmed reading ([`Pings`]).
-    pings: Pings,
-    /// Whether the "broker exceeds its window" warning was logged on this connection.
-    warned_window: bool,
-    /// The resends of a reconnect's burst, held until it ends (see the module docs of
-    /// [`super`]).
-    held: Vec<HeldMessage>,
-    /// When the burst began or last grew; with `held`, when it ends.
-    burst_at: Instant,
-    /// The last connection's handshake time.
-    handshake: Duration,
-}
-
-/// A connection's acks released by a commit and not yet on the wire, in arrival order.
-#[derive(Default)]
-struct Acks {
-    /// Taken by the client, not yet written to the socket (arrival numbers; bounded by the
-    /// client's request channel).
-    unwritten: VecDeque<u64>,
-    /// Waiting for room in the client's request channel. rumqttc writes one request per poll,
-    /// so a broker that sends past its window (Mosquitto before 2.0.13 does) can fill the
-    /// channel; nothing is dropped, the rest waits here. Bounded by what the broker sends
-    /// unacknowledged.
-    backlog: VecDeque<AckToken>,
-}
-
-impl Acks {
-    fn owed(&self) -> usize {
-        self.unwritten.len() + self.backlog.len()
-    }
-}
-
-/// A resend held in its burst: what admitting it again needs.
-struct HeldMessage {
-    topic: Bytes,
-    payload: Bytes,
-    pkid: u16,
-    qos: u8,
-    received: Timestamp,
-    /// Its ack token's arrival number.
-    arrival: u64,
-    at: Instant,
-}
-
-/// A connection's pings, which tell which of its acks the broker has read. A broker handles a
-/// connection's packets in order and answers each PINGREQ, so a PINGRESP says it has read every
-/// ack written before the PINGREQ it answers; a message whose ack the broker has read is never
-/// resent, so a later burst of resends cannot hold its copy (`crate::resend`, where this tells
-/// a new message on a reused packet id from a resend when their contents are the same).
-#[derive(Debug, Default)]
-struct Pings {
-    /// The first arrival number of this connection: its acks are those of later arrivals.
-    first_arrival: u64,
-    /// Arrival number of the last ack written on this connection (0: none yet).
-    written_through: u64,
-    /// `written_through` at each PINGREQ written and not answered yet, oldest first (ours and
-    /// the keep-alive ones; at most a few: ours only while fewer than
-    /// [`MARKERS_IN_FLIGHT_MAX`] are, and rumqttc ends the connection when a keep-alive ping
-    /// goes unanswered until the next).
-    sent: VecDeque<u64>,
-    /// A PINGREQ asked for is in the client's request channel.
-    queued: bool,
-    /// The marker of the last release on this connection ([`Marker`]).
-    marker: Marker,
-}
-
-/// A PINGREQ right behind a release's acks. Its answer confirms them ([`Pings`]) and tells the
-/// batcher how soon a refill may come as things are now
-/// ([`crate::batcher::Batcher::release_pinged`]). Cost: 2 bytes each way per commit, written
-/// with the acks.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Marker {
-    #[default]
-    None,
-    /// Acks through this arrival number were released; a PINGREQ written after them is asked
-    /// for.
-    Wanted { through: u64 },
-    /// One went out after them; its answer is awaited.
-    Sent { through: u64 },
-}
-
-/// At most this many PINGREQs of a connection await their answers when a marker is asked for:
-/// a broker slow to answer gets no more (the batcher then goes by the handshake's round trip).
-const MARKERS_IN_FLIGHT_MAX: usize = 4;
-
-impl SessionState {
-    fn new(backoff: Backoff, now: Instant) -> SessionState {
-        SessionState {
-            link: Link::Connecting,
-            backoff,
-            connection: 0,
-            ever_subscribed: false,
-            acks: Acks::default(),
-            pings: Pings::default(),
-            warned_window: false,
-            held: Vec::new(),
-            burst_at: now,
-            handshake: Duration::ZERO,
-        }
-    }
-
-    fn is_up(&self) -> bool {
-        matches!(self.link, Link::Up(_))
-    }
-
-    /// When the held burst ends for quiet; `None` with nothing held.
-    fn burst_deadline(&self) -> Option<Instant> {
-        let quiet = RESEND_QUIET_MIN.max(4 * self.handshake);
-        (!self.held.is_empty()).then_some(self.burst_at + quiet)
-    }
-
-    /// The connection began or ended: nothing of it is owed or awaited any more.
-    fn reset_connection(&mut self, first_arrival: u64) {
-        self.acks = Acks::default();
-        self.pings = Pings {
-            first_arrival,
-            ..Pings::default()
-        };
-    }
 }
 
 /// A flush request waiting for the commits that cover what was pending when it came.
@@ -449,19 +290,13 @@ impl<R> Core<R> {
     }
 
     /// Handles one event.
-    pub fn handle(
-        &mut self,
-        event: Event<R>,
-        now: Now,
-        out: &mut Vec<Action<R>>,
-    ) -> Result<(), IngestError> {
+    pub fn handle(&mut self, event: Event<R>, now: Now, out: &mut Vec<Action<R>>) {
         match event {
             Event::Mqtt(session, Ok(event)) => self.on_mqtt(session, event, now, out),
             Event::Mqtt(session, Err(e)) => self.on_connection_lost(session, &e, now.at),
-            Event::Committed(result) => self.on_commit(&result?, now.at, out),
+            Event::Committed(committed) => self.on_commit(&committed, now.at, out),
             Event::Flush(reply) => self.on_flush_request(reply, out),
         }
-        Ok(())
     }
 
     /// Sends the open batch to the writer when it is due, the writer is idle and no resends are
@@ -531,7 +366,7 @@ impl<R> Core<R> {
         }
         debug!(
             readings = committed.readings,
-            buckets = committed.stats.buckets_written,
+            buckets = committed.buckets,
             acks = acks.len(),
             took_ms = committed.took.as_secs_f64() * 1e3,
             "Committed batch."
@@ -679,17 +514,7 @@ impl<R> Core<R> {
         now: Instant,
         out: &mut Vec<Action<R>>,
     ) {
-        let first_arrival = self.arrival + 1;
-        let s = &mut self.sessions[session.index()];
-        s.connection += 1;
-        s.link = Link::Up(Subscriptions::Requested);
-        s.reset_connection(first_arrival);
-        s.warned_window = false;
-        s.backoff.reset();
-        // Held resends of the last connection are resent again on this one.
-        s.held.clear();
-        s.burst_at = now;
-        s.handshake = handshake;
+        self.sessions[session.index()].connected(self.arrival + 1, handshake, now);
         self.told_window = false;
         self.admit
             .resends()
@@ -739,14 +564,8 @@ impl<R> Core<R> {
     fn on_connection_lost(&mut self, session: SessionId, e: &PollError, now: Instant) {
         let s = &mut self.sessions[session.index()];
         let was_connected = s.is_up();
-        s.reset_connection(u64::MAX);
-        // Unacknowledged, the held resends come again with the next connection's burst.
-        s.held.clear();
-        let delay = s.backoff.next_delay();
+        let delay = s.lost(now);
         let attempt = s.backoff.attempts;
-        s.link = Link::Waiting {
-            retry_at: now + delay,
-        };
         self.admit.resends().disconnected(session.get());
         self.stats.connection_errors.fetch_add(1, Ordering::Relaxed);
         self.update_link_gauges();
@@ -776,7 +595,7 @@ impl<R> Core<R> {
             }
         }
         let arrival = self.arrival + 1; // Its ack token's, made below.
-        let admitted = self.admit.admit(&Message {
+        let message = Message {
             topic,
             payload,
             pkid,
@@ -786,7 +605,8 @@ impl<R> Core<R> {
             received: now.wall,
             burst: None,
             arrival,
-        });
+        };
+        let admitted = self.admit.admit(&message);
         if admitted.verdict == Verdict::Held {
             let s = &mut self.sessions[session.index()];
             s.held.push(HeldMessage {
@@ -816,7 +636,7 @@ impl<R> Core<R> {
                 &self.stats,
                 &mut self.gateway_warned,
                 admitted,
-                (topic, payload),
+                &message,
                 now.at,
             );
             if urgent {
@@ -882,7 +702,7 @@ impl<R> Core<R> {
              are skipped (reused_ids: new messages on the packet ids of counted ones)."
         );
         for (h, part) in held.into_iter().zip(parts) {
-            let admitted = self.admit.admit(&Message {
+            let message = Message {
                 topic: &h.topic,
                 payload: &h.payload,
                 pkid: h.pkid,
@@ -892,13 +712,14 @@ impl<R> Core<R> {
                 received: h.received,
                 burst: Some(part),
                 arrival: h.arrival,
-            });
+            };
+            let admitted = self.admit.admit(&message);
             let urgent = apply(
                 &mut self.batcher,
                 &self.stats,
                 &mut self.gateway_warned,
                 admitted,
-                (&h.topic, &h.payload),
+                &message,
                 h.at,
             );
             if urgent {
@@ -986,13 +807,14 @@ fn apply(
     stats: &Stats,
     gateway_warned: &mut [Option<Instant>],
     admitted: &mut Admitted,
-    (topic, payload): (&[u8], &[u8]),
+    message: &Message<'_>,
     now: Instant,
 ) -> bool {
+    let (topic, payload) = (message.topic, message.payload);
     match admitted.verdict {
         Verdict::Rejected(e) => {
             debug!(reason = e.reason(), topic = %String::from_utf8_lossy(topic), "Rejected message.");
-            stats.reject(e, topic, payload);
+            stats.reject(e, topic, payload, message.received);
             if let Some(gateway) = &admitted.gateway {
                 warn_gateway(gateway_warned, gateway, e, "message", now);
             }
@@ -1014,7 +836,7 @@ fn apply(
             for (series, start, summary) in admitted.summaries.drain(..) {
                 batcher.push_summary(series, start, &summary, now);
             }
-            stats.reject_all(&admitted.rejected, topic, payload);
+            stats.reject_all(&admitted.rejected, topic, payload, message.received);
             if let Some(gateway) = &admitted.gateway {
                 for e in admitted.rejected.drain(..) {
                     warn_gateway(gateway_warned, gateway, e, "bucket", now);
@@ -1103,6 +925,10 @@ fn warn_gateway(
     );
 }
 
+mod session;
+
+#[cfg(test)]
+mod acks;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]

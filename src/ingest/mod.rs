@@ -36,12 +36,26 @@ use tracing::{info, warn};
 use crate::ack::SessionId;
 use crate::http::FlushRequest;
 use crate::limits::SHUTDOWN_DRAIN_MAX;
-use crate::mqtt::{Mqtt, MqttEvent, PollError};
+use crate::link::{MqttEvent, PollError};
+use crate::mqtt::Mqtt;
 use crate::reading::Timestamp;
 use crate::stats::Stats;
+use crate::store::CommitError;
 use crate::writer::Writer;
 
-pub use self::core::{Action, Core, Event, IngestError, Now, Outgoing, Parts};
+pub use self::core::{Action, Core, Event, Now, Outgoing, Parts};
+
+/// Why ingestion stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("commit failed; nothing of the failed batch was acknowledged: {0}")]
+    Commit(#[from] CommitError),
+    #[error(
+        "the writer thread stopped (its error is logged above); nothing it had not committed \
+         was acknowledged"
+    )]
+    WriterGone,
+}
 
 /// The ingest task: the core and what it talks to.
 pub struct Ingest {
@@ -97,7 +111,7 @@ impl Ingest {
                 // checkpoint) stops the daemon at once, not at the next commit (issue 51).
                 result = self.writer.results.recv() => {
                     match result {
-                        Some(result) if committing => Event::Committed(result),
+                        Some(result) if committing => Event::Committed(result?),
                         _ => return Err(IngestError::WriterGone),
                     }
                 }
@@ -116,7 +130,7 @@ impl Ingest {
                 lag: lag.take(),
                 ..now()
             };
-            self.core.handle(event, now, &mut actions)?;
+            self.core.handle(event, now, &mut actions);
             self.act(&mut actions)?;
         }
         self.shut_down().await
@@ -191,13 +205,13 @@ impl Ingest {
             let any_connected = polled.0 != 0;
             let event = tokio::select! {
                 result = self.writer.results.recv() => {
-                    Event::Committed(result.ok_or(IngestError::WriterGone)?)
+                    Event::Committed(result.ok_or(IngestError::WriterGone)??)
                 }
                 (session, event) = poll_any(&mut self.clients, 0, |s| polled.has(s)), if any_connected => {
                     Event::Mqtt(session, event)
                 }
             };
-            self.core.handle(event, now(), &mut actions)?;
+            self.core.handle(event, now(), &mut actions);
             self.act(&mut actions)?;
         }
         while self.core.session_ids().any(|s| self.core.owes_acks(s)) {
@@ -205,7 +219,7 @@ impl Ingest {
             let polled = poll_any(&mut self.clients, 0, |s| owing.has(s));
             if let Ok((session, event)) = tokio::time::timeout_at(deadline, polled).await {
                 self.core
-                    .handle(Event::Mqtt(session, event), now(), &mut actions)?;
+                    .handle(Event::Mqtt(session, event), now(), &mut actions);
                 self.act(&mut actions)?;
             } else {
                 warn!(

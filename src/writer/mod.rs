@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::batcher::Batch;
+use crate::batcher::{Batch, Committed};
 use crate::config::{Checkpoint, Retention};
 use crate::metrics::Metrics;
 use crate::reading::Timestamp;
@@ -33,17 +33,6 @@ use crate::store::{CommitError, CommitStats, Store};
 mod schedule;
 
 use self::schedule::{Fold, Schedule, Step};
-
-/// The result of one commit.
-#[derive(Debug, Clone)]
-pub struct Committed {
-    pub stats: CommitStats,
-    pub readings: usize,
-    pub took: Duration,
-    /// Series that retention deleted since the last result (their last bucket expired), for
-    /// the ingest side to forget: they no longer count against `limits.max_series`.
-    pub forgotten: Vec<Arc<str>>,
-}
 
 pub struct Writer {
     /// Capacity 1: one batch at the writer at a time; the ingest task only sends when it has
@@ -205,7 +194,7 @@ impl Thread {
         let started = Instant::now();
         let store = &mut self.store;
         let result = commit_retrying(store, batch, &self.stats, &self.cancel).map(|s| Committed {
-            stats: s,
+            buckets: s.buckets_written,
             readings: batch.readings,
             took: started.elapsed(),
             forgotten: store.take_forgotten(),
@@ -216,7 +205,7 @@ impl Thread {
             stats.flushes.fetch_add(1, Ordering::Relaxed);
             stats
                 .buckets_written
-                .fetch_add(c.stats.buckets_written as u64, Ordering::Relaxed);
+                .fetch_add(c.buckets as u64, Ordering::Relaxed);
             stats
                 .readings_ingested
                 .fetch_add(c.readings as u64, Ordering::Relaxed);

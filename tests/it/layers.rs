@@ -1,6 +1,8 @@
 //! The import rules of ARCHITECTURE.md, checked on the source: the top-level modules of `src/`
-//! import one way (no cycle), and the edge pipeline never imports the fleet tier (only the
-//! wiring in `daemon` attaches it). References are `crate::NAME` paths, `use crate::{..}` groups
+//! import one way (no cycle), the edge pipeline never imports the fleet tier (only the
+//! wiring in `daemon` attaches it), and the ingest core (`src/ingest/core.rs` and its
+//! submodules) is pure: it names no runtime, socket, clock or I/O module, and neither does any
+//! module it reaches. References are `crate::NAME` paths, `use crate::{..}` groups
 //! included; test code (`tests.rs` files and `#[cfg(test)] mod tests` blocks) is left out.
 //!
 //! `cargo test --test it layers -- --nocapture` prints the modules in layer order.
@@ -10,6 +12,32 @@ use std::path::{Path, PathBuf};
 
 /// Modules that may import `fleet`: the wiring, and the fleet tier itself.
 const FLEET_IMPORTERS: [&str; 2] = ["daemon", "fleet"];
+
+/// The modules around the ingest core that do I/O: the core reaches none of them.
+const SHELL: [&str; 10] = [
+    "daemon", "export", "fleet", "http", "ingest", "mqtt", "notify", "source", "store", "writer",
+];
+
+/// What no file of the ingest core names: the runtime, threads, sockets, files, the clocks
+/// (time comes in with each event) and the I/O crates.
+const CORE_NEVER_NAMES: [&str; 12] = [
+    "tokio",
+    "std::net",
+    "std::fs",
+    "std::thread",
+    "Instant::now",
+    "SystemTime::now",
+    "Timestamp::now",
+    "redb",
+    "rumqttc",
+    "sd_notify",
+    "reqwest",
+    "tokio_postgres",
+];
+
+/// What no module the core reaches names: the runtime, sockets and the I/O crates (config and
+/// a few others read the clock or name an address, as data; the core's own files may not).
+const REACHED_NEVER_NAMES: [&str; 5] = ["tokio", "TcpStream", "redb", "rumqttc", "tokio_postgres"];
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
@@ -178,6 +206,113 @@ fn the_edge_pipeline_does_not_import_the_fleet_tier() {
         "edge modules import the fleet tier: {importers:?} (attach it in daemon, through the \
          outbox or admit::DeltaLedger)"
     );
+}
+
+/// The ingest core's files: `ingest/core.rs` and its submodules, those it declares under
+/// `#[cfg(test)]` (the simulations, like `tests.rs`) left out.
+fn core_files() -> Vec<PathBuf> {
+    let root = src().join("ingest/core.rs");
+    let text = std::fs::read_to_string(&root).unwrap();
+    let tests: Vec<String> = text
+        .split("#[cfg(test)]\nmod ")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(';').map(|(name, _)| format!("{name}.rs")))
+        .collect();
+    assert!(tests.len() >= 2, "found the core's test modules: {tests:?}");
+    let mut files = vec![root];
+    files.extend(
+        rust_files(&src().join("ingest/core"))
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| !tests.iter().any(|t| t == n))
+            }),
+    );
+    files
+}
+
+/// Every top-level module reached from `from`, through the graph.
+fn reached(g: &Graph, from: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo: Vec<&String> = from.iter().collect();
+    while let Some(m) = todo.pop() {
+        if seen.insert(m.clone()) {
+            todo.extend(g.get(m).into_iter().flatten());
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_ingest_core_is_pure() {
+    let modules = modules();
+    let mut direct = BTreeSet::new();
+    let mut named = Vec::new();
+    for file in core_files() {
+        let code = code(&std::fs::read_to_string(&file).unwrap());
+        named.extend(
+            CORE_NEVER_NAMES
+                .iter()
+                .filter(|n| code.contains(*n))
+                .map(|n| format!("{}: {n}", file.display())),
+        );
+        direct.extend(
+            crate_refs(&code)
+                .into_iter()
+                .filter(|r| r != "ingest" && modules.contains_key(r)),
+        );
+    }
+    assert!(direct.len() > 5, "found the core's imports: {direct:?}");
+    assert!(
+        named.is_empty(),
+        "the ingest core names I/O, a runtime or a clock (time comes in with each event, \
+         actions go out): {named:#?}"
+    );
+    let reached = reached(&graph(), &direct);
+    let shell: Vec<&String> = reached
+        .iter()
+        .filter(|m| SHELL.contains(&m.as_str()))
+        .collect();
+    assert!(
+        shell.is_empty(),
+        "the ingest core reaches I/O modules {shell:?} (through {direct:?}): move the types it \
+         needs down (as `link` holds the client's events)"
+    );
+    let mut io = Vec::new();
+    for m in &reached {
+        for file in &modules[m] {
+            let code = code(&std::fs::read_to_string(file).unwrap());
+            io.extend(
+                REACHED_NEVER_NAMES
+                    .iter()
+                    .filter(|n| code.contains(*n))
+                    .map(|n| format!("{}: {n}", file.display())),
+            );
+        }
+    }
+    assert!(
+        io.is_empty(),
+        "modules the ingest core reaches do I/O: {io:#?}"
+    );
+}
+
+#[test]
+fn the_purity_check_sees_a_clock_and_a_reached_shell() {
+    let code =
+        code("use crate::admit::A;\nlet t = Instant::now(); // Timestamp::now() here is a comment");
+    let hits: Vec<&str> = CORE_NEVER_NAMES
+        .iter()
+        .copied()
+        .filter(|n| code.contains(*n))
+        .collect();
+    assert_eq!(hits, ["Instant::now"]);
+    let mut g = Graph::new();
+    g.insert("admit".into(), ["decode".into()].into());
+    g.insert("decode".into(), ["store".into()].into());
+    g.insert("store".into(), BTreeSet::new());
+    let from: BTreeSet<String> = ["admit".to_owned()].into();
+    assert!(reached(&g, &from).contains("store"));
 }
 
 #[test]

@@ -6,6 +6,7 @@ use super::*;
 use crate::config::Limits;
 use crate::decode::{Format, Subscription, Template, TimestampUnit};
 use crate::dedup::Window;
+use crate::limits::RESEND_QUIET_MIN;
 use crate::resend::Resends;
 use crate::series::SeriesSet;
 
@@ -41,7 +42,7 @@ pub(super) fn core_with(
     core_reading(policy, now, value_subscription())
 }
 
-fn value_subscription() -> Subscription {
+pub(super) fn value_subscription() -> Subscription {
     Subscription {
         filter: "sensors/+/+".into(),
         qos: 1,
@@ -63,6 +64,17 @@ fn core_reading(
     now: Instant,
     subscription: Subscription,
 ) -> (Core<u32>, Arc<Stats>) {
+    core_remembering(policy, now, subscription, 64)
+}
+
+/// [`core_reading`], telling copies from the last `dedup` messages committed (and as many
+/// per session in a reconnect's burst).
+pub(super) fn core_remembering(
+    policy: crate::batcher::FlushPolicy,
+    now: Instant,
+    subscription: Subscription,
+    dedup: usize,
+) -> (Core<u32>, Arc<Stats>) {
     let limits = Limits {
         max_series: 100,
         max_series_per_sensor: 100,
@@ -70,15 +82,15 @@ fn core_reading(
         max_age: Duration::from_hours(720),
         max_future: Duration::from_mins(5),
         dead_letters: 4,
-        dedup_window: 64,
+        dedup_window: dedup,
     };
     let admit = Admitter::new(
         vec![subscription],
         limits,
         3600,
         SeriesSet::new(100, 100, []),
-        Window::new(64, []),
-        Resends::new(policy.sessions, 64, usize::from(policy.window), []),
+        Window::new(dedup, []),
+        Resends::new(policy.sessions, dedup, usize::from(policy.window), []),
         None,
     );
     let stats = Arc::new(Stats::new(4));
@@ -111,7 +123,7 @@ fn at(ms: u64) -> Now {
 /// Feeds one event; returns what the core asked for.
 pub(super) fn feed(c: &mut Core<u32>, event: Event<u32>, now: Now) -> Vec<Action<u32>> {
     let mut out = Vec::new();
-    c.handle(event, now, &mut out).unwrap();
+    c.handle(event, now, &mut out);
     out
 }
 
@@ -154,12 +166,11 @@ fn lost() -> Event<u32> {
 }
 
 pub(super) fn committed(readings: usize) -> Event<u32> {
-    Event::Committed(Ok(Committed {
-        stats: crate::store::CommitStats::default(),
+    Event::Committed(Committed {
         readings,
         took: Duration::from_millis(5),
-        forgotten: Vec::new(),
-    }))
+        ..Committed::default()
+    })
 }
 
 /// The batches handed to the writer among `actions`: their readings.
@@ -565,20 +576,17 @@ fn shutdown_commits_what_is_pending_and_takes_nothing_new() {
     assert!(!c.owes_acks(S0));
 }
 
+/// A commit that fails for good never reaches the core (the shell stops, `IngestError`): until
+/// the writer reports the batch committed, the core has no ack of it to give.
 #[test]
-fn a_failed_commit_stops_ingestion_and_acknowledges_nothing() {
+fn a_batch_at_the_writer_releases_no_ack_until_it_is_committed() {
     let (mut c, _) = connected_core();
     feed(&mut c, mqtt(S0, publish(1, 1.0, false)), at(0));
-    tick(&mut c, at(1000));
-    let err = c
-        .handle(
-            Event::Committed(Err(CommitError::Closed)),
-            at(1001),
-            &mut Vec::new(),
-        )
-        .unwrap_err();
-    assert!(matches!(err, IngestError::Commit(CommitError::Closed)));
-    assert_eq!(c.outgoing(S0), None);
+    assert_eq!(written(&tick(&mut c, at(1000))), [1]);
+    tick(&mut c, at(60_000));
+    assert_eq!(c.outgoing(S0), None, "the commit is still running");
+    feed(&mut c, committed(1), at(60_001));
+    assert_eq!(pkids(&drain_outgoing(&mut c, S0)), [1]);
 }
 
 #[test]
