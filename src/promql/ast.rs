@@ -1,0 +1,542 @@
+//! The expressions bucketd answers, as [`super::parse`] gives them: selectors and their label
+//! matchers, range selections, functions, aggregations and binary operations, and the series
+//! labels they match.
+
+use std::collections::BTreeMap;
+
+use super::{REGEX_NESTING_MAX, REGEX_SIZE_MAX};
+use crate::summary::Summary;
+
+/// A field of a bucket, as the metric `bucketd_bucket_<field>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Field {
+    Count,
+    Sum,
+    Min,
+    Max,
+    Mean,
+    Stddev,
+    P50,
+    P90,
+    P99,
+}
+
+impl Field {
+    pub const ALL: [Field; 9] = [
+        Field::Count,
+        Field::Sum,
+        Field::Min,
+        Field::Max,
+        Field::Mean,
+        Field::Stddev,
+        Field::P50,
+        Field::P90,
+        Field::P99,
+    ];
+
+    pub fn metric_name(self) -> &'static str {
+        match self {
+            Field::Count => "bucketd_bucket_count",
+            Field::Sum => "bucketd_bucket_sum",
+            Field::Min => "bucketd_bucket_min",
+            Field::Max => "bucketd_bucket_max",
+            Field::Mean => "bucketd_bucket_mean",
+            Field::Stddev => "bucketd_bucket_stddev",
+            Field::P50 => "bucketd_bucket_p50",
+            Field::P90 => "bucketd_bucket_p90",
+            Field::P99 => "bucketd_bucket_p99",
+        }
+    }
+
+    /// The help text of `/api/v1/metadata`.
+    pub fn help(self) -> &'static str {
+        match self {
+            Field::Count => "Readings in the bucket.",
+            Field::Sum => "Sum of the readings in the bucket.",
+            Field::Min => "Smallest reading in the bucket.",
+            Field::Max => "Largest reading in the bucket.",
+            Field::Mean => "Mean of the readings in the bucket.",
+            Field::Stddev => "Standard deviation (population) of the readings in the bucket.",
+            Field::P50 => "Median of the readings in the bucket (quantile sketch).",
+            Field::P90 => "90th percentile of the readings in the bucket (quantile sketch).",
+            Field::P99 => "99th percentile of the readings in the bucket (quantile sketch).",
+        }
+    }
+
+    /// The field of `s`; `None` when the summary cannot give it (a quantile of a sketch that
+    /// does not hold every reading).
+    pub fn value(self, s: &Summary) -> Option<f64> {
+        match self {
+            Field::Count => Some(s.count as f64),
+            Field::Sum => Some(s.total()),
+            Field::Min => Some(s.min),
+            Field::Max => Some(s.max),
+            Field::Mean => Some(s.mean),
+            Field::Stddev => Some(s.stddev()),
+            Field::P50 => s.quantile(0.5),
+            Field::P90 => s.quantile(0.9),
+            Field::P99 => s.quantile(0.99),
+        }
+    }
+}
+
+/// The labels a stored series has, besides `__name__`; a query node's series have
+/// [`GATEWAY`] too.
+pub const LABELS: [&str; 3] = ["metric", "sensor", "series"];
+
+/// The label of a query node's series naming their gateway: the id, or `*` for a fleet-wide
+/// series (the merge of every gateway's series of that sensor and metric).
+pub const GATEWAY: &str = "gateway";
+
+/// The gateway of a fleet-wide series.
+pub const FLEET_WIDE: &str = "*";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MatchOp {
+    Equal,
+    NotEqual,
+    Regex,
+    NotRegex,
+}
+
+/// One label matcher: `label op "value"`.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    pub(super) label: String,
+    pub(super) op: MatchOp,
+    pub(super) value: String,
+    /// The anchored expression, for `=~` and `!~`.
+    pub(super) regex: Option<regex_lite::Regex>,
+}
+
+impl Matcher {
+    pub(super) fn new(label: String, op: MatchOp, value: String) -> Result<Matcher, String> {
+        let compile = |pattern: &str| {
+            regex_lite::RegexBuilder::new(pattern)
+                .size_limit(REGEX_SIZE_MAX)
+                .nest_limit(REGEX_NESTING_MAX)
+                .build()
+                .map_err(|e| format!("label matcher {label}: bad regular expression: {e}"))
+        };
+        let regex = match op {
+            MatchOp::Regex | MatchOp::NotRegex => {
+                // A whole expression on its own first: `a)|(.*` would otherwise close the
+                // anchoring group and match everything (issue 41).
+                compile(&value)?;
+                Some(compile(&format!("^(?:{value})$"))?)
+            }
+            MatchOp::Equal | MatchOp::NotEqual => None,
+        };
+        Ok(Matcher {
+            label,
+            op,
+            value,
+            regex,
+        })
+    }
+
+    pub(super) fn matches(&self, value: &str) -> bool {
+        match (&self.op, &self.regex) {
+            (MatchOp::Equal, _) => value == self.value,
+            (MatchOp::NotEqual, _) => value != self.value,
+            (MatchOp::Regex, Some(r)) => r.is_match(value),
+            (MatchOp::NotRegex, Some(r)) => !r.is_match(value),
+            (MatchOp::Regex | MatchOp::NotRegex, None) => false,
+        }
+    }
+}
+
+/// A series selector: `bucketd_bucket_mean{sensor="boiler"}`, `{__name__=~"...", ...}`.
+#[derive(Debug, Clone)]
+pub struct Selector {
+    pub(super) matchers: Vec<Matcher>,
+}
+
+/// The labels of one stored series.
+#[derive(Debug, Clone, Copy)]
+pub struct SeriesLabels<'a> {
+    pub series: &'a str,
+    /// On a query node, the gateway (`*` for a fleet-wide series); none on a gateway.
+    pub gateway: Option<&'a str>,
+    pub sensor: &'a str,
+    pub metric: &'a str,
+}
+
+impl<'a> SeriesLabels<'a> {
+    /// The labels of the stored series `name`: `sensor/metric` on a gateway;
+    /// `gateway:sensor/metric` on a query node (`fleet`), the gateway a label of its own.
+    pub fn of(name: &'a str, fleet: bool) -> SeriesLabels<'a> {
+        let (gateway, rest) = match name.split_once(':') {
+            Some((gateway, rest)) if fleet => (Some(gateway), rest),
+            _ => (None, name),
+        };
+        let (sensor, metric) = rest.split_once('/').unwrap_or((rest, ""));
+        SeriesLabels {
+            series: name,
+            gateway,
+            sensor,
+            metric,
+        }
+    }
+
+    /// The labels of each of `names`.
+    pub fn all(names: &'a [String], fleet: bool) -> Vec<SeriesLabels<'a>> {
+        names.iter().map(|n| SeriesLabels::of(n, fleet)).collect()
+    }
+
+    /// Whether it is a fleet-wide series, which only a selector naming it selects.
+    pub fn fleet_wide(&self) -> bool {
+        self.gateway == Some(FLEET_WIDE)
+    }
+
+    pub(super) fn get(&self, label: &str) -> &'a str {
+        match label {
+            "series" => self.series,
+            "sensor" => self.sensor,
+            "metric" => self.metric,
+            GATEWAY => self.gateway.unwrap_or(""),
+            // Prometheus: a label a series does not have has the empty value.
+            _ => "",
+        }
+    }
+
+    /// All labels of the metric `field` of this series.
+    pub fn with_name(&self, field: Field) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::from([
+            ("__name__".to_owned(), field.metric_name().to_owned()),
+            ("metric".to_owned(), self.metric.to_owned()),
+            ("sensor".to_owned(), self.sensor.to_owned()),
+            ("series".to_owned(), self.series.to_owned()),
+        ]);
+        if let Some(gateway) = self.gateway {
+            labels.insert(GATEWAY.to_owned(), gateway.to_owned());
+        }
+        labels
+    }
+}
+
+/// The metric whose samples are the readings themselves: inside a range function the buckets
+/// of the range merge exactly (`quantile_over_time(0.99, bucketd_reading{..}[1d])` is the p99
+/// of the day's readings); as a plain selector, the last raw reading within [`LOOKBACK_MS`].
+pub const READINGS: &str = "bucketd_reading";
+
+/// How far back a plain `bucketd_reading` selector looks for a reading unless told
+/// (`http.lookback`, [`Grid::looking_back`]): Prometheus's default look-back delta, 5 minutes.
+pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
+
+impl Selector {
+    /// Whether the `__name__` matchers accept [`READINGS`].
+    pub fn selects_readings(&self) -> bool {
+        self.matchers
+            .iter()
+            .filter(|m| m.label == "__name__")
+            .all(|m| m.matches(READINGS))
+    }
+
+    /// Whether its `__name__` matchers name [`READINGS`] (there is at least one, and all
+    /// accept it): a plain selector then answers the last reading within the look-back.
+    pub fn names_readings(&self) -> bool {
+        self.matchers.iter().any(|m| m.label == "__name__") && self.selects_readings()
+    }
+
+    /// Whether it selects [`READINGS`] and no bucket field.
+    pub fn only_readings(&self) -> bool {
+        self.selects_readings() && self.fields().is_empty()
+    }
+
+    /// The labels its `=` matchers name (not `__name__`): what `absent` answers with.
+    pub fn equal_labels(&self) -> BTreeMap<String, String> {
+        self.matchers
+            .iter()
+            .filter(|m| m.op == MatchOp::Equal && m.label != "__name__")
+            .map(|m| (m.label.clone(), m.value.clone()))
+            .collect()
+    }
+
+    /// The fields whose metric name the selector's `__name__` matchers accept.
+    pub fn fields(&self) -> Vec<Field> {
+        Field::ALL
+            .into_iter()
+            .filter(|f| {
+                self.matchers
+                    .iter()
+                    .filter(|m| m.label == "__name__")
+                    .all(|m| m.matches(f.metric_name()))
+            })
+            .collect()
+    }
+
+    /// Whether the series' own labels (not `__name__`) pass every matcher. A fleet-wide series
+    /// must be named as well (`gateway="*"`, or `series="*:boiler/temp"`): selected by any
+    /// selector, it would count its gateways' readings a second time in every aggregation.
+    pub fn matches_series(&self, labels: &SeriesLabels) -> bool {
+        (!labels.fleet_wide() || self.names_fleet_wide(labels))
+            && self
+                .matchers
+                .iter()
+                .filter(|m| m.label != "__name__")
+                .all(|m| m.matches(labels.get(&m.label)))
+    }
+
+    pub(super) fn names_fleet_wide(&self, labels: &SeriesLabels) -> bool {
+        self.matchers.iter().any(|m| {
+            m.op == MatchOp::Equal
+                && ((m.label == GATEWAY && m.value == FLEET_WIDE)
+                    || (m.label == "series" && m.value == labels.series))
+        })
+    }
+
+    /// On a query node, a `sensor` matcher written for the names before the gateway became a
+    /// label (`sensor="gw1:boiler"`): it matches no series' sensor but some `<gateway>:<sensor>`.
+    /// The text says what to write instead.
+    pub fn old_fleet_sensor(&self, series: &[SeriesLabels]) -> Option<String> {
+        let m = self.matchers.iter().find(|m| {
+            m.label == "sensor"
+                && matches!(m.op, MatchOp::Equal | MatchOp::Regex)
+                && !series.iter().any(|l| m.matches(l.sensor))
+                && series.iter().any(|l| {
+                    l.gateway
+                        .is_some_and(|g| m.matches(&format!("{g}:{}", l.sensor)))
+                })
+        })?;
+        let op = if m.op == MatchOp::Equal { "=" } else { "=~" };
+        let example = match m.value.split_once(':') {
+            Some((g, sensor)) if m.op == MatchOp::Equal => {
+                format!("{GATEWAY}=\"{g}\", sensor=\"{sensor}\"")
+            }
+            _ => format!("{GATEWAY}=~\"<gateways>\", sensor=~\"<sensors>\""),
+        };
+        Some(format!(
+            "sensor{op}\"{}\": on a query node the gateway is a label of its own and `sensor` \
+             is the sensor without it; write {example} (fleet-wide series: {GATEWAY}=\"*\")",
+            m.value
+        ))
+    }
+}
+
+/// An aggregation operator: `sum by (sensor) (...)`, `topk(3, ...)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggOp {
+    Sum,
+    Avg,
+    Min,
+    Max,
+    Count,
+    Stddev,
+    Stdvar,
+    /// `quantile(φ, v)`: the φ-quantile of each group, interpolated as type 7.
+    Quantile,
+    Topk,
+    Bottomk,
+}
+
+impl AggOp {
+    pub(super) fn of(name: &str) -> Option<AggOp> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "sum" => AggOp::Sum,
+            "avg" => AggOp::Avg,
+            "min" => AggOp::Min,
+            "max" => AggOp::Max,
+            "count" => AggOp::Count,
+            "stddev" => AggOp::Stddev,
+            "stdvar" => AggOp::Stdvar,
+            "quantile" => AggOp::Quantile,
+            "topk" => AggOp::Topk,
+            "bottomk" => AggOp::Bottomk,
+            _ => return None,
+        })
+    }
+
+    /// Whether it takes a number before the vector.
+    pub(super) fn takes_parameter(self) -> bool {
+        matches!(self, AggOp::Quantile | AggOp::Topk | AggOp::Bottomk)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grouping {
+    By(Vec<String>),
+    Without(Vec<String>),
+}
+
+/// A function of a range of buckets at each time (`avg_over_time(v[1h])`), or of a vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Func {
+    AvgOverTime,
+    MinOverTime,
+    MaxOverTime,
+    SumOverTime,
+    CountOverTime,
+    LastOverTime,
+    QuantileOverTime,
+    StddevOverTime,
+    StdvarOverTime,
+    PresentOverTime,
+    AbsentOverTime,
+    /// `absent(v)`: 1 at each time `v` has no series.
+    Absent,
+}
+
+impl Func {
+    pub(super) fn of(name: &str) -> Option<Func> {
+        Some(match name {
+            "avg_over_time" => Func::AvgOverTime,
+            "min_over_time" => Func::MinOverTime,
+            "max_over_time" => Func::MaxOverTime,
+            "sum_over_time" => Func::SumOverTime,
+            "count_over_time" => Func::CountOverTime,
+            "last_over_time" => Func::LastOverTime,
+            "quantile_over_time" => Func::QuantileOverTime,
+            "stddev_over_time" => Func::StddevOverTime,
+            "stdvar_over_time" => Func::StdvarOverTime,
+            "present_over_time" => Func::PresentOverTime,
+            "absent_over_time" => Func::AbsentOverTime,
+            "absent" => Func::Absent,
+            _ => return None,
+        })
+    }
+
+    /// Whether its (last) argument is a range selector.
+    pub fn over_time(self) -> bool {
+        self != Func::Absent
+    }
+}
+
+/// A binary operator, by PromQL's precedence from `^` (highest) to the comparisons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BinOp {
+    Pow,
+    Mul,
+    Div,
+    Mod,
+    Add,
+    Sub,
+    Eq,
+    Ne,
+    Lt,
+    Gt,
+    Le,
+    Ge,
+}
+
+impl BinOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Gt | BinOp::Le | BinOp::Ge
+        )
+    }
+
+    /// `a op b`: the value, or for a comparison 1 (true) or 0 (false).
+    pub fn apply(self, a: f64, b: f64) -> f64 {
+        let truth = |t: bool| if t { 1.0 } else { 0.0 };
+        match self {
+            BinOp::Pow => a.powf(b),
+            BinOp::Mul => a * b,
+            BinOp::Div => a / b,
+            BinOp::Mod => a % b,
+            BinOp::Add => a + b,
+            BinOp::Sub => a - b,
+            BinOp::Eq => truth(a == b),
+            BinOp::Ne => truth(a != b),
+            BinOp::Lt => truth(a < b),
+            BinOp::Gt => truth(a > b),
+            BinOp::Le => truth(a <= b),
+            BinOp::Ge => truth(a >= b),
+        }
+    }
+}
+
+/// How two vectors' series pair up: by every label but `__name__`, or `on (..)` / `ignoring (..)`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Matching {
+    #[default]
+    All,
+    On(Vec<String>),
+    Ignoring(Vec<String>),
+}
+
+/// A series selector with what PromQL puts after it: a range (`[1h]`, seconds) and an offset
+/// (seconds, positive into the past).
+#[derive(Debug, Clone)]
+pub struct Select {
+    pub selector: Selector,
+    pub range_secs: Option<i64>,
+    pub offset_secs: i64,
+}
+
+/// A parsed query.
+#[derive(Debug, Clone)]
+pub enum Expr {
+    Number(f64),
+    Select(Select),
+    Call(Func, Vec<Expr>),
+    Aggregate {
+        op: AggOp,
+        parameter: Option<Box<Expr>>,
+        grouping: Grouping,
+        inner: Box<Expr>,
+    },
+    Binary {
+        op: BinOp,
+        /// `bool` after a comparison: 0 or 1 instead of filtering.
+        bool_result: bool,
+        matching: Matching,
+        lhs: Box<Expr>,
+        rhs: Box<Expr>,
+    },
+    Negate(Box<Expr>),
+}
+
+impl Expr {
+    /// The selectors in the query, in order.
+    pub fn selects(&self) -> Vec<&Select> {
+        let mut out = Vec::new();
+        self.walk(&mut |e| {
+            if let Expr::Select(s) = e {
+                out.push(s);
+            }
+        });
+        out
+    }
+
+    pub(super) fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
+        f(self);
+        match self {
+            Expr::Number(_) | Expr::Select(_) => {}
+            Expr::Call(_, args) => args.iter().for_each(|a| a.walk(f)),
+            Expr::Aggregate {
+                parameter, inner, ..
+            } => {
+                if let Some(p) = parameter {
+                    p.walk(f);
+                }
+                inner.walk(f);
+            }
+            Expr::Binary { lhs, rhs, .. } => {
+                lhs.walk(f);
+                rhs.walk(f);
+            }
+            Expr::Negate(e) => e.walk(f),
+        }
+    }
+
+    /// The value of a query of numbers alone (`1+1`, Grafana's health check); `None` when it
+    /// selects series.
+    pub fn number(&self) -> Option<f64> {
+        match self {
+            Expr::Number(n) => Some(*n),
+            Expr::Negate(e) => e.number().map(|n| -n),
+            Expr::Binary {
+                op,
+                lhs,
+                rhs,
+                bool_result,
+                ..
+            } if !op.is_comparison() || *bool_result => {
+                Some(op.apply(lhs.number()?, rhs.number()?))
+            }
+            _ => None,
+        }
+    }
+}

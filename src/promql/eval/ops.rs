@@ -1,0 +1,275 @@
+//! What the evaluator does with values once read: a range function over a window's readings
+//! or samples, the aggregations, and binary operations between numbers and series.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Labels, Refusal, Series, Value, unnamed};
+use crate::promql::{AggOp, BinOp, Func, Grouping, Matching};
+use crate::summary::Summary;
+
+/// A range function over the readings of a range, from their merged summary.
+pub(super) fn of_readings(func: Func, q: f64, m: &Summary) -> Option<f64> {
+    Some(match func {
+        Func::AvgOverTime => m.mean,
+        Func::MinOverTime => m.min,
+        Func::MaxOverTime => m.max,
+        Func::SumOverTime => m.total(),
+        Func::CountOverTime => m.count as f64,
+        Func::LastOverTime => m.last.value,
+        Func::QuantileOverTime => match q {
+            q if q.is_nan() => f64::NAN,
+            q if q < 0.0 => f64::NEG_INFINITY,
+            q if q > 1.0 => f64::INFINITY,
+            q => m.quantile(q)?,
+        },
+        Func::StddevOverTime => m.stddev(),
+        Func::StdvarOverTime => m.variance(),
+        Func::PresentOverTime => 1.0,
+        Func::AbsentOverTime | Func::Absent => return None,
+    })
+}
+
+/// A range function over samples (one value per bucket), as Prometheus computes it.
+pub(super) fn of_samples(func: Func, q: f64, values: &[f64]) -> Option<f64> {
+    let (&last, n) = (values.last()?, values.len() as f64);
+    let mean = values.iter().sum::<f64>() / n;
+    let variance = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    Some(match func {
+        Func::AvgOverTime => mean,
+        Func::MinOverTime => values.iter().copied().fold(f64::INFINITY, f64::min),
+        Func::MaxOverTime => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        Func::SumOverTime => values.iter().sum(),
+        Func::CountOverTime => n,
+        Func::LastOverTime => last,
+        Func::QuantileOverTime => type7(values, q),
+        Func::StddevOverTime => variance.sqrt(),
+        Func::StdvarOverTime => variance,
+        Func::PresentOverTime => 1.0,
+        Func::AbsentOverTime | Func::Absent => return None,
+    })
+}
+
+/// The φ-quantile of `values` by linear interpolation between closest ranks (Hyndman and
+/// Fan's type 7, as Prometheus's `quantile` and `quantile_over_time`).
+pub(super) fn type7(values: &[f64], q: f64) -> f64 {
+    if q.is_nan() || values.is_empty() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    let frac = rank - rank.floor();
+    sorted[lo] + (sorted[hi] - sorted[lo]) * frac
+}
+
+/// PromQL's aggregation of `series` into groups, at each time over the series of the group
+/// that have a point then. `__name__` is dropped, except by `topk` and `bottomk`, which keep
+/// the series they pick as they are.
+pub(super) fn aggregate(
+    op: AggOp,
+    param: f64,
+    grouping: &Grouping,
+    series: Vec<Series>,
+) -> Vec<Series> {
+    let key = |labels: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        labels
+            .iter()
+            .filter(|(k, _)| {
+                *k != "__name__"
+                    && match grouping {
+                        Grouping::By(keep) => keep.contains(k),
+                        Grouping::Without(drop) => !drop.contains(k),
+                    }
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    // Per group, per time: (series index, value).
+    let mut groups: BTreeMap<Labels, BTreeMap<i64, Vec<(usize, f64)>>> = BTreeMap::new();
+    for (i, s) in series.iter().enumerate() {
+        let at = groups.entry(key(&s.labels)).or_default();
+        for &(t, v) in &s.points {
+            at.entry(t).or_default().push((i, v));
+        }
+    }
+    if matches!(op, AggOp::Topk | AggOp::Bottomk) {
+        let k = if param.is_finite() && param >= 1.0 {
+            param as usize
+        } else {
+            0
+        };
+        let mut picked: Vec<Vec<(i64, f64)>> = vec![Vec::new(); series.len()];
+        for at in groups.values() {
+            for (&t, members) in at {
+                let mut members = members.clone();
+                members.sort_by(|a, b| match op {
+                    AggOp::Topk => b.1.total_cmp(&a.1),
+                    _ => a.1.total_cmp(&b.1),
+                });
+                for &(i, v) in members.iter().take(k) {
+                    picked[i].push((t, v));
+                }
+            }
+        }
+        return series
+            .into_iter()
+            .zip(picked)
+            .map(|(s, mut points)| {
+                points.sort_by_key(|p| p.0);
+                Series {
+                    labels: s.labels,
+                    points,
+                }
+            })
+            .collect();
+    }
+    groups
+        .into_iter()
+        .map(|(labels, at)| Series {
+            labels,
+            points: at
+                .into_iter()
+                .map(|(t, members)| {
+                    let values: Vec<f64> = members.iter().map(|m| m.1).collect();
+                    let n = values.len() as f64;
+                    let sum: f64 = values.iter().sum();
+                    let mean = sum / n;
+                    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+                    let v = match op {
+                        AggOp::Sum => sum,
+                        AggOp::Avg => mean,
+                        AggOp::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
+                        AggOp::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                        AggOp::Count => n,
+                        AggOp::Stddev => var.sqrt(),
+                        AggOp::Stdvar => var,
+                        AggOp::Quantile => type7(&values, param),
+                        AggOp::Topk | AggOp::Bottomk => unreachable!("answered above"),
+                    };
+                    (t, v)
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// `lhs op rhs`. Arithmetic drops `__name__`; a comparison keeps the left side's points where
+/// it holds (its value and labels), or with `bool` gives 0 or 1 without `__name__`. Two vectors
+/// pair their series one to one by `matching`, whose `on` or `ignoring` also decides the
+/// result's labels, as in Prometheus.
+pub(super) fn binary(
+    op: BinOp,
+    bool_result: bool,
+    matching: &Matching,
+    lhs: Value,
+    rhs: Value,
+) -> Result<Value, Refusal> {
+    let filter = op.is_comparison() && !bool_result;
+    // One point: the result's value, or none where a comparison filters it out.
+    let point = |a: f64, b: f64, keep: f64| {
+        let r = op.apply(a, b);
+        if filter {
+            (r == 1.0).then_some(keep)
+        } else {
+            Some(r)
+        }
+    };
+    let labels_of = |labels: BTreeMap<String, String>| {
+        if filter { labels } else { unnamed(labels) }
+    };
+    match (lhs, rhs) {
+        (Value::Scalar(a), Value::Scalar(b)) => Ok(Value::Scalar(op.apply(a, b))),
+        (Value::Vector(v), Value::Scalar(b)) => Ok(Value::Vector(
+            v.into_iter()
+                .map(|s| Series {
+                    points: s
+                        .points
+                        .iter()
+                        .filter_map(|&(t, a)| Some((t, point(a, b, a)?)))
+                        .collect(),
+                    labels: labels_of(s.labels),
+                })
+                .collect(),
+        )),
+        (Value::Scalar(a), Value::Vector(v)) => Ok(Value::Vector(
+            v.into_iter()
+                .map(|s| Series {
+                    points: s
+                        .points
+                        .iter()
+                        .filter_map(|&(t, b)| Some((t, point(a, b, b)?)))
+                        .collect(),
+                    labels: labels_of(s.labels),
+                })
+                .collect(),
+        )),
+        (Value::Vector(l), Value::Vector(r)) => {
+            let key = |labels: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+                labels
+                    .iter()
+                    .filter(|(k, _)| {
+                        *k != "__name__"
+                            && match matching {
+                                Matching::All => true,
+                                Matching::On(on) => on.contains(k),
+                                Matching::Ignoring(ignored) => !ignored.contains(k),
+                            }
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            };
+            let mut right: BTreeMap<BTreeMap<String, String>, &Series> = BTreeMap::new();
+            for s in &r {
+                if right.insert(key(&s.labels), s).is_some() {
+                    return Err(Refusal::Execution(format!(
+                        "many-to-many matching: several series on the right side have the \
+                         labels {:?}; match on fewer labels with on (..) or ignoring (..)",
+                        key(&s.labels)
+                    )));
+                }
+            }
+            let mut seen = BTreeSet::new();
+            let mut out = Vec::new();
+            for s in l {
+                let k = key(&s.labels);
+                if !seen.insert(k.clone()) {
+                    return Err(Refusal::Execution(format!(
+                        "many-to-many matching: several series on the left side have the \
+                         labels {k:?}; match on fewer labels with on (..) or ignoring (..)"
+                    )));
+                }
+                let Some(other) = right.get(&k) else {
+                    continue;
+                };
+                let theirs: BTreeMap<i64, f64> = other.points.iter().copied().collect();
+                let points = s
+                    .points
+                    .iter()
+                    .filter_map(|&(t, a)| Some((t, point(a, *theirs.get(&t)?, a)?)))
+                    .collect();
+                // Prometheus's rule for one-to-one matching, comparisons included: `on` keeps
+                // only its labels, `ignoring` drops its own; only a filtering comparison keeps
+                // `__name__` (issue 55: `a < on(sensor) b` answered the left side's labels).
+                let labels = match (filter, matching) {
+                    (_, Matching::On(_)) => k,
+                    (_, Matching::Ignoring(ignored)) => {
+                        let mut l = labels_of(s.labels);
+                        l.retain(|name, _| !ignored.contains(name));
+                        l
+                    }
+                    (true, Matching::All) => s.labels,
+                    (false, Matching::All) => unnamed(s.labels),
+                };
+                out.push(Series { labels, points });
+            }
+            Ok(Value::Vector(out))
+        }
+    }
+}

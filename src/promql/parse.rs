@@ -1,0 +1,553 @@
+//! The parser: tokens to an [`Expr`] by precedence climbing, with the nesting and matcher
+//! bounds checked as it goes, and what the evaluator cannot take refused after.
+
+use super::ast::{
+    AggOp, BinOp, Expr, Func, Grouping, MatchOp, Matcher, Matching, Select, Selector,
+};
+use super::lex::{Token, lex};
+use super::{MATCHERS_MAX, NESTING_MAX, QUERY_BYTES_MAX};
+
+/// Parses a series selector as the label and series endpoints take it in `match[]`: any
+/// selector, `bucketd_reading` included (it names series there, not samples).
+pub fn parse_series_selector(text: &str) -> Result<Selector, String> {
+    if text.len() > QUERY_BYTES_MAX {
+        return Err(format!(
+            "the selector is longer than {QUERY_BYTES_MAX} bytes"
+        ));
+    }
+    let mut p = Parser {
+        tokens: lex(text)?,
+        at: 0,
+        depth: 0,
+    };
+    let expr = p.expr()?;
+    match (expr, p.peek()) {
+        (
+            Expr::Select(Select {
+                selector,
+                range_secs: None,
+                offset_secs: 0,
+            }),
+            None,
+        ) => Ok(selector),
+        _ => Err(format!("`{text}` is not a series selector")),
+    }
+}
+
+/// Parses `text`. The error says what is wrong or not supported, for a `bad_data` answer.
+pub fn parse(text: &str) -> Result<Expr, String> {
+    if text.len() > QUERY_BYTES_MAX {
+        return Err(format!("the query is longer than {QUERY_BYTES_MAX} bytes"));
+    }
+    let tokens = lex(text)?;
+    let mut p = Parser {
+        tokens,
+        at: 0,
+        depth: 0,
+    };
+    let expr = p.expr()?;
+    if let Some(t) = p.peek() {
+        return Err(format!("unexpected {} after the expression", t.describe()));
+    }
+    check(&expr, false)?;
+    Ok(expr)
+}
+
+/// What PromQL's types allow: a range selector only as a range function's argument, a range
+/// function's argument a range selector of its own, parameters numbers, a comparison of two
+/// numbers only with `bool`.
+pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
+    match expr {
+        Expr::Number(_) => Ok(()),
+        Expr::Select(s) => match (s.range_secs.is_some(), range_allowed) {
+            (true, false) => Err("a range selector ([1h]) goes inside a range function like \
+                 avg_over_time(bucketd_reading{series=\"boiler/temp\"}[1h])"
+                .into()),
+            (false, true) => Err("this function takes a range selector, like x[1h]".into()),
+            _ => Ok(()),
+        },
+        Expr::Call(func, args) => {
+            let want = if *func == Func::QuantileOverTime {
+                2
+            } else {
+                1
+            };
+            if args.len() != want {
+                return Err(format!(
+                    "the function takes {want} argument(s), got {}",
+                    args.len()
+                ));
+            }
+            if *func == Func::QuantileOverTime && args[0].number().is_none() {
+                return Err("quantile_over_time's first argument must be a number".into());
+            }
+            check(&args[want - 1], func.over_time())
+        }
+        Expr::Aggregate {
+            op,
+            parameter,
+            inner,
+            ..
+        } => {
+            if op.takes_parameter() != parameter.is_some() {
+                return Err(format!(
+                    "{op:?} takes {} parameter",
+                    if op.takes_parameter() { "a" } else { "no" }
+                )
+                .to_lowercase());
+            }
+            if parameter.as_ref().is_some_and(|p| p.number().is_none()) {
+                return Err("an aggregation's parameter must be a number".into());
+            }
+            if inner.number().is_some() {
+                return Err("an aggregation takes series, not a number".into());
+            }
+            check(inner, false)
+        }
+        Expr::Binary {
+            op,
+            bool_result,
+            lhs,
+            rhs,
+            ..
+        } => {
+            if op.is_comparison()
+                && !bool_result
+                && lhs.number().is_some()
+                && rhs.number().is_some()
+            {
+                return Err("comparisons between numbers must use the bool modifier".into());
+            }
+            check(lhs, false)?;
+            check(rhs, false)
+        }
+        Expr::Negate(e) => check(e, false),
+    }
+}
+
+pub(super) struct Parser {
+    pub(super) tokens: Vec<Token>,
+    pub(super) at: usize,
+    /// Operands being parsed inside each other (parentheses, signs, calls, aggregations: each
+    /// passes through [`Parser::unary`]).
+    pub(super) depth: usize,
+}
+
+/// The binary operators of each precedence level, lowest first; `^` is the last, and binds
+/// to the right.
+pub(super) const LEVELS: [&[BinOp]; 4] = [
+    &[
+        BinOp::Eq,
+        BinOp::Ne,
+        BinOp::Lt,
+        BinOp::Gt,
+        BinOp::Le,
+        BinOp::Ge,
+    ],
+    &[BinOp::Add, BinOp::Sub],
+    &[BinOp::Mul, BinOp::Div, BinOp::Mod],
+    &[BinOp::Pow],
+];
+
+impl Parser {
+    pub(super) fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.at)
+    }
+
+    pub(super) fn next(&mut self) -> Option<Token> {
+        let t = self.tokens.get(self.at).cloned();
+        self.at += 1;
+        t
+    }
+
+    pub(super) fn peek_ident(&self, word: &str) -> bool {
+        matches!(self.peek(), Some(Token::Ident(w)) if w.eq_ignore_ascii_case(word))
+    }
+
+    pub(super) fn expect(&mut self, want: &Token) -> Result<(), String> {
+        match self.next() {
+            Some(t) if &t == want => Ok(()),
+            Some(t) => Err(format!(
+                "expected `{}`, found {}",
+                want.symbol(),
+                t.describe()
+            )),
+            None => Err(format!(
+                "expected `{}` at the end of the query",
+                want.symbol()
+            )),
+        }
+    }
+
+    pub(super) fn expr(&mut self) -> Result<Expr, String> {
+        self.level(0)
+    }
+
+    /// Operands joined by the operators of `LEVELS[level]`, left to right (`^`: right).
+    pub(super) fn level(&mut self, level: usize) -> Result<Expr, String> {
+        if level == LEVELS.len() - 1 {
+            let base = self.postfix()?;
+            if self.peek().and_then(Token::binary) != Some(BinOp::Pow) {
+                return Ok(base);
+            }
+            self.at += 1;
+            let (bool_result, matching) = self.modifiers(BinOp::Pow)?;
+            let exponent = self.unary()?;
+            return Ok(binary(BinOp::Pow, bool_result, matching, base, exponent));
+        }
+        let mut acc = if level == 2 {
+            self.unary()?
+        } else {
+            self.level(level + 1)?
+        };
+        while let Some(op) = self
+            .peek()
+            .and_then(Token::binary)
+            .filter(|op| LEVELS[level].contains(op))
+        {
+            self.at += 1;
+            let (bool_result, matching) = self.modifiers(op)?;
+            let rhs = if level == 2 {
+                self.unary()?
+            } else {
+                self.level(level + 1)?
+            };
+            acc = binary(op, bool_result, matching, acc, rhs);
+        }
+        Ok(acc)
+    }
+
+    /// `bool`, then `on (..)` or `ignoring (..)`, after a binary operator.
+    pub(super) fn modifiers(&mut self, op: BinOp) -> Result<(bool, Matching), String> {
+        let bool_result = self.peek_ident("bool");
+        if bool_result {
+            if !op.is_comparison() {
+                return Err("bool goes only after a comparison operator".into());
+            }
+            self.at += 1;
+        }
+        let matching = if self.peek_ident("on") {
+            self.at += 1;
+            Matching::On(self.labels()?)
+        } else if self.peek_ident("ignoring") {
+            self.at += 1;
+            Matching::Ignoring(self.labels()?)
+        } else {
+            Matching::All
+        };
+        if self.peek_ident("group_left") || self.peek_ident("group_right") {
+            return Err(
+                "group_left and group_right (many-to-one matching) are not supported: bucketd \
+                 matches series one to one"
+                    .into(),
+            );
+        }
+        Ok((bool_result, matching))
+    }
+
+    /// Every nesting passes here: the depth is bounded, so that no query can overflow the stack.
+    pub(super) fn unary(&mut self) -> Result<Expr, String> {
+        if self.depth >= NESTING_MAX {
+            return Err(format!("the query nests deeper than {NESTING_MAX} levels"));
+        }
+        self.depth += 1;
+        let operand = match self.peek() {
+            Some(Token::Minus) => {
+                self.at += 1;
+                self.unary().map(|e| Expr::Negate(Box::new(e)))
+            }
+            Some(Token::Plus) => {
+                self.at += 1;
+                self.unary()
+            }
+            _ => self.level(LEVELS.len() - 1),
+        };
+        self.depth -= 1;
+        operand
+    }
+
+    /// A primary expression with a range (`[1h]`) and an offset (`offset 1d`) after it.
+    pub(super) fn postfix(&mut self) -> Result<Expr, String> {
+        let mut expr = self.primary()?;
+        if matches!(self.peek(), Some(Token::LBracket)) {
+            self.at += 1;
+            let ms = match self.next() {
+                Some(Token::Duration(ms)) => ms,
+                Some(Token::Number(n)) => (n * 1000.0) as i64,
+                other => {
+                    return Err(format!(
+                        "expected a duration like 1h in [..], found {}",
+                        other.map_or("the end".into(), |t| t.describe())
+                    ));
+                }
+            };
+            if matches!(self.peek(), Some(Token::Ident(s)) if s.starts_with(':')) {
+                return Err("subqueries ([1h:5m]) are not supported".into());
+            }
+            self.expect(&Token::RBracket)?;
+            let Expr::Select(s) = &mut expr else {
+                return Err("a range ([1h]) goes after a series selector".into());
+            };
+            if ms <= 0 || ms % 1000 != 0 {
+                return Err("a range must be a positive whole number of seconds".into());
+            }
+            s.range_secs = Some(ms / 1000);
+        }
+        if self.peek_ident("offset") {
+            self.at += 1;
+            let sign = if matches!(self.peek(), Some(Token::Minus)) {
+                self.at += 1;
+                -1
+            } else {
+                1
+            };
+            let ms = match self.next() {
+                Some(Token::Duration(ms)) => ms,
+                other => {
+                    return Err(format!(
+                        "expected a duration after offset, found {}",
+                        other.map_or("the end".into(), |t| t.describe())
+                    ));
+                }
+            };
+            let Expr::Select(s) = &mut expr else {
+                return Err("offset goes after a series selector".into());
+            };
+            if ms % 1000 != 0 {
+                return Err("an offset must be a whole number of seconds".into());
+            }
+            s.offset_secs = sign * ms / 1000;
+        }
+        if let Some(t @ Token::Unsupported(_)) = self.peek() {
+            return Err(format!("{} is not supported here", t.describe()));
+        }
+        Ok(expr)
+    }
+
+    pub(super) fn primary(&mut self) -> Result<Expr, String> {
+        match self.next() {
+            Some(Token::Number(n)) => Ok(Expr::Number(n)),
+            Some(Token::LParen) => {
+                let inner = self.expr()?;
+                self.expect(&Token::RParen)?;
+                Ok(inner)
+            }
+            Some(Token::LBrace) => Ok(select(self.selector(None)?)),
+            Some(Token::Ident(name)) => self.named(name),
+            Some(t) => Err(format!("unexpected {}", t.describe())),
+            None => Err("the query is empty or ends too early".into()),
+        }
+    }
+
+    /// A metric name, an aggregation or a function. Aggregation keywords, as `by` and
+    /// `without`, are case-insensitive (as in Prometheus: `SUM BY (sensor) (...)`).
+    pub(super) fn named(&mut self, name: String) -> Result<Expr, String> {
+        let followed_by_group = matches!(self.peek(), Some(Token::LParen))
+            || self.peek_ident("by")
+            || self.peek_ident("without");
+        if let Some(op) = AggOp::of(&name).filter(|_| followed_by_group) {
+            return self.aggregate(op);
+        }
+        if matches!(self.peek(), Some(Token::LParen)) {
+            let Some(func) = Func::of(&name) else {
+                return Err(format!(
+                    "the function `{name}` is not supported: bucketd answers the *_over_time \
+                     functions (avg, min, max, sum, count, last, quantile, stddev, stdvar, \
+                     present, absent) and absent (docs/PROMETHEUS.md)"
+                ));
+            };
+            self.at += 1;
+            let args = self.arguments()?;
+            return Ok(Expr::Call(func, args));
+        }
+        let selector = if matches!(self.peek(), Some(Token::LBrace)) {
+            self.at += 1;
+            self.selector(Some(name))?
+        } else {
+            let name_matcher = Matcher::new("__name__".into(), MatchOp::Equal, name)?;
+            Selector {
+                matchers: vec![name_matcher],
+            }
+        };
+        Ok(select(selector))
+    }
+
+    /// Comma-separated expressions up to `)` (the `(` taken). Each one passes through
+    /// [`Parser::unary`], which bounds the nesting.
+    pub(super) fn arguments(&mut self) -> Result<Vec<Expr>, String> {
+        let mut args = Vec::new();
+        let result = loop {
+            if matches!(self.peek(), Some(Token::RParen)) && args.is_empty() {
+                self.at += 1;
+                break Ok(());
+            }
+            match self.expr() {
+                Ok(e) => args.push(e),
+                Err(e) => break Err(e),
+            }
+            match self.next() {
+                Some(Token::Comma) => {}
+                Some(Token::RParen) => break Ok(()),
+                other => {
+                    break Err(format!(
+                        "expected `,` or `)`, found {}",
+                        other.map_or("the end of the query".into(), |t| t.describe())
+                    ));
+                }
+            }
+        };
+        result.map(|()| args)
+    }
+
+    pub(super) fn aggregate(&mut self, op: AggOp) -> Result<Expr, String> {
+        let mut grouping = self.grouping()?;
+        self.expect(&Token::LParen)?;
+        let mut args = self.arguments()?;
+        if grouping.is_none() {
+            grouping = self.grouping()?;
+        }
+        let want = if op.takes_parameter() { 2 } else { 1 };
+        if args.len() != want {
+            return Err(format!(
+                "{} takes {want} argument(s), like {}",
+                format!("{op:?}").to_lowercase(),
+                if op.takes_parameter() {
+                    "topk(3, bucketd_bucket_max)"
+                } else {
+                    "avg by (sensor) (bucketd_bucket_mean{metric=\"temperature\"})"
+                }
+            ));
+        }
+        let inner = args.pop().expect("one argument at least");
+        Ok(Expr::Aggregate {
+            op,
+            parameter: args.pop().map(Box::new),
+            grouping: grouping.unwrap_or(Grouping::By(Vec::new())),
+            inner: Box::new(inner),
+        })
+    }
+
+    pub(super) fn grouping(&mut self) -> Result<Option<Grouping>, String> {
+        let without = if self.peek_ident("by") {
+            false
+        } else if self.peek_ident("without") {
+            true
+        } else {
+            return Ok(None);
+        };
+        self.at += 1;
+        let labels = self.labels()?;
+        Ok(Some(if without {
+            Grouping::Without(labels)
+        } else {
+            Grouping::By(labels)
+        }))
+    }
+
+    /// `(label, ...)`.
+    pub(super) fn labels(&mut self) -> Result<Vec<String>, String> {
+        match self.next() {
+            Some(Token::LParen) => {}
+            other => return Err(grouping_error(other)),
+        }
+        let mut labels = Vec::new();
+        loop {
+            match self.next() {
+                Some(Token::RParen) => break,
+                Some(Token::Ident(l)) => {
+                    labels.push(l);
+                    match self.next() {
+                        Some(Token::Comma) => {}
+                        Some(Token::RParen) => break,
+                        other => return Err(grouping_error(other)),
+                    }
+                }
+                other => return Err(grouping_error(other)),
+            }
+        }
+        Ok(labels)
+    }
+
+    /// The matchers after `{`, up to and including `}`.
+    pub(super) fn selector(&mut self, name: Option<String>) -> Result<Selector, String> {
+        let mut matchers = Vec::new();
+        let named = name.is_some();
+        if let Some(name) = name {
+            matchers.push(Matcher::new("__name__".into(), MatchOp::Equal, name)?);
+        }
+        loop {
+            let label = match self.next() {
+                Some(Token::RBrace) => break,
+                Some(Token::Ident(l)) => l,
+                other => return Err(matcher_error(other)),
+            };
+            let op = match self.next() {
+                Some(Token::Eq) => MatchOp::Equal,
+                Some(Token::Ne) => MatchOp::NotEqual,
+                Some(Token::ReMatch) => MatchOp::Regex,
+                Some(Token::ReNotMatch) => MatchOp::NotRegex,
+                other => return Err(matcher_error(other)),
+            };
+            let Some(Token::Str(value)) = self.next() else {
+                return Err(format!(
+                    "label matcher {label}: the value must be a quoted string"
+                ));
+            };
+            // Label matchers between the braces (a metric name before them is not one).
+            if matchers.len() - usize::from(named) >= MATCHERS_MAX {
+                return Err(format!(
+                    "a selector may have at most {MATCHERS_MAX} label matchers"
+                ));
+            }
+            matchers.push(Matcher::new(label, op, value)?);
+            match self.next() {
+                Some(Token::Comma) => {}
+                Some(Token::RBrace) => break,
+                other => return Err(matcher_error(other)),
+            }
+        }
+        // Prometheus's rule: a selector that matches everything is refused.
+        if matchers.iter().all(|m| m.matches("")) {
+            return Err(
+                "a selector needs a metric name or a label matcher that does not match the \
+                 empty value, like {sensor=\"boiler\"}"
+                    .into(),
+            );
+        }
+        Ok(Selector { matchers })
+    }
+}
+
+pub(super) fn binary(
+    op: BinOp,
+    bool_result: bool,
+    matching: Matching,
+    lhs: Expr,
+    rhs: Expr,
+) -> Expr {
+    Expr::Binary {
+        op,
+        bool_result,
+        matching,
+        lhs: Box::new(lhs),
+        rhs: Box::new(rhs),
+    }
+}
+
+pub(super) fn select(selector: Selector) -> Expr {
+    Expr::Select(Select {
+        selector,
+        range_secs: None,
+        offset_secs: 0,
+    })
+}
+
+pub(super) fn matcher_error(found: Option<Token>) -> String {
+    let found = found.map_or("the end of the query".into(), |t| t.describe());
+    format!("expected a label matcher like sensor=\"boiler\" or `}}`, found {found}")
+}
+
+pub(super) fn grouping_error(found: Option<Token>) -> String {
+    let found = found.map_or("the end of the query".into(), |t| t.describe());
+    format!("expected a label list like by (sensor, metric), found {found}")
+}
