@@ -52,7 +52,10 @@ mod merged;
 mod outbox;
 mod pending;
 mod reader;
+mod records;
 mod retention;
+mod unfolded;
+mod view;
 
 #[cfg(test)]
 pub(crate) use faults::FAILING_SYNCS;

@@ -66,7 +66,7 @@ impl PendingCommit {
         ids: Option<&[u64]>,
         visit: impl FnMut(u64, &crate::commitlog::Entry<'_>) -> Result<(), redb::Error>,
     ) -> Result<(), redb::Error> {
-        super::log::visit_indexed(self.seq, &self.record, self.index.as_ref(), ids, visit)
+        super::records::visit_indexed(self.seq, &self.record, self.index.as_ref(), ids, visit)
     }
 }
 

@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::log::{FoldCursor, Unfolded, Which, bucket_doc, decode_bucket};
+use super::log::{FoldCursor, bucket_doc, decode_bucket};
 use super::outbox::{self, OutboxDoc};
 use super::pending::{SharedPending, Snapshot};
+use super::unfolded::{Unfolded, Which};
+use super::view::View;
 use super::{
     BUCKETS, DEDUP, META, PAGES, SERIES_BY_ID, SERIES_BY_NAME, SharedDb, StoreOpenError, open_error,
 };
@@ -25,60 +27,6 @@ pub struct StoreReader {
     /// `store.page_capacity` of the writer, to tell how many pages a bucket's readings not yet
     /// folded will make (a file read on its own: the default).
     page_capacity: u32,
-}
-
-/// One consistent view: a read transaction, and the pending commits it does not hold yet.
-pub(super) struct View {
-    pub tx: redb::ReadTransaction,
-    pending: Snapshot,
-    /// The last commit the transaction holds (its last `dedup` key): pending commits up to it
-    /// were folded after the snapshot was taken.
-    folded_through: Option<u64>,
-    /// The checkpoint under way in the transaction: what it folded is in the documents.
-    pub cursor: Option<FoldCursor>,
-}
-
-impl View {
-    /// The pending commits the transaction does not hold, oldest first.
-    pub(super) fn pending(&self) -> impl Iterator<Item = &super::pending::PendingCommit> {
-        self.pending.after(self.folded_through)
-    }
-
-    /// Whether commit `seq` is one of the snapshot's pending commits (`None`: it is not, so it
-    /// is in the `log` table, if anywhere), and then whether the transaction lacks it still.
-    pub(super) fn is_pending(&self, seq: u64) -> Option<bool> {
-        self.pending
-            .is_pending(seq)
-            .then(|| self.folded_through.is_none_or(|f| seq > f))
-    }
-
-    /// The runs of the waiting commits the snapshot holds ([`super::merged`]).
-    pub(super) fn runs(&self) -> &[Arc<super::merged::Run>] {
-        self.pending.runs()
-    }
-
-    /// The indexes of the `log` table's records the snapshot holds.
-    pub(super) fn logged(&self) -> &[(u64, Option<Arc<crate::commitlog::RecordIndex>>)] {
-        self.pending.logged()
-    }
-
-    /// The id of `name` among the pending commits' new series (those a checkpoint folded since
-    /// the snapshot was taken are in the transaction's tables, looked up first).
-    fn pending_id(&self, name: &str) -> Option<u64> {
-        self.pending.id_of(name)
-    }
-
-    /// The name of series `id`: from the file, or a pending commit's new series.
-    pub(super) fn name_of(&self, id: u64) -> Result<String, redb::Error> {
-        let by_id = self.tx.open_table(SERIES_BY_ID)?;
-        if let Some(name) = by_id.get(id)? {
-            return Ok(name.value().to_owned());
-        }
-        self.pending
-            .name_of(id)
-            .map(ToString::to_string)
-            .ok_or_else(|| redb::Error::Corrupted(format!("series id {id} has no name")))
-    }
 }
 
 #[derive(Clone)]

@@ -92,10 +92,15 @@ fn code(text: &str) -> String {
 
 /// The top-level names after each `crate::` in `code`, groups included.
 fn crate_refs(code: &str) -> BTreeSet<String> {
+    refs_after(code, "crate::")
+}
+
+/// The names after each `prefix` (`crate::`, `super::`) in `code`, groups included.
+fn refs_after(code: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find(prefix) {
+        rest = &rest[at + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // Top-level names of the group: those at depth 0, before `::`, `,` or `}`.
             let (mut depth, mut start) = (0, 0);
@@ -191,6 +196,52 @@ fn top_level_modules_import_one_way() {
             );
         }
     }
+}
+
+/// The files of a directory module (`src/store/*.rs`, ...), as a graph of their `super::`
+/// imports of each other (the module's root, `mod.rs` or the file beside the directory, left
+/// out: its children may use what it declares).
+fn sibling_graphs() -> BTreeMap<String, Graph> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(src()).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let files: BTreeMap<String, PathBuf> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+            .map(|p| (p.file_stem().unwrap().to_str().unwrap().to_owned(), p))
+            .filter(|(n, _)| n != "mod" && n != "tests")
+            .collect();
+        let mut g = Graph::new();
+        for (name, path) in &files {
+            let code = code(&std::fs::read_to_string(path).unwrap());
+            let refs = refs_after(&code, "super::")
+                .into_iter()
+                .filter(|r| r != name && files.contains_key(r))
+                .collect();
+            g.insert(name.clone(), refs);
+        }
+        out.insert(dir.file_name().unwrap().to_str().unwrap().to_owned(), g);
+    }
+    out
+}
+
+#[test]
+fn the_files_of_each_module_import_one_way() {
+    let graphs = sibling_graphs();
+    assert!(graphs["store"].len() > 8, "found store's files: {graphs:?}");
+    let cycles: Vec<String> = graphs
+        .iter()
+        .filter_map(|(dir, g)| layers(g).err().map(|stuck| format!("{dir}: {stuck:?}")))
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "files of a module import each other in a cycle: {cycles:?} (move what both need to a \
+         file of its own, as store/records.rs and store/view.rs)"
+    );
 }
 
 #[test]
