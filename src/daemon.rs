@@ -104,19 +104,16 @@ fn start_over(
     stats
         .series
         .store(recovered.series.len() as u64, Ordering::Relaxed);
-    let listener = bind_http(config)?;
-    let http_addr = listener
-        .local_addr()
-        .expect("a listener bound without error has an address");
+    let server = HttpServer::bind(config)?;
     let metrics = Arc::new(Metrics::new());
     let (flush_tx, flush_rx) = tokio::sync::mpsc::channel(FLUSH_REQUESTS_MAX);
-    let api = api_state(
-        config,
-        Arc::new(store.reader()),
-        (stats.clone(), metrics.clone()),
-        (secrets.api_token, secrets.metrics_token),
-        flush_tx,
-    );
+    let api = ApiParts {
+        source: Arc::new(store.reader()),
+        stats: stats.clone(),
+        metrics: metrics.clone(),
+        tokens: secrets.http,
+        flush: Some(flush_tx),
+    };
 
     let cancel = CancellationToken::new();
     // The background tasks (forwarder, metrics upkeep), joined at shutdown.
@@ -149,15 +146,9 @@ fn start_over(
         tls: secrets.mqtt_tls.as_ref(),
     };
     let ingest = new_ingest(config, &mqtt, recovered, (stats.clone(), writer, flush_rx));
-    info!(addr = %http_addr, "Serving /metrics and the query API.");
-    let http = tokio::spawn(crate::http::serve(
-        listener,
-        crate::http::router(api),
-        connection_limits(config),
-        stats.clone(),
-        cancel.clone(),
-    ));
-    tasks.spawn(upkeep(metrics, cancel.clone()));
+    info!(addr = %server.addr, "Serving /metrics and the query API.");
+    let http_addr = server.addr;
+    let http = server.serve(config, api, &tasks, &cancel);
     tasks.close();
     let task = tokio::spawn(run_ingest(
         ingest,
@@ -180,8 +171,7 @@ fn start_over(
 struct Secrets {
     mqtt_password: Option<crate::secret::Secret>,
     mqtt_tls: Option<crate::mqtt::TlsClientConfig>,
-    api_token: Option<crate::secret::Secret>,
-    metrics_token: Option<crate::secret::Secret>,
+    http: HttpSecrets,
     upstream_password: Option<crate::secret::Secret>,
     upstream_tls: Option<crate::mqtt::TlsClientConfig>,
 }
@@ -226,8 +216,7 @@ impl Secrets {
         Ok(Secrets {
             mqtt_password,
             mqtt_tls,
-            api_token: secret("http.token_file", &config.http.token_file)?,
-            metrics_token: secret("http.metrics_token_file", &config.http.metrics_token_file)?,
+            http: HttpSecrets::load(config, &secret)?,
             upstream_password: match &config.upstream {
                 Some(u) => secret("upstream.password_file", &u.password_file)?,
                 None => None,
@@ -274,6 +263,27 @@ impl Secrets {
                 "The MQTT password goes to the broker unencrypted: set mqtt.tls.enabled = true."
             );
         }
+        self.http.warn_exposure(config);
+    }
+}
+
+/// The tokens that guard the HTTP API, read as every secret is ([`secret_files`]): by the edge
+/// daemon with its other secrets ([`Secrets`]) and by a query node.
+struct HttpSecrets {
+    api_token: Option<crate::secret::Secret>,
+    metrics_token: Option<crate::secret::Secret>,
+}
+
+impl HttpSecrets {
+    fn load(config: &Config, secret: &SecretFiles) -> Result<HttpSecrets, StartError> {
+        Ok(HttpSecrets {
+            api_token: secret("http.token_file", &config.http.token_file)?,
+            metrics_token: secret("http.metrics_token_file", &config.http.metrics_token_file)?,
+        })
+    }
+
+    /// Warns about an API open to the network without a token.
+    fn warn_exposure(&self, config: &Config) {
         if let Some(warning) =
             crate::http::exposure_warning(config.http.bind, self.api_token.is_some())
         {
@@ -448,26 +458,38 @@ fn new_ingest(
 
 /// Reads the secret in the file a config key names (`None` when it names none), relative
 /// names in `credentials` (systemd's `$CREDENTIALS_DIRECTORY`).
-fn secret_files(
-    credentials: Option<PathBuf>,
-) -> impl Fn(&str, &Option<PathBuf>) -> Result<Option<crate::secret::Secret>, StartError> {
-    move |key, file| {
+fn secret_files(credentials: Option<PathBuf>) -> Box<SecretFiles> {
+    Box::new(move |key, file| {
         file.as_deref()
             .map(|f| crate::secret::read(key, f, credentials.as_deref()))
             .transpose()
             .map_err(StartError::Config)
-    }
+    })
 }
 
-/// The HTTP layer's state: what it reads (`source`), the counters it shows and the tokens that
-/// guard it, with `[http]`'s bounds.
-fn api_state(
-    config: &Config,
+/// Reads the secret file a key names ([`secret_files`]).
+type SecretFiles =
+    dyn Fn(&str, &Option<PathBuf>) -> Result<Option<crate::secret::Secret>, StartError>;
+
+/// What the HTTP layer serves: what it reads (`source`), the counters it shows, the tokens that
+/// guard it and where flush requests go (`None` on a query node).
+struct ApiParts {
     source: crate::source::Source,
-    (stats, metrics): (Arc<Stats>, Arc<Metrics>),
-    (api_token, metrics_token): (Option<crate::secret::Secret>, Option<crate::secret::Secret>),
-    flush: tokio::sync::mpsc::Sender<crate::http::FlushRequest>,
-) -> crate::http::ApiState {
+    stats: Arc<Stats>,
+    metrics: Arc<Metrics>,
+    tokens: HttpSecrets,
+    flush: Option<tokio::sync::mpsc::Sender<crate::http::FlushRequest>>,
+}
+
+/// The HTTP layer's state: `parts`, with `[http]`'s bounds.
+fn api_state(config: &Config, parts: ApiParts) -> crate::http::ApiState {
+    let ApiParts {
+        source,
+        stats,
+        metrics,
+        tokens,
+        flush,
+    } = parts;
     crate::http::ApiState {
         source,
         stats,
@@ -478,8 +500,8 @@ fn api_state(
         max_buckets_per_query: config.http.max_buckets_per_query,
         max_points_per_query: config.http.max_points_per_query,
         max_raw_readings: config.http.max_raw_readings,
-        api_token: api_token.map(Arc::new),
-        metrics_token: metrics_token.map(Arc::new),
+        api_token: tokens.api_token.map(Arc::new),
+        metrics_token: tokens.metrics_token.map(Arc::new),
         query_slots: Arc::new(tokio::sync::Semaphore::new(
             config.http.max_concurrent_queries,
         )),
@@ -499,15 +521,48 @@ fn connection_limits(config: &Config) -> crate::http::ConnectionLimits {
     }
 }
 
-/// Binds `http.bind`.
-fn bind_http(config: &Config) -> Result<tokio::net::TcpListener, StartError> {
-    std::net::TcpListener::bind(config.http.bind)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .and_then(tokio::net::TcpListener::from_std)
-        .map_err(|source| StartError::Http {
-            addr: config.http.bind,
-            source,
-        })
+/// The HTTP server, started alike by `bucketd run` and `bucketd query-node`: bound first, so
+/// that an address in use fails the start before anything else runs, then serving.
+struct HttpServer {
+    listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
+}
+
+impl HttpServer {
+    /// Binds `http.bind`.
+    fn bind(config: &Config) -> Result<HttpServer, StartError> {
+        let listener = std::net::TcpListener::bind(config.http.bind)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(tokio::net::TcpListener::from_std)
+            .map_err(|source| StartError::Http {
+                addr: config.http.bind,
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .expect("a listener bound without error has an address");
+        Ok(HttpServer { listener, addr })
+    }
+
+    /// Serves `api` until `cancel` (the requests in progress finish first), with the metrics'
+    /// upkeep among `tasks`.
+    fn serve(
+        self,
+        config: &Config,
+        api: ApiParts,
+        tasks: &TaskTracker,
+        cancel: &CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        tasks.spawn(upkeep(api.metrics.clone(), cancel.clone()));
+        let stats = api.stats.clone();
+        tokio::spawn(crate::http::serve(
+            self.listener,
+            crate::http::router(api_state(config, api)),
+            connection_limits(config),
+            stats,
+            cancel.clone(),
+        ))
+    }
 }
 
 /// `bucketd query-node`: the query API, the Prometheus API and the chart page served from the
@@ -531,6 +586,8 @@ pub struct QueryNode {
     pub http_addr: std::net::SocketAddr,
     cancel: CancellationToken,
     http: tokio::task::JoinHandle<()>,
+    /// The metrics' upkeep (`HttpServer::serve`).
+    tasks: TaskTracker,
 }
 
 #[cfg(feature = "postgres")]
@@ -539,6 +596,8 @@ impl QueryNode {
     pub async fn stop(self) {
         self.cancel.cancel();
         let _ = self.http.await;
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 
@@ -555,8 +614,7 @@ pub fn start_query_node(config: &Config) -> Result<QueryNode, StartError> {
     }
     let secret = secret_files(crate::secret::credentials_directory());
     let password = secret("query_node.password_file", &node.password_file)?;
-    let api_token = secret("http.token_file", &config.http.token_file)?;
-    let metrics_token = secret("http.metrics_token_file", &config.http.metrics_token_file)?;
+    let tokens = HttpSecrets::load(config, &secret)?;
     if let Some(warning) = crate::fleet::postgres::password_exposure(
         "query_node.postgres",
         &node.conninfo,
@@ -564,9 +622,7 @@ pub fn start_query_node(config: &Config) -> Result<QueryNode, StartError> {
     ) {
         tracing::warn!("{warning}");
     }
-    if let Some(warning) = crate::http::exposure_warning(config.http.bind, api_token.is_some()) {
-        tracing::warn!("{warning}");
-    }
+    tokens.warn_exposure(config);
     let reader = crate::fleet::reader::FleetReader::new(crate::fleet::reader::NodeSettings {
         conninfo: node.conninfo.clone(),
         password,
@@ -577,41 +633,24 @@ pub fn start_query_node(config: &Config) -> Result<QueryNode, StartError> {
         max_rows: node.max_rows_per_query,
         statement_timeout: node.statement_timeout,
     });
-    let listener = bind_http(config)?;
-    let http_addr = listener
-        .local_addr()
-        .expect("a bound listener has an address");
-    let stats = Arc::new(Stats::new(config.limits.dead_letters));
-    let metrics = Arc::new(Metrics::new());
-    let (flush_tx, mut flush_rx) =
-        tokio::sync::mpsc::channel::<crate::http::FlushRequest>(FLUSH_REQUESTS_MAX);
+    let server = HttpServer::bind(config)?;
+    let http_addr = server.addr;
+    let api = ApiParts {
+        source: Arc::new(reader),
+        stats: Arc::new(Stats::new(config.limits.dead_letters)),
+        metrics: Arc::new(Metrics::new()),
+        tokens,
+        flush: None,
+    };
     let cancel = CancellationToken::new();
-    // Nothing is ever pending on a query node. (Ends when the HTTP state, its sender, does.)
-    tokio::spawn(async move {
-        while let Some(reply) = flush_rx.recv().await {
-            let _ = reply.send(0);
-        }
-    });
-    let api = api_state(
-        config,
-        Arc::new(reader),
-        (stats.clone(), metrics.clone()),
-        (api_token, metrics_token),
-        flush_tx,
-    );
+    let tasks = TaskTracker::new();
     info!(addr = %http_addr, "Serving the fleet's PostgreSQL: the query API, /prom and the chart page.");
-    let http = tokio::spawn(crate::http::serve(
-        listener,
-        crate::http::router(api),
-        connection_limits(config),
-        stats,
-        cancel.clone(),
-    ));
-    tokio::spawn(upkeep(metrics, cancel.clone()));
+    let http = server.serve(config, api, &tasks, &cancel);
     Ok(QueryNode {
         http_addr,
         cancel,
         http,
+        tasks,
     })
 }
 
@@ -710,8 +749,8 @@ mod tests {
         let missing = dir.path().join("missing");
         let ok = config(&[("BUCKETD__HTTP__TOKEN_FILE", token.display().to_string())]);
         let secrets = Secrets::load(&ok).unwrap();
-        assert_eq!(secrets.api_token.unwrap().expose(), "t0ken");
-        assert!(secrets.mqtt_password.is_none() && secrets.metrics_token.is_none());
+        assert_eq!(secrets.http.api_token.unwrap().expose(), "t0ken");
+        assert!(secrets.mqtt_password.is_none() && secrets.http.metrics_token.is_none());
         let bad = config(&[(
             "BUCKETD__HTTP__METRICS_TOKEN_FILE",
             missing.display().to_string(),

@@ -43,7 +43,9 @@ pub struct ApiState {
     pub source: Source,
     pub stats: Arc<Stats>,
     pub metrics: Arc<Metrics>,
-    pub flush: mpsc::Sender<FlushRequest>,
+    /// Where `POST /api/v1/flush` goes (the ingest task); `None` on a query node, where nothing
+    /// is ever pending: it answers that nothing was committed.
+    pub flush: Option<mpsc::Sender<FlushRequest>>,
     /// Flush requests being served; more are refused with 429, so the ingest task never holds
     /// more waiters than permits.
     pub flush_slots: Arc<tokio::sync::Semaphore>,
@@ -912,6 +914,9 @@ fn raw_answer(series: &str, readings: Vec<(i64, f64)>, truncated: bool) -> Respo
 }
 
 async fn flush(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError> {
+    let Some(requests) = &s.flush else {
+        return Ok(axum::Json(json!({ "committed": 0 })));
+    };
     let too_many = || {
         ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -925,7 +930,7 @@ async fn flush(State(s): State<ApiState>) -> Result<axum::Json<Value>, ApiError>
         .map_err(|_| too_many())?;
     let (tx, rx) = oneshot::channel();
     let unavailable = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucketd is shutting down");
-    s.flush.try_send(tx).map_err(|e| match e {
+    requests.try_send(tx).map_err(|e| match e {
         mpsc::error::TrySendError::Full(_) => too_many(),
         mpsc::error::TrySendError::Closed(_) => unavailable(),
     })?;

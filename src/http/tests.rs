@@ -29,7 +29,7 @@ fn test_state(
         source: Arc::new(store.reader()),
         stats: Arc::new(Stats::new(0)),
         metrics: Arc::new(Metrics::new()),
-        flush,
+        flush: Some(flush),
         flush_slots: Arc::new(tokio::sync::Semaphore::new(flush_slots)),
         bucket_width_secs: 3600,
         max_buckets_per_query: 10,
@@ -262,6 +262,23 @@ async fn flush_requests_past_the_limit_are_refused() {
         requests.try_recv().is_err(),
         "nothing reached the ingest task"
     );
+}
+
+/// A query node has nothing pending: its flush answers at once that nothing was committed,
+/// with no task behind it to answer.
+#[tokio::test]
+async fn a_flush_without_an_ingest_task_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut state, _, _store) = test_state(&dir, 1);
+    state.flush = None;
+    let request = Request::post("/api/v1/flush").body(Body::empty()).unwrap();
+    let response = router(state).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(response.into_body(), 1024)
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body, json!({ "committed": 0 }));
 }
 
 /// An internal error tells the client where to look, not the file path or the cause.
