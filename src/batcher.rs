@@ -54,8 +54,8 @@
 //! it at a slower pace waits a quiet of [`BURST_RATIO`] times its mean gap first, so that a
 //! window learned by chance from a slow stream does not commit every few messages.
 //!
-//! A window is believed only once the broker has shown that it waits for our acknowledgements
-//! (issue 42): it was quiet before our release, and it sent again within a round trip after it.
+//! A window is believed only once the broker has shown that it waits for our acknowledgements:
+//! it was quiet before our release, and it sent again within a round trip after it.
 //! Publishers with a period of their own (devices that report together, every 100 ms) meet a
 //! release at any point of their cycle, and a flush interval anchored at one of their bursts
 //! ends at another, so a burst that runs on across a commit, or begins a while after the
@@ -75,9 +75,9 @@
 //!
 //! A busy machine reads a refill late. The broker answers at once, but when the loop is not
 //! running (a gateway under a burst; two cores running the test suite) it reads the refill only
-//! when it runs again, all together, stamped later than an echo may start (issue 58: 9-11 ms
-//! against 5 ms plus the handshake); a broker waiting for a core answers late itself. So the
-//! round trip an echo is measured against is also taken as it is now: a PINGREQ goes out right
+//! when it runs again, all together, stamped later than an echo may start (9-11 ms against 5 ms
+//! plus the handshake, on two busy cores); a broker waiting for a core answers late itself. So
+//! the round trip an echo is measured against is also taken as it is now: a PINGREQ goes out right
 //! behind every release's acknowledgements (a marker, [`Batcher::release_pinged`]), and a broker
 //! handles a connection's packets in order, so it sends the refill our acks let it before
 //! answering the marker (Mosquitto, the scripted broker of the tests) or at once after. A batch

@@ -2,8 +2,8 @@
 //! in a compact binary form. The store's `log` table holds one record per commit, under the
 //! commit's sequence number, until a checkpoint folds it into the bucket documents. Pure.
 //!
-//! Record (version 2, written since issue 42): a version byte (2); the sketch settings of its
-//! reading-form entries (`alpha` as f64 little-endian, varint `max_bins`); the record's
+//! Record (version 2; version 1 records are read too): a version byte (2); the sketch settings
+//! of its reading-form entries (`alpha` as f64 little-endian, varint `max_bins`); the record's
 //! reading codes: a time unit byte (0: ns, 1: us, 2: ms, 3: s; the largest dividing every
 //! reading's time since the base time below) and a decimals byte (`k` in 0..=6 when every
 //! reading's value is exactly `n / 10^k` for an integer `n`, as pages code them; 255: none, the

@@ -1,5 +1,5 @@
-//! Test support: how many warnings a piece of code logs (issue 52: a remote party must not be
-//! able to cause one per message).
+//! Test support: how many warnings a piece of code logs (a remote party must not be able to
+//! cause one per message).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

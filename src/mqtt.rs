@@ -559,8 +559,6 @@ impl Mqtt {
         }
     }
 
-    /// Queues a PINGREQ, written after the acks queued before it; its answer
-    /// ([`MqttEvent::PingAnswered`]) says the broker has read them.
     /// Queues a QoS 0 publish (a Sparkplug rebirth request).
     pub fn try_publish(&self, topic: &str, payload: Vec<u8>) -> Result<(), String> {
         match &self.requests {
@@ -578,6 +576,8 @@ impl Mqtt {
         }
     }
 
+    /// Queues a PINGREQ, written after the acks queued before it; its answer
+    /// ([`MqttEvent::PingAnswered`]) says the broker has read them.
     pub fn try_ping(&self) -> Result<(), String> {
         match &self.requests {
             Requests::V4(client) => client.try_ping().map_err(|e| e.to_string()),

@@ -1,5 +1,5 @@
 //! [`RecordIndex`]: where each series' entries are in a record, so that a read of one series
-//! decodes that series' entries and not the whole record (issue 53: every query read every
+//! decodes that series' entries and not the whole record (without it, every query read every
 //! waiting commit whole, whatever series it asked for). Pure.
 //!
 //! Two parts, both small beside the record: a Bloom filter of the record's series ids (about 2

@@ -2,7 +2,7 @@
 //! while it waited for an event (Linux: the run-queue wait in `/proc/self/task/<tid>/schedstat`
 //! of the threads the loop runs on).
 //! On a busy machine the loop reads a message tens of milliseconds after it came; the core
-//! needs to know how soon after its release the broker answered ([`super::Now::lag`], issue 58).
+//! needs to know how soon after its release the broker answered ([`super::Now::lag`]).
 //! Elsewhere, or where the kernel keeps no such statistics, it is zero.
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! The deltas waiting to be folded, merged per bucket as they are committed: a read of one
 //! series then merges one summary per bucket and run, whatever the number of commits waiting
-//! (issue 53), instead of every entry of every commit.
+//! instead of every entry of every commit.
 //!
 //! The commits are cut into [`Run`]s: a run is closed when a checkpoint begins, so that a
 //! checkpoint folds whole runs, and the fold merges the same merged summaries onto the stored

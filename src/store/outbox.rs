@@ -4,7 +4,7 @@
 //! commit (each a [`BucketDoc`] holding only the readings the commit added). Written in the same
 //! transaction as the buckets, so a delta exists exactly when its readings do. Sequence numbers
 //! only grow, one by one: the next entry is numbered one above the newest (the first of a file,
-//! by its commit's sequence number; files before issue 41 numbered entries by commit, so their
+//! by its commit's sequence number; files of earlier releases numbered entries by commit, so their
 //! older entries may have gaps). A commit trims acknowledged entries and writes its own in one
 //! transaction, so the table is never empty once written, and the numbering survives restarts. A central refuses a position further
 //! past the last one it applied than an outbox can hold (`central.max_position_jump`). A late

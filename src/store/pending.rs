@@ -11,7 +11,7 @@
 //! Beside them, the readers' index of every waiting record ([`crate::commitlog::RecordIndex`],
 //! about 30% of its bytes): of each pending commit, and of each record in the `log` table
 //! ([`Logged`], as many as a checkpoint leaves there), so that a read of some series decodes
-//! only their entries (issue 53).
+//! only their entries.
 
 use std::sync::{Arc, RwLock};
 
