@@ -17,15 +17,10 @@ pub enum MqttEvent {
         handshake: Duration,
     },
     /// SUBACK: `refused` lists the filters the broker refused.
-    Subscribed { refused: Vec<String> },
-    Publish {
-        topic: Bytes,
-        payload: Bytes,
-        pkid: u16,
-        qos: u8,
-        /// DUP: the broker says this may be a redelivery.
-        dup: bool,
+    Subscribed {
+        refused: Vec<String>,
     },
+    Publish(Publish),
     /// This many PUBACKs or PUBRECs were written to the socket (the event loop writes the acks
     /// queued together in one write, and their events come as one).
     AcksSent(usize),
@@ -39,6 +34,17 @@ pub enum MqttEvent {
     PingAnswered,
     /// Anything else (pings, outgoing subscribe, ...).
     Other,
+}
+
+/// A PUBLISH as the broker sent it.
+#[derive(Debug, Clone)]
+pub struct Publish {
+    pub topic: Bytes,
+    pub payload: Bytes,
+    pub pkid: u16,
+    pub qos: u8,
+    /// DUP: the broker says this may be a redelivery.
+    pub dup: bool,
 }
 
 /// Why a poll failed: the connection is down, and the next poll reconnects.

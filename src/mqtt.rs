@@ -18,7 +18,7 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::ack::AckToken;
 use crate::config::{MqttConfig, Protocol, Subscription};
-use crate::link::{MqttEvent, PollError};
+use crate::link::{MqttEvent, PollError, Publish};
 use crate::secret::Secret;
 
 // Boxed event loops: the two differ in size by kilobytes and one exists per session.
@@ -344,13 +344,13 @@ impl Link<'_> {
                     matches!(c, rumqttc::SubscribeReasonCode::Failure).then(String::new)
                 }),
             }),
-            Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
+            Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish(Publish {
                 topic: Bytes::from(p.topic),
                 payload: p.payload,
                 pkid: p.pkid,
                 qos: p.qos as u8,
                 dup: p.dup,
-            }),
+            })),
             Ok(e) if is_ack(&e) => Ok(MqttEvent::AcksSent(
                 1 + take_acks_sent(&mut eventloop.state.events, is_ack),
             )),
@@ -405,13 +405,13 @@ impl Link<'_> {
                     (!matches!(c, SubscribeReasonCode::Success(_))).then(|| format!(" ({c:?})"))
                 }),
             }),
-            Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish {
+            Ok(Event::Incoming(Packet::Publish(p))) => Ok(MqttEvent::Publish(Publish {
                 topic: p.topic,
                 payload: p.payload,
                 pkid: p.pkid,
                 qos: p.qos as u8,
                 dup: p.dup,
-            }),
+            })),
             Ok(e) if is_ack(&e) => Ok(MqttEvent::AcksSent(
                 1 + take_acks_sent(&mut eventloop.state.events, is_ack),
             )),
@@ -765,7 +765,7 @@ mod tests {
             let mut ids = Vec::new();
             let failure = loop {
                 match driver.poll_client().await {
-                    Ok(MqttEvent::Publish { pkid, .. }) => ids.push(pkid),
+                    Ok(MqttEvent::Publish(Publish { pkid, .. })) => ids.push(pkid),
                     Ok(_) => {}
                     Err(e) => break e,
                 }

@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tracing::{debug, error, info, warn};
 
 use crate::ack::{AckToken, SessionId};
 use crate::admit::{Admitted, Admitter, Message, Verdict};
 use crate::batcher::{Batch, Batcher, Committed, FlushReason};
-use crate::link::{Backoff, MqttEvent, PollError};
+use crate::link::{Backoff, MqttEvent, PollError, Publish};
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
 use crate::resend::{BurstEnd, BurstPart};
@@ -429,15 +428,9 @@ impl<R> Core<R> {
     ) {
         let i = session.index();
         match event {
-            MqttEvent::Publish {
-                topic,
-                payload,
-                pkid,
-                qos,
-                dup,
-            } => {
+            MqttEvent::Publish(publish) => {
                 if self.mode == Mode::Running {
-                    self.on_publish(session, &topic, &payload, (pkid, qos, dup), now, out);
+                    self.on_publish(session, &publish, now, out);
                 }
             }
             MqttEvent::AcksSent(n) => {
@@ -579,12 +572,18 @@ impl<R> Core<R> {
     fn on_publish(
         &mut self,
         session: SessionId,
-        topic: &Bytes,
-        payload: &Bytes,
-        (pkid, qos, dup): (u16, u8, bool),
+        publish: &Publish,
         now: Now,
         out: &mut Vec<Action<R>>,
     ) {
+        let Publish {
+            topic,
+            payload,
+            pkid,
+            qos,
+            dup,
+        } = publish;
+        let (pkid, qos, dup) = (*pkid, *qos, *dup);
         self.stats.messages_received.fetch_add(1, Ordering::Relaxed);
         let id = session.get();
         if qos > 0 {

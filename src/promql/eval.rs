@@ -278,8 +278,17 @@ pub fn evaluate<E>(
     let width_ms = width_secs.saturating_mul(1000);
     let window_ms = window_ms(grid.step_ms, width_secs).map_err(EvalError::Refused)?;
     let selects = expr.selects();
-    let (wanted, from, to) =
-        plan(&selects, names, grid, (width_ms, window_ms), budget).map_err(EvalError::Refused)?;
+    let (wanted, from, to) = plan(
+        &selects,
+        names,
+        grid,
+        Widths {
+            width_ms,
+            window_ms,
+        },
+        budget,
+    )
+    .map_err(EvalError::Refused)?;
     let mut raw_left = budget.max_points;
     let plain = read_raw(&selects, names, grid, &mut raw_left, &mut raw)?;
     let mut data = BTreeMap::new();
@@ -299,13 +308,13 @@ pub fn evaluate<E>(
         }
     }
     let work = budget.max_points.saturating_mul(EXACT_WORK_PER_POINT);
-    let exact = read_exact(
-        &selects,
-        names,
-        (grid, width_ms, &data),
-        (&mut raw_left, work),
-        &mut raw,
-    )?;
+    let stored = Read {
+        grid,
+        width_ms,
+        data: &data,
+        work,
+    };
+    let exact = read_exact(&selects, names, &stored, &mut raw_left, &mut raw)?;
     let ctx = Ctx {
         budget,
         grid,
@@ -333,6 +342,23 @@ pub fn evaluate<E>(
     })
 }
 
+/// A query's widths (ms): a bucket's, and the window a plain selector's point merges
+/// ([`window_ms`]).
+#[derive(Debug, Clone, Copy)]
+struct Widths {
+    width_ms: i64,
+    window_ms: i64,
+}
+
+/// The buckets read for a query: at `grid`, of `width_ms`, by series name; and how many raw
+/// readings its exact windows may visit ([`EXACT_WORK_PER_POINT`]).
+struct Read<'d> {
+    grid: Grid,
+    width_ms: i64,
+    data: &'d BTreeMap<String, Stored>,
+    work: u64,
+}
+
 /// What a query reads of the buckets: the series (names) its selectors match, and the bucket
 /// starts (ms, `[from, to)`) they need; refused when that, or its answer, is larger than the
 /// budget, or a selector is one bucketd cannot answer (the text says why).
@@ -340,9 +366,13 @@ fn plan<'n>(
     selects: &[&Select],
     names: &[SeriesLabels<'n>],
     grid: Grid,
-    (width_ms, window_ms): (i64, i64),
+    widths: Widths,
     budget: &Budget,
 ) -> Result<(Vec<&'n str>, i64, i64), Refusal> {
+    let Widths {
+        width_ms,
+        window_ms,
+    } = widths;
     let mut wanted: BTreeSet<&str> = BTreeSet::new();
     let (mut from, mut to) = (i64::MAX, i64::MIN);
     let mut points: u64 = 0;
@@ -482,10 +512,11 @@ pub const EXACT_WORK_PER_POINT: u64 = 16;
 fn read_exact<E>(
     selects: &[&Select],
     names: &[SeriesLabels<'_>],
-    (grid, width, data): (Grid, i64, &BTreeMap<String, Stored>),
-    (left, work): (&mut u64, u64),
+    stored: &Read<'_>,
+    left: &mut u64,
     raw: &mut impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<ExactReadings, EvalError<E>> {
+    let (grid, width, data, work) = (stored.grid, stored.width_ms, stored.data, stored.work);
     let mut out = BTreeMap::new();
     for s in selects
         .iter()

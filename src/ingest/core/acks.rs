@@ -169,13 +169,13 @@ impl World {
             return;
         };
         self.arrivals.push(m);
-        let publish = MqttEvent::Publish {
+        let publish = MqttEvent::Publish(Publish {
             topic: Bytes::from_static(b"sensors/a/t"),
             payload: Bytes::from(m.to_string()),
             pkid,
             qos: 1,
             dup,
-        };
+        });
         self.feed(mqtt(Self::id(s), publish));
     }
 

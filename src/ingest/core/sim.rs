@@ -272,14 +272,14 @@ fn simulate(p: FlushPolicy, net: Net, schedule: &[Duration], commit: Duration) -
                 _ => Duration::ZERO,
             };
             woke = false;
-            let publish = MqttEvent::Publish {
+            let publish = MqttEvent::Publish(Publish {
                 topic: Bytes::from_static(b"sensors/s/m"),
                 // Distinct payloads: a packet id used again is not a copy.
                 payload: Bytes::from(i.to_string()),
                 pkid: (i % 65_535 + 1) as u16,
                 qos: u8::from(!is_qos0(i)),
                 dup: false,
-            };
+            });
             feed(
                 &mut core,
                 mqtt(ids[turn_of(i)], publish),

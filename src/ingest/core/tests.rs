@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use super::*;
 use crate::config::Limits;
 use crate::decode::{Format, Subscription, Template, TimestampUnit};
@@ -145,13 +147,13 @@ fn connected(session_present: bool) -> MqttEvent {
 }
 
 fn publish(pkid: u16, value: f64, dup: bool) -> MqttEvent {
-    MqttEvent::Publish {
+    MqttEvent::Publish(Publish {
         topic: Bytes::from_static(b"sensors/a/t"),
         payload: Bytes::from(value.to_string()),
         pkid,
         qos: 1,
         dup,
-    }
+    })
 }
 
 fn lost() -> Event<u32> {
@@ -247,12 +249,14 @@ fn an_unknown_sparkplug_alias_asks_the_shell_to_publish_a_rebirth() {
     metric.extend_from_slice(&1.5f64.to_le_bytes());
     let mut ndata = vec![0x08, 1, 0x12, metric.len() as u8];
     ndata.extend_from_slice(&metric);
-    let publish = |topic: &'static [u8], payload: Vec<u8>| MqttEvent::Publish {
-        topic: Bytes::from_static(topic),
-        payload: Bytes::from(payload),
-        pkid: 0,
-        qos: 0,
-        dup: false,
+    let publish = |topic: &'static [u8], payload: Vec<u8>| {
+        MqttEvent::Publish(Publish {
+            topic: Bytes::from_static(topic),
+            payload: Bytes::from(payload),
+            pkid: 0,
+            qos: 0,
+            dup: false,
+        })
     };
     let out = feed(
         &mut c,
