@@ -6,7 +6,7 @@ use std::io::Read;
 use proptest::prelude::*;
 
 use super::*;
-use crate::batcher::Batcher;
+use crate::batcher::{Batch, Batcher};
 use crate::doc::{BucketDoc, SCHEMA_VERSION};
 use crate::reading::Timestamp;
 use crate::summary::Summary;
