@@ -159,6 +159,37 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
     assert_eq!(b.flush_reason(stall), None);
 }
 
+/// With several sessions the window learned is shared (one broker, one limit for each of its
+/// sessions), and a reconnect of any one session forgets it for all: the connection may be to
+/// another broker, or to the same one restarted with another limit, and learning it again
+/// costs a probe, where keeping a wrong window would commit every few messages (decided for
+/// issue 56; a per-session learner would keep the others' and is not built).
+#[test]
+fn one_sessions_reconnect_forgets_the_window_learned_for_all() {
+    let t0 = Instant::now();
+    let p = FlushPolicy {
+        flush_interval: Duration::from_hours(1),
+        max_pending_readings: 1_000_000,
+        window: 1024,
+        broker_window: None,
+        sessions: 2,
+        quick_acks: false,
+    };
+    let mut b = Batcher::new(p, 3600);
+    b.connected(0, t0, Duration::ZERO);
+    b.connected(1, t0, Duration::ZERO);
+    for i in 1..=5 {
+        b.arrived(t0, Duration::ZERO);
+        b.push_ack(token(i), t0);
+    }
+    let stall = t0 + QUIET_CONFIRM;
+    assert_eq!(b.flush_reason(stall), Some(FlushReason::Stall));
+    let _ = b.take_for(FlushReason::Stall, stall);
+    assert_eq!(b.window_seen(), Some(5), "learned on session 0");
+    b.connected(1, stall, Duration::ZERO);
+    assert_eq!(b.window_seen(), None, "session 1 came back: learned again");
+}
+
 /// After a reconnect, acks left from the old connection are not the new broker's to count: the
 /// window learned on the new connection is what it sends, not that plus the leftovers.
 #[test]
