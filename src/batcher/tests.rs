@@ -129,19 +129,22 @@ fn a_window_of_one_flushes_every_message() {
 /// A broker that honours the window we ask for but sends past a window wrongly learned (a pause
 /// taken for a stall, then a larger burst): the learned window is forgotten as soon as the broker
 /// has more unacknowledged, so commits go back to the half window.
-#[test]
-fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
+/// A batcher of `sessions` sessions, all connected, that learned a window of 5 on session 0
+/// from a stall (the broker sent 5 and stopped); and when it did.
+fn learned_five(sessions: u16) -> (Batcher, Instant) {
     let t0 = Instant::now();
     let p = FlushPolicy {
         flush_interval: Duration::from_hours(1),
         max_pending_readings: 1_000_000,
         window: 1024,
         broker_window: None,
-        sessions: 1,
+        sessions,
         quick_acks: false,
     };
     let mut b = Batcher::new(p, 3600);
-    b.connected(0, t0, Duration::ZERO);
+    for s in 0..sessions {
+        b.connected(s, t0, Duration::ZERO);
+    }
     for i in 1..=5 {
         b.arrived(t0, Duration::ZERO);
         b.push_ack(token(i), t0);
@@ -150,6 +153,12 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
     assert_eq!(b.flush_reason(stall), Some(FlushReason::Stall));
     let _ = b.take_for(FlushReason::Stall, stall);
     assert_eq!(b.window_seen(), Some(5));
+    (b, stall)
+}
+
+#[test]
+fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
+    let (mut b, stall) = learned_five(1);
     // While the commit runs, the broker keeps sending: it was not stopped by a window of 5.
     for i in 6..=8 {
         b.arrived(stall, Duration::ZERO);
@@ -166,26 +175,7 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
 /// issue 56; a per-session learner would keep the others' and is not built).
 #[test]
 fn one_sessions_reconnect_forgets_the_window_learned_for_all() {
-    let t0 = Instant::now();
-    let p = FlushPolicy {
-        flush_interval: Duration::from_hours(1),
-        max_pending_readings: 1_000_000,
-        window: 1024,
-        broker_window: None,
-        sessions: 2,
-        quick_acks: false,
-    };
-    let mut b = Batcher::new(p, 3600);
-    b.connected(0, t0, Duration::ZERO);
-    b.connected(1, t0, Duration::ZERO);
-    for i in 1..=5 {
-        b.arrived(t0, Duration::ZERO);
-        b.push_ack(token(i), t0);
-    }
-    let stall = t0 + QUIET_CONFIRM;
-    assert_eq!(b.flush_reason(stall), Some(FlushReason::Stall));
-    let _ = b.take_for(FlushReason::Stall, stall);
-    assert_eq!(b.window_seen(), Some(5), "learned on session 0");
+    let (mut b, stall) = learned_five(2);
     b.connected(1, stall, Duration::ZERO);
     assert_eq!(b.window_seen(), None, "session 1 came back: learned again");
 }
