@@ -13,6 +13,24 @@ use super::{
 use crate::batcher::Batch;
 use crate::config::Durability;
 
+/// What one try at a commit came to.
+#[derive(Debug)]
+pub(super) enum Appended {
+    /// Durable (in the journal, or in the file), and the store's state advanced past it.
+    Durable(CommitStats),
+    /// The journal is full of commits not folded yet: nothing was written; fold, then commit.
+    JournalFull,
+}
+
+/// What a commit does when the journal has no room for its record while commits wait in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Full {
+    /// Come back ([`Appended::JournalFull`]): the caller folds the waiting commits first.
+    Wait,
+    /// Commit in the file itself (a durable transaction): nothing waits any more.
+    CommitInFile,
+}
+
 impl Store {
     /// After a failed commit and [`Store::reopen`], when the file shows that commit (its
     /// sequence number is below [`Store::next_seq`]): makes sure it is on the disk before it is
@@ -59,14 +77,17 @@ impl Store {
             // the file, reopened first.
             self.recovered()?;
         }
-        if let Some(stats) = self.commit_once(batch, true)? {
-            return Ok(stats);
+        match self.commit_once(batch, Full::Wait)? {
+            Appended::Durable(stats) => Ok(stats),
+            Appended::JournalFull => {
+                // The journal is full of pending commits: fold them, which frees their records.
+                self.checkpoint()?;
+                match self.commit_once(batch, Full::CommitInFile)? {
+                    Appended::Durable(stats) => Ok(stats),
+                    Appended::JournalFull => unreachable!("a commit that may not wait is made"),
+                }
+            }
         }
-        // The journal is full of pending commits: fold them, which frees their records.
-        self.checkpoint()?;
-        Ok(self
-            .commit_once(batch, false)?
-            .expect("a commit that may not wait is made"))
     }
 
     /// Encodes `batch`'s buckets as a commit log record into `record`, naming the series it
@@ -109,16 +130,16 @@ impl Store {
         (new_series, new_in_order)
     }
 
-    /// [`Store::commit`], once: `None` (nothing written) when the record does not fit in the
-    /// journal while commits are pending and `may_wait`.
+    /// [`Store::commit`], once: [`Appended::JournalFull`] (nothing written) when the record does
+    /// not fit in the journal while commits are pending, and `full` says to wait.
     pub(super) fn commit_once(
         &mut self,
         batch: &Batch,
-        may_wait: bool,
-    ) -> Result<Option<CommitStats>, CommitError> {
+        full: Full,
+    ) -> Result<Appended, CommitError> {
         let mut stats = CommitStats::default();
         if batch.is_empty() {
-            return Ok(Some(stats));
+            return Ok(Appended::Durable(stats));
         }
         let seq = self.next_seq;
         let outbox_on = self.settings.outbox_max_entries > 0;
@@ -171,11 +192,11 @@ impl Store {
             None => false,
         };
         let pending = !pending::now(&self.pending).is_empty();
-        if !journaled && pending && may_wait {
+        if !journaled && pending && full == Full::Wait {
             // The journal is full of pending commits: the caller folds them first. Nothing
             // was written.
             self.record_buf = record;
-            return Ok(None);
+            return Ok(Appended::JournalFull);
         }
         if journaled {
             // Only the outbox goes to redb now, non-durably (the journal holds it too).
@@ -218,7 +239,7 @@ impl Store {
         }
         self.record_buf = record;
         self.committed(seq, new_series, batch.fingerprints.len());
-        Ok(Some(stats))
+        Ok(Appended::Durable(stats))
     }
 
     /// Commit `seq` holds: its new series join the known ones, its fingerprints the dedup
