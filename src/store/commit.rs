@@ -191,7 +191,7 @@ impl Store {
             Some(j) => j.append(seq, &redo).map_err(CommitError::Journal)?,
             None => false,
         };
-        let pending = !pending::now(&self.pending).is_empty();
+        let pending = !pending::commits(&self.pending).is_empty();
         if !journaled && pending && full == Full::Wait {
             // The journal is full of pending commits: the caller folds them first. Nothing
             // was written.

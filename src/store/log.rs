@@ -193,7 +193,7 @@ impl Store {
     /// not end a checkpoint early, or leave commits waiting in the journal while a commit
     /// goes durably past them (issue 51).
     pub fn has_unfolded(&self) -> Result<bool, CommitError> {
-        if self.fold.is_some() || !super::pending::now(&self.pending).is_empty() {
+        if self.fold.is_some() || !super::pending::commits(&self.pending).is_empty() {
             return Ok(true);
         }
         let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
@@ -238,7 +238,7 @@ impl Store {
     ) -> Result<(), CommitError> {
         let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
         visit_table(&tx.open_table(LOG)?, u64::MAX, &mut visit)?;
-        for commit in super::pending::now(&self.pending).iter() {
+        for commit in super::pending::commits(&self.pending).iter() {
             visit_record(commit.seq, &commit.record, &mut visit)?;
         }
         Ok(())
@@ -284,7 +284,7 @@ impl Store {
     /// [`Store::checkpoint_part`], once.
     fn fold_part(&mut self, budget: usize) -> Result<CheckpointStats, CommitError> {
         let mut stats = CheckpointStats::default();
-        let pending = super::pending::now(&self.pending);
+        let pending = super::pending::commits(&self.pending);
         let cursor = match self.fold {
             Some(c) => c,
             None if self.log_bytes == 0

@@ -613,7 +613,7 @@ impl Store {
     /// After a durable transaction committed: the file holds every commit before the first
     /// pending one, and their journal records are no longer live.
     fn durable_committed(&mut self) {
-        let first_pending = pending::now(&self.pending).first().map(|c| c.seq);
+        let first_pending = pending::commits(&self.pending).first().map(|c| c.seq);
         if let Some(j) = &mut self.journal {
             j.release_below(first_pending.unwrap_or(u64::MAX));
         }
@@ -624,7 +624,7 @@ impl Store {
     /// read by `bucketd export` or copied.
     pub fn sync_file(&mut self) -> Result<(), CommitError> {
         self.recovered()?;
-        if !pending::now(&self.pending).is_empty() {
+        if !pending::commits(&self.pending).is_empty() {
             // Folded: the file then holds them, and their journal records are not live.
             self.checkpoint()?;
             return Ok(());
@@ -679,7 +679,7 @@ impl Store {
             out.extend(fps);
         }
         // Then the pending commits' (the writer alone changes the list: no fold between).
-        for commit in pending::now(&self.pending).iter() {
+        for commit in pending::commits(&self.pending).iter() {
             let fps = crate::dedup::decode(&commit.fingerprints).ok_or_else(|| {
                 redb::Error::Corrupted(format!("dedup entry {} is unreadable", commit.seq))
             })?;
@@ -826,7 +826,7 @@ impl Store {
     pub(crate) fn recount_log_bytes(&self) -> u64 {
         let tx = self.db().begin_read().unwrap();
         let table = log::scan(&tx, None).unwrap().0;
-        let pending: u64 = pending::now(&self.pending)
+        let pending: u64 = pending::commits(&self.pending)
             .iter()
             .map(|c| c.record.len() as u64)
             .sum();

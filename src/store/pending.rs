@@ -246,8 +246,9 @@ pub(super) fn clear(shared: &SharedPending) {
     *write(shared) = Waiting::default();
 }
 
-/// The commits in the list now (for the writer, which alone changes it).
-pub(super) fn now(shared: &SharedPending) -> Arc<Vec<Arc<PendingCommit>>> {
+/// The commits waiting, as the list holds them now: a shared copy, which the writer (which
+/// alone changes the list) reads without holding the lock.
+pub(super) fn commits(shared: &SharedPending) -> Arc<Vec<Arc<PendingCommit>>> {
     shared
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -62,7 +62,7 @@ impl Store {
             // The runs are made again below, from what the file holds.
             drop(pending::drop_commits_through(&self.pending, last));
         }
-        let pending = pending::now(&self.pending);
+        let pending = pending::commits(&self.pending);
         let next = pending.last().map_or(file_next, |c| c.seq + 1);
         if next != self.next_seq {
             return Err(CommitError::Redb(redb::Error::Corrupted(format!(

@@ -2834,7 +2834,7 @@ fn a_read_of_one_series_decodes_only_that_series_entries_of_the_commits_waiting(
         if name == "pending" {
             // The indexes beside the records they index: a byte a series of filter and 32
             // bytes a seek interval, against ~6 bytes an entry of one reading.
-            let commits = pending::now(&store.pending);
+            let commits = pending::commits(&store.pending);
             let index: usize = commits
                 .iter()
                 .filter_map(|c| c.index.as_ref())
