@@ -18,6 +18,22 @@ use crate::summary::Summary;
 
 pub(super) const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
 
+/// The tables a checkpoint part folds from and into, opened in its transaction.
+struct PartTables<'a, 't> {
+    log: &'a LogTable<'t>,
+    buckets: &'a DocTable<'t>,
+    pages: &'a mut PageTable<'t>,
+}
+
+/// What a checkpoint part folds: the runs of the commits it covers (and, of those, the pending
+/// commits), from its cursor, for these bucket keys.
+struct Part<'a> {
+    runs: &'a [&'a super::merged::Run],
+    in_fold: &'a [&'a super::pending::PendingCommit],
+    cursor: FoldCursor,
+    keys: &'a BTreeSet<(u64, i64)>,
+}
+
 /// The tables a checkpoint part writes, opened in its transaction.
 type LogTable<'t> = redb::Table<'t, u64, &'static [u8]>;
 type DocTable<'t> = redb::Table<'t, (u64, i64), &'static [u8]>;
@@ -327,12 +343,18 @@ impl Store {
             let (keys, next_part, bytes) = part_keys(&log, &in_fold, cursor, budget, &mut stats)?;
             folded_bytes = bytes;
             next = next_part;
-            let folding = fold_entries(
-                (&log, &buckets, &mut pages),
-                (&runs, &in_fold),
-                (cursor, &keys),
-                self.settings.page_capacity,
-            )?;
+            let tables = PartTables {
+                log: &log,
+                buckets: &buckets,
+                pages: &mut pages,
+            };
+            let part = Part {
+                runs: &runs,
+                in_fold: &in_fold,
+                cursor,
+                keys: &keys,
+            };
+            let folding = fold_entries(tables, &part, self.settings.page_capacity)?;
             // The pending commits' new series, named before the documents below need them
             // (with every part: a put of the same name and id again writes nothing new).
             let mut by_name = tx.open_table(SERIES_BY_NAME)?;
@@ -374,11 +396,21 @@ impl Store {
 /// ([`super::merged`]): a series' merged deltas of a run, or its entries where it spilled;
 /// the readers merge the same, so a document after the fold is what they showed before it.
 fn fold_entries(
-    (log, buckets, pages): (&LogTable<'_>, &DocTable<'_>, &mut PageTable<'_>),
-    (runs, in_fold): (&[&super::merged::Run], &[&super::pending::PendingCommit]),
-    (cursor, keys): (FoldCursor, &BTreeSet<(u64, i64)>),
+    tables: PartTables<'_, '_>,
+    part: &Part<'_>,
     cap: u32,
 ) -> Result<BTreeMap<(u64, i64), Folding>, CommitError> {
+    let PartTables {
+        log,
+        buckets,
+        pages,
+    } = tables;
+    let &Part {
+        runs,
+        in_fold,
+        cursor,
+        keys,
+    } = part;
     let mut folding: BTreeMap<(u64, i64), Folding> = BTreeMap::new();
     let stored = |key: (u64, i64)| -> Result<Option<BucketDoc>, redb::Error> {
         buckets
