@@ -145,7 +145,7 @@ fn start_over(
         password: secrets.mqtt_password.as_ref(),
         tls: secrets.mqtt_tls.as_ref(),
     };
-    let ingest = new_ingest(config, &mqtt, recovered, (stats.clone(), writer, flush_rx));
+    let ingest = new_ingest(config, &mqtt, recovered, stats.clone(), writer, flush_rx);
     info!(addr = %server.addr, "Serving /metrics and the query API.");
     let http_addr = server.addr;
     let http = server.serve(config, api, &tasks, &cancel);
@@ -387,11 +387,9 @@ fn new_ingest(
     config: &Config,
     link: &MqttLink<'_>,
     recovered: Recovered,
-    (stats, writer, flush_requests): (
-        Arc<Stats>,
-        crate::writer::Writer,
-        tokio::sync::mpsc::Receiver<crate::http::FlushRequest>,
-    ),
+    stats: Arc<Stats>,
+    writer: crate::writer::Writer,
+    flush_requests: tokio::sync::mpsc::Receiver<crate::http::FlushRequest>,
 ) -> Ingest {
     let width_secs = config.store.bucket_width_secs();
     let policy = FlushPolicy {

@@ -216,12 +216,13 @@ impl Store {
                 Some(tx) => tx,
                 None => self.open_db()?.begin_write()?,
             };
-            let settings = (&self.settings, &*self.outbox);
             commit_durably(
                 tx,
-                (seq, &redo),
+                seq,
+                &redo,
                 outbox_write.as_ref(),
-                settings,
+                &self.settings,
+                &self.outbox,
                 &mut self.unconfirmed,
             )?;
         }
@@ -313,9 +314,11 @@ pub(super) fn commit_outbox(
 /// there, for the reopen to learn whether it landed).
 pub(super) fn commit_durably(
     tx: redb::WriteTransaction,
-    (seq, redo): (u64, &Redo<'_>),
+    seq: u64,
+    redo: &Redo<'_>,
     outbox_write: Option<&outbox::OutboxWrite>,
-    (settings, outbox_state): (&StoreSettings, &OutboxShared),
+    settings: &StoreSettings,
+    outbox_state: &OutboxShared,
     unconfirmed: &mut Option<(u64, Vec<u8>)>,
 ) -> Result<(), CommitError> {
     let mut tx = tx;
