@@ -367,7 +367,8 @@ impl Link<'_> {
                     message = oversized_v4(
                         &mut eventloop.mqtt_options,
                         *size,
-                        self.max_packet,
+                        self.max_packet.0,
+                        self.max_packet.1,
                         self.raised,
                     );
                 }
@@ -480,7 +481,8 @@ fn take_acks_sent<E>(queued: &mut VecDeque<E>, is_ack: impl Fn(&E) -> bool) -> u
 fn oversized_v4(
     options: &mut rumqttc::MqttOptions,
     size: usize,
-    (max_packet, max_packet_to_drop): (usize, usize),
+    max_packet: usize,
+    max_packet_to_drop: usize,
     raised: &mut bool,
 ) -> String {
     if size <= max_packet_to_drop {

@@ -613,7 +613,7 @@ fn create_unless(path: &Path, id: u64, capacity: u64, stop: &dyn Fn() -> bool) -
         p.push(".new");
         PathBuf::from(p)
     };
-    create_via(&tmp, path, (id, capacity), stop).inspect_err(|_| {
+    create_via(&tmp, path, id, capacity, stop).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
 }
@@ -624,7 +624,8 @@ const STOP_CHECK_PAGES: u64 = 256;
 fn create_via(
     tmp: &Path,
     path: &Path,
-    (id, capacity): (u64, u64),
+    id: u64,
+    capacity: u64,
     stop: &dyn Fn() -> bool,
 ) -> io::Result<()> {
     {

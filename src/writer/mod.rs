@@ -119,10 +119,10 @@ impl Thread {
                     break;
                 }
             }
-            let journal = self.store.journal_use();
+            let (used, room) = self.store.journal_use();
             if self
                 .schedule
-                .journal_filling(journal, self.store.log_bytes(), Instant::now())
+                .journal_filling(used, room, self.store.log_bytes(), Instant::now())
                 && let Err(e) = self.store.sync_file()
             {
                 // A failure changes nothing: the next commit finds the journal full and
