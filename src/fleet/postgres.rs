@@ -595,7 +595,15 @@ pub async fn apply(
         }
         Ok::<_, tokio_postgres::Error>(())
     };
-    write(&tx, (&db.staging, &db.upserts), &rows, gateway, advance).await?;
+    write(
+        &tx,
+        db.staging.as_ref(),
+        &db.upserts,
+        &rows,
+        gateway,
+        advance,
+    )
+    .await?;
     tx.commit().await?;
     Ok(applied)
 }
@@ -604,10 +612,8 @@ pub async fn apply(
 /// staged and moved in where the connection may stage, else as multi-row `VALUES`.
 async fn write(
     tx: &tokio_postgres::Transaction<'_>,
-    (staging, upserts): (
-        &Option<[tokio_postgres::Statement; 3]>,
-        &[tokio_postgres::Statement],
-    ),
+    staging: Option<&[tokio_postgres::Statement; 3]>,
+    upserts: &[tokio_postgres::Statement],
     rows: &Rows<'_>,
     gateway: &str,
     advance: impl std::future::Future<Output = Result<(), tokio_postgres::Error>>,

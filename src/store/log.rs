@@ -369,11 +369,10 @@ impl Store {
                 next.write(&mut meta)?;
                 trimmed = Vec::new();
             } else {
-                trimmed =
-                    self.finish_fold(&tx, (&mut log, &mut meta), &pending, &in_fold, cursor)?;
+                trimmed = self.finish_fold(&tx, &mut log, &mut meta, &pending, &in_fold, cursor)?;
             }
             let width = self.settings.bucket_width_secs;
-            write_folded(folding, (&mut buckets, &by_id), width, &mut stats)?;
+            write_folded(folding, &mut buckets, &by_id, width, &mut stats)?;
         }
         tx.commit()?;
         self.fold = next;
@@ -515,7 +514,8 @@ fn no_commit_outside(
 /// Writes the folded documents of a checkpoint part.
 fn write_folded(
     folding: BTreeMap<(u64, i64), Folding>,
-    (buckets, by_id): (&mut DocTable<'_>, &redb::Table<'_, u64, &'static str>),
+    buckets: &mut DocTable<'_>,
+    by_id: &redb::Table<'_, u64, &'static str>,
     width: i64,
     stats: &mut CheckpointStats,
 ) -> Result<(), CommitError> {
@@ -584,10 +584,8 @@ impl super::Store {
     fn finish_fold(
         &self,
         tx: &redb::WriteTransaction,
-        (log, meta): (
-            &mut LogTable<'_>,
-            &mut redb::Table<'_, &'static str, &'static str>,
-        ),
+        log: &mut LogTable<'_>,
+        meta: &mut redb::Table<'_, &'static str, &'static str>,
         pending: &[std::sync::Arc<super::pending::PendingCommit>],
         in_fold: &[&super::pending::PendingCommit],
         cursor: FoldCursor,
