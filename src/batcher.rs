@@ -467,8 +467,8 @@ impl Batcher {
 
     /// A new connection of `session`, whose handshake took `handshake`: the broker may send its
     /// window at once, and it may be another broker (or another configuration) whose window is
-    /// still to be learned, for every session (they share what is learned). Acks of the session already pending belong to the old connection
-    /// and are never sent.
+    /// still to be learned, for every session (they share what is learned). Acks of the session
+    /// already pending belong to the old connection and are never sent.
     pub fn connected(&mut self, session: u16, now: Instant, handshake: Duration) {
         self.released_at = Some(now);
         // A handshake that crawled (a broker under load, a slow TLS peer) says little about the

@@ -26,8 +26,8 @@ pub enum MqttEvent {
     AcksSent(usize),
     /// Our DISCONNECT was written to the socket.
     DisconnectSent,
-    /// A PINGREQ was written to the socket (asked for with [`crate::mqtt::Mqtt::try_ping`], or rumqttc's
-    /// keep-alive ping), after the acks of every `AcksSent` before it.
+    /// A PINGREQ was written to the socket (asked for with [`crate::mqtt::Mqtt::try_ping`], or
+    /// rumqttc's keep-alive ping), after the acks of every `AcksSent` before it.
     PingSent,
     /// A PINGRESP came: the broker has read everything written before the oldest PINGREQ not
     /// answered yet (brokers handle a connection's packets in order and answer each PINGREQ).

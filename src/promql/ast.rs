@@ -221,7 +221,7 @@ impl<'a> SeriesLabels<'a> {
 pub const READINGS: &str = "bucketd_reading";
 
 /// How far back a plain `bucketd_reading` selector looks for a reading unless told
-/// (`http.lookback`, [`Grid::looking_back`]): Prometheus's default look-back delta, 5 minutes.
+/// (`http.lookback`, [`super::Grid::looking_back`]): Prometheus's default look-back delta, 5 minutes.
 pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
 
 impl Selector {
