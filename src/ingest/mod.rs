@@ -1,5 +1,5 @@
-//! The ingest task: owns the MQTT sessions and the [`Batcher`](crate::batcher::Batcher). It decodes every PUBLISH,
-//! merges its readings into the open batch, hands due batches to the writer thread, and sends the
+//! The ingest task: owns the MQTT sessions and the [`Batcher`](crate::batcher::Batcher). It
+//! decodes every PUBLISH, merges its readings into the open batch, hands due batches to the writer thread, and sends the
 //! acknowledgements of a batch, in arrival order, once the writer reports it committed.
 //!
 //! Nothing inside the loop blocks: decoding and merging are in-memory, the writer runs on its own
