@@ -1,6 +1,7 @@
 //! The ingest task: owns the MQTT sessions and the [`Batcher`](crate::batcher::Batcher). It
-//! decodes every PUBLISH, merges its readings into the open batch, hands due batches to the writer thread, and sends the
-//! acknowledgements of a batch, in arrival order, once the writer reports it committed.
+//! decodes every PUBLISH, merges its readings into the open batch, hands due batches to the
+//! writer thread, and sends the acknowledgements of a batch, in arrival order, once the writer
+//! reports it committed.
 //!
 //! Nothing inside the loop blocks: decoding and merging are in-memory, the writer runs on its own
 //! thread, and acks go through `try_ack` into a request channel sized for two full windows. When
