@@ -3,7 +3,7 @@
 //! it advanced (the pending commits readers share, the sequence, the log's bytes, the dedup
 //! log, the series); and a failed commit's redo, applied again once the file is reopened.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::{
@@ -12,6 +12,89 @@ use super::{
 };
 use crate::batcher::Batch;
 use crate::config::Durability;
+
+/// The commit state the store advances with every commit and every checkpoint, owned in one
+/// place: the next sequence number, where commits become durable (the journal), the commits
+/// waiting to be folded (shared with the readers), the log's bytes and the dedup log. A commit
+/// advances all of them together ([`Store::committed`], after the record is durable); a
+/// checkpoint's last part takes back what it folded (`store::log`).
+#[derive(Default)]
+pub(super) struct Commits {
+    /// Sequence number of the next commit.
+    pub(super) next_seq: u64,
+    /// The `dedup` table's entries: (commit sequence number, fingerprints), oldest first.
+    pub(super) dedup_log: VecDeque<(u64, usize)>,
+    /// Fingerprints in `dedup_log`.
+    pub(super) dedup_total: usize,
+    /// Bytes of the log's records and of the fingerprints stored since the last checkpoint.
+    pub(super) log_bytes: u64,
+    /// The record being encoded, kept to reuse its allocation.
+    pub(super) record_buf: Vec<u8>,
+    /// Where commits become durable; `None` without one (`journal_bytes = 0`) and between a
+    /// failed reopen and the next successful one.
+    pub(super) journal: Option<journal::Journal>,
+    /// Journaled commits not in redb yet (`store::pending`), shared with the readers.
+    pub(super) pending: pending::SharedPending,
+    /// The last commit made durable in redb itself (no journal), encoded as a journal record
+    /// would be, until its transaction has committed: if that failed, the file may show it
+    /// after a reopen from the page cache alone ([`Store::confirm_landed`]).
+    pub(super) unconfirmed: Option<(u64, Vec<u8>)>,
+}
+
+/// Where a commit became durable.
+pub(super) enum Landed {
+    /// In the journal: it waits in memory, readers seeing it, for a checkpoint to fold it.
+    Journal(pending::PendingCommit),
+    /// In the file's `log` table, by a durable transaction of its own.
+    File,
+}
+
+impl Commits {
+    /// Commit `seq` (its `record`, and that many fingerprints) is durable where `landed` says:
+    /// the commits waiting take it, the log's bytes grow by its record, the dedup log by its
+    /// fingerprints, and the next commit takes the next number. Called once per commit, after
+    /// the journal's write or the file's transaction succeeded, never before.
+    pub(super) fn landed(
+        &mut self,
+        seq: u64,
+        record: Vec<u8>,
+        landed: Landed,
+        fingerprints: usize,
+    ) {
+        self.log_bytes = self.log_bytes.saturating_add(record.len() as u64);
+        match landed {
+            Landed::Journal(commit) => pending::push(&self.pending, commit),
+            Landed::File => {
+                pending::push_logged(&self.pending, seq, &record);
+                self.durable_committed();
+            }
+        }
+        self.record_buf = record;
+        self.dedup_log.push_back((seq, fingerprints));
+        self.dedup_total += fingerprints;
+        self.next_seq = seq + 1;
+    }
+
+    /// A checkpoint's last part committed: the commits through `through` are folded (their
+    /// `bytes` of records gone from the log) and the dedup entries `trimmed` (sorted) deleted.
+    pub(super) fn folded(&mut self, through: u64, bytes: u64, trimmed: &[u64]) {
+        pending::drop_through(&self.pending, through);
+        self.durable_committed();
+        self.log_bytes = self.log_bytes.saturating_sub(bytes);
+        self.dedup_log
+            .retain(|(s, _)| trimmed.binary_search(s).is_err());
+        self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
+    }
+
+    /// After a durable transaction committed: the file holds every commit before the first
+    /// pending one, and their journal records are no longer live.
+    pub(super) fn durable_committed(&mut self) {
+        let first_pending = pending::commits(&self.pending).first().map(|c| c.seq);
+        if let Some(j) = &mut self.journal {
+            j.release_below(first_pending.unwrap_or(u64::MAX));
+        }
+    }
+}
 
 /// What one try at a commit came to.
 #[derive(Debug)]
@@ -40,10 +123,10 @@ impl Store {
     /// that commits durably. A commit that went through the journal needs nothing: the open's
     /// replay applied it in a durable transaction already. `Ok` once it is durable.
     pub fn confirm_landed(&mut self) -> Result<(), CommitError> {
-        let Some((seq, bytes)) = self.unconfirmed.take() else {
+        let Some((seq, bytes)) = self.commits.unconfirmed.take() else {
             return Ok(());
         };
-        if seq >= self.next_seq {
+        if seq >= self.commits.next_seq {
             return Ok(()); // It did not land; the caller commits it again.
         }
         let redo = Redo::parse(&bytes).ok_or_else(|| {
@@ -54,10 +137,10 @@ impl Store {
         let tx = self.durable_tx()?;
         apply_redo(&tx, seq, &redo)?;
         if let Err(e) = tx.commit() {
-            self.unconfirmed = Some((seq, bytes));
+            self.commits.unconfirmed = Some((seq, bytes));
             return Err(e.into());
         }
-        self.durable_committed();
+        self.commits.durable_committed();
         Ok(())
     }
 
@@ -141,7 +224,7 @@ impl Store {
         if batch.is_empty() {
             return Ok(Appended::Durable(stats));
         }
-        let seq = self.next_seq;
+        let seq = self.commits.next_seq;
         let outbox_on = self.settings.outbox_max_entries > 0;
         let mut tx = if outbox_on {
             Some(self.open_db()?.begin_write()?)
@@ -149,7 +232,7 @@ impl Store {
             None
         };
         let fingerprints = crate::dedup::encode(&batch.fingerprints);
-        let mut record = std::mem::take(&mut self.record_buf);
+        let mut record = std::mem::take(&mut self.commits.record_buf);
         // Series first seen in this batch; joined to `self.series` only once the commit holds.
         let (new_series, new_in_order) = self.encode_record(batch, &mut record, &mut stats);
         let applied: Vec<(String, Vec<u8>)> = batch
@@ -187,15 +270,15 @@ impl Store {
         };
         // Acknowledgements wait for this commit, so it must be durable: in the journal, or
         // else in redb itself.
-        let journaled = match &mut self.journal {
+        let journaled = match &mut self.commits.journal {
             Some(j) => j.append(seq, &redo).map_err(CommitError::Journal)?,
             None => false,
         };
-        let pending = !pending::commits(&self.pending).is_empty();
+        let pending = !pending::commits(&self.commits.pending).is_empty();
         if !journaled && pending && full == Full::Wait {
             // The journal is full of pending commits: the caller folds them first. Nothing
             // was written.
-            self.record_buf = record;
+            self.commits.record_buf = record;
             return Ok(Appended::JournalFull);
         }
         if journaled {
@@ -209,7 +292,7 @@ impl Store {
                 // next commit number beyond them, and the replay after a power cut would skip
                 // them as held. `commit` folds them first; should they still be there, refuse
                 // (nothing written, nothing acknowledged) rather than lose them.
-                self.record_buf = record;
+                self.commits.record_buf = record;
                 return Err(CommitError::Unfolded);
             }
             let tx = match tx.take() {
@@ -223,43 +306,33 @@ impl Store {
                 outbox_write.as_ref(),
                 &self.settings,
                 &self.outbox,
-                &mut self.unconfirmed,
+                &mut self.commits.unconfirmed,
             )?;
         }
         drop(redo);
         drop(gate);
         stats.series_created = new_series.len();
         stats.log_bytes = record.len() + fingerprints.len();
-        self.log_bytes = self.log_bytes.saturating_add(record.len() as u64);
-        if journaled {
+        let landed = if journaled {
             let commit = pending::PendingCommit::new(seq, record.clone(), fingerprints);
-            pending::push(&self.pending, commit.with(new_in_order, applied));
+            Landed::Journal(commit.with(new_in_order, applied))
         } else {
-            pending::push_logged(&self.pending, seq, &record);
-            self.durable_committed();
-        }
-        self.record_buf = record;
-        self.committed(seq, new_series, batch.fingerprints.len());
+            Landed::File
+        };
+        self.commits
+            .landed(seq, record, landed, batch.fingerprints.len());
+        self.series_added(new_series);
         Ok(Appended::Durable(stats))
     }
 
-    /// Commit `seq` holds: its new series join the known ones, its fingerprints the dedup
-    /// window's count.
-    pub(super) fn committed(
-        &mut self,
-        seq: u64,
-        new_series: HashMap<Arc<str>, u64>,
-        fingerprints: usize,
-    ) {
+    /// A commit's new series join the known ones (and are no longer forgotten).
+    fn series_added(&mut self, new_series: HashMap<Arc<str>, u64>) {
         self.next_series_id += new_series.len() as u64;
         if !self.forgotten.is_empty() {
             // Back in the file: the ingest side must keep counting it.
             self.forgotten.retain(|name| !new_series.contains_key(name));
         }
         self.series.extend(new_series);
-        self.dedup_log.push_back((seq, fingerprints));
-        self.dedup_total += fingerprints;
-        self.next_seq = seq + 1;
     }
 
     /// The dedup entries a checkpoint deletes, in key order: the oldest ones whose
@@ -269,12 +342,18 @@ impl Store {
     /// open, and tells readers which pending commits the file holds).
     pub(super) fn dedup_trim(&self, below: Option<u64>) -> Vec<u64> {
         let window = self.settings.dedup_window;
-        let mut total = self.dedup_total;
+        let mut total = self.commits.dedup_total;
         let held = |seq: u64| below.is_none_or(|b| seq < b);
-        let last = self.dedup_log.iter().rev().map(|e| e.0).find(|s| held(*s));
+        let last = self
+            .commits
+            .dedup_log
+            .iter()
+            .rev()
+            .map(|e| e.0)
+            .find(|s| held(*s));
         let mut out = Vec::new();
         let mut oldest = true;
-        for &(seq, n) in &self.dedup_log {
+        for &(seq, n) in &self.commits.dedup_log {
             if Some(seq) == last || !held(seq) {
                 break;
             }

@@ -200,7 +200,7 @@ impl Store {
     /// Bytes in the commit log (records and the fingerprints stored since the last
     /// checkpoint): what the next checkpoint folds.
     pub fn log_bytes(&self) -> u64 {
-        self.log_bytes
+        self.commits.log_bytes
     }
 
     /// Whether anything waits to be folded: a checkpoint under way, a pending commit, or a
@@ -209,7 +209,7 @@ impl Store {
     /// not end a checkpoint early, or leave commits waiting in the journal while a commit
     /// goes durably past them (issue 51).
     pub fn has_unfolded(&self) -> Result<bool, CommitError> {
-        if self.fold.is_some() || !super::pending::commits(&self.pending).is_empty() {
+        if self.fold.is_some() || !super::pending::commits(&self.commits.pending).is_empty() {
             return Ok(true);
         }
         let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
@@ -254,7 +254,7 @@ impl Store {
     ) -> Result<(), CommitError> {
         let tx = redb::ReadableDatabase::begin_read(self.open_db()?).map_err(redb::Error::from)?;
         visit_table(&tx.open_table(LOG)?, u64::MAX, &mut visit)?;
-        for commit in super::pending::commits(&self.pending).iter() {
+        for commit in super::pending::commits(&self.commits.pending).iter() {
             visit_record(commit.seq, &commit.record, &mut visit)?;
         }
         Ok(())
@@ -300,25 +300,25 @@ impl Store {
     /// [`Store::checkpoint_part`], once.
     fn fold_part(&mut self, budget: usize) -> Result<CheckpointStats, CommitError> {
         let mut stats = CheckpointStats::default();
-        let pending = super::pending::commits(&self.pending);
+        let pending = super::pending::commits(&self.commits.pending);
         let cursor = match self.fold {
             Some(c) => c,
-            None if self.log_bytes == 0
+            None if self.commits.log_bytes == 0
                 && pending.is_empty()
                 && self.dedup_trim(None).is_empty() =>
             {
                 return Ok(stats);
             }
-            None => match self.next_seq.checked_sub(1) {
+            None => match self.commits.next_seq.checked_sub(1) {
                 Some(last) => {
                     // Commits from now on wait for the next checkpoint: in a run of their own.
-                    super::pending::close_run(&self.pending);
+                    super::pending::close_run(&self.commits.pending);
                     FoldCursor::new(last)
                 }
                 None => return Ok(stats),
             },
         };
-        let runs = super::pending::runs_now(&self.pending);
+        let runs = super::pending::runs_now(&self.commits.pending);
         let runs: Vec<&super::merged::Run> = runs
             .iter()
             .take_while(|r| r.last <= cursor.through)
@@ -378,13 +378,8 @@ impl Store {
         self.fold = next;
         stats.more = next.is_some();
         if next.is_none() {
-            super::pending::drop_through(&self.pending, cursor.through);
-            self.durable_committed();
             stats.bytes = folded_bytes;
-            self.log_bytes = self.log_bytes.saturating_sub(folded_bytes);
-            self.dedup_log
-                .retain(|(s, _)| trimmed.binary_search(s).is_err());
-            self.dedup_total = self.dedup_log.iter().map(|e| e.1).sum();
+            self.commits.folded(cursor.through, folded_bytes, &trimmed);
         }
         Ok(stats)
     }

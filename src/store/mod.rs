@@ -278,32 +278,13 @@ pub struct Store {
     /// Series retention deleted, not yet reported to the ingest side ([`Store::take_forgotten`]);
     /// a commit that brings one back takes it off.
     forgotten: Vec<Arc<str>>,
-    /// Sequence number of the next commit.
-    next_seq: u64,
-    /// The `dedup` table's entries: (commit sequence number, fingerprints), oldest first.
-    dedup_log: VecDeque<(u64, usize)>,
     /// How this file's messages are fingerprinted (its key, read or made at the first open).
     fingerprinter: Option<crate::dedup::Fingerprinter>,
-    /// Fingerprints in `dedup_log`.
-    dedup_total: usize,
-    /// Bytes of the log's records and of the fingerprints stored since the last checkpoint.
-    log_bytes: u64,
-    /// The record being encoded, kept to reuse its allocation.
-    record_buf: Vec<u8>,
-    /// Where commits become durable; `None` without one (`journal_bytes = 0`) and between a
-    /// failed reopen and the next successful one.
-    journal: Option<journal::Journal>,
     /// Test seam: injected write faults, see [`Faults`].
     #[cfg(any(test, feature = "fault-injection"))]
     faults: Option<Arc<Faults>>,
     /// The outbox's state, shared with the forwarder.
     outbox: Arc<OutboxShared>,
-    /// Journaled commits not in redb yet (`store::pending`), shared with the readers.
-    pending: pending::SharedPending,
-    /// The last commit made durable in redb itself (no journal), encoded as a journal record
-    /// would be, until its transaction has committed: if that failed, the file may show it
-    /// after a reopen from the page cache alone ([`Store::confirm_landed`]).
-    unconfirmed: Option<(u64, Vec<u8>)>,
     /// The checkpoint under way, if one is (`meta` holds it too).
     fold: Option<log::FoldCursor>,
     /// A write transaction of the file itself (a checkpoint part, a retention pass, a
@@ -312,6 +293,9 @@ pub struct Store {
     /// transaction first reopens the file from the disk ([`Store::recover`]), keeping the
     /// journal and the commits waiting in it.
     needs_recovery: bool,
+    /// What a commit advances: the sequence, the journal, the commits waiting, the log's bytes
+    /// and the dedup log ([`commit::Commits`]).
+    commits: commit::Commits,
 }
 
 type SharedDb = Arc<RwLock<Option<Arc<redb::Database>>>>;
@@ -356,20 +340,13 @@ impl Store {
             series: HashMap::new(),
             next_series_id: 0,
             forgotten: Vec::new(),
-            next_seq: 0,
-            dedup_log: VecDeque::new(),
             fingerprinter: None,
-            dedup_total: 0,
-            log_bytes: 0,
-            record_buf: Vec::new(),
-            journal: None,
             #[cfg(any(test, feature = "fault-injection"))]
             faults: None,
             outbox: Arc::new(OutboxShared::default()),
-            pending: pending::SharedPending::default(),
-            unconfirmed: None,
             fold: None,
             needs_recovery: false,
+            commits: commit::Commits::default(),
         }
     }
 
@@ -446,7 +423,7 @@ impl Store {
             other => other,
         })?;
         // The journal's replay below brings back what was pending, into the `log` table.
-        pending::clear(&self.pending);
+        pending::clear(&self.commits.pending);
         let corrupt = |source| failed_open(&path, source);
         let journal_id = self.init_meta().map_err(corrupt)??;
         self.open_journal(journal_id)?;
@@ -455,9 +432,9 @@ impl Store {
         self.series = read_series(db).map_err(corrupt)?;
         self.next_series_id = self.series.values().max().map_or(0, |id| id + 1);
         let (next_seq, log) = read_dedup_log(db).map_err(corrupt)?;
-        self.next_seq = next_seq;
-        self.dedup_total = log.iter().map(|e| e.1).sum();
-        self.dedup_log = log;
+        self.commits.next_seq = next_seq;
+        self.commits.dedup_total = log.iter().map(|e| e.1).sum();
+        self.commits.dedup_log = log;
         // Chosen once, at the first open: the admission keeps what it was given.
         if self.fingerprinter.is_none() {
             self.fingerprinter = Some(self.fingerprint_key().map_err(corrupt)?);
@@ -468,8 +445,8 @@ impl Store {
         drop(meta);
         let cut = self.fold.map(|c| c.through);
         let (log_bytes, logged, runs) = log::scan(&tx, cut).map_err(corrupt)?;
-        self.log_bytes = log_bytes;
-        pending::set_logged(&self.pending, logged, runs);
+        self.commits.log_bytes = log_bytes;
+        pending::set_logged(&self.commits.pending, logged, runs);
         drop(tx);
         outbox::load(db, &self.outbox).map_err(corrupt)?;
         self.shared
@@ -510,14 +487,14 @@ impl Store {
                     {
                         let mut meta = tx.open_table(META)?;
                         meta.insert("fingerprint_key", key.to_hex().as_str())?;
-                        let since = self.next_seq.to_string();
+                        let since = self.commits.next_seq.to_string();
                         meta.insert("fingerprint_key_since", since.as_str())?;
                     }
                     tx.commit()?;
                     Ok(key)
                 });
             match made {
-                Ok(key) => (key, self.next_seq),
+                Ok(key) => (key, self.commits.next_seq),
                 Err(e) => {
                     // Unkeyed for this run (as before issue 52); made at the next start.
                     tracing::warn!(
@@ -529,7 +506,11 @@ impl Store {
                 }
             }
         };
-        let legacy = self.dedup_log.front().is_some_and(|&(seq, _)| seq < since);
+        let legacy = self
+            .commits
+            .dedup_log
+            .front()
+            .is_some_and(|&(seq, _)| seq < since);
         Ok(Fingerprinter::new(Some(key), legacy))
     }
 
@@ -545,7 +526,7 @@ impl Store {
     fn open_journal(&mut self, id: u64) -> Result<(), StoreOpenError> {
         let path = journal::path_for(&self.path);
         let wanted = self.settings.journal_bytes;
-        self.journal = None;
+        self.commits.journal = None;
         if wanted == 0 && !path.exists() {
             return Ok(());
         }
@@ -597,7 +578,7 @@ impl Store {
             }
             return self.open_journal(id);
         }
-        self.journal = Some(j);
+        self.commits.journal = Some(j);
         Ok(())
     }
 
@@ -610,40 +591,32 @@ impl Store {
         Ok(tx)
     }
 
-    /// After a durable transaction committed: the file holds every commit before the first
-    /// pending one, and their journal records are no longer live.
-    fn durable_committed(&mut self) {
-        let first_pending = pending::commits(&self.pending).first().map(|c| c.seq);
-        if let Some(j) = &mut self.journal {
-            j.release_below(first_pending.unwrap_or(u64::MAX));
-        }
-    }
-
     /// Makes every commit durable in the file itself (one durable transaction, if the journal
     /// holds any), so that the file alone holds everything: at shutdown, before the file is
     /// read by `bucketd export` or copied.
     pub fn sync_file(&mut self) -> Result<(), CommitError> {
         self.recovered()?;
-        if !pending::commits(&self.pending).is_empty() {
+        if !pending::commits(&self.commits.pending).is_empty() {
             // Folded: the file then holds them, and their journal records are not live.
             self.checkpoint()?;
             return Ok(());
         }
-        if self.journal.as_ref().is_none_or(|j| j.used() == 0) {
+        if self.commits.journal.as_ref().is_none_or(|j| j.used() == 0) {
             return Ok(());
         }
         let committed = self
             .durable_tx()
             .and_then(|tx| tx.commit().map_err(CommitError::from));
         self.note_failure(committed)?;
-        self.durable_committed();
+        self.commits.durable_committed();
         Ok(())
     }
 
     /// Bytes of the journal's live records (commits not folded yet), and the room it has (both
     /// 0 without a journal).
     pub fn journal_use(&self) -> (u64, u64) {
-        self.journal
+        self.commits
+            .journal
             .as_ref()
             .map_or((0, 0), |j| (j.used(), j.room()))
     }
@@ -660,7 +633,7 @@ impl Store {
 
     /// Sequence number of the next commit; one more than that of the last commit in the file.
     pub fn next_seq(&self) -> u64 {
-        self.next_seq
+        self.commits.next_seq
     }
 
     /// The dedup window's fingerprints in the file with their resend sequence tags, oldest
@@ -670,7 +643,7 @@ impl Store {
     ) -> Result<Vec<(crate::dedup::Fingerprint, crate::dedup::Tag)>, redb::Error> {
         let tx = self.open_db().map_err(|_| closed_error())?.begin_read()?;
         let table = tx.open_table(DEDUP)?;
-        let mut out = Vec::with_capacity(self.dedup_total);
+        let mut out = Vec::with_capacity(self.commits.dedup_total);
         for entry in table.iter()? {
             let (key, value) = entry?;
             let fps = crate::dedup::decode(value.value()).ok_or_else(|| {
@@ -679,7 +652,7 @@ impl Store {
             out.extend(fps);
         }
         // Then the pending commits' (the writer alone changes the list: no fold between).
-        for commit in pending::commits(&self.pending).iter() {
+        for commit in pending::commits(&self.commits.pending).iter() {
             let fps = crate::dedup::decode(&commit.fingerprints).ok_or_else(|| {
                 redb::Error::Corrupted(format!("dedup entry {} is unreadable", commit.seq))
             })?;
@@ -806,7 +779,7 @@ impl Store {
     pub fn reader(&self) -> StoreReader {
         StoreReader::shared(
             self.shared.clone(),
-            self.pending.clone(),
+            self.commits.pending.clone(),
             self.settings.page_capacity,
         )
     }
@@ -826,7 +799,7 @@ impl Store {
     pub(crate) fn recount_log_bytes(&self) -> u64 {
         let tx = self.db().begin_read().unwrap();
         let table = log::scan(&tx, None).unwrap().0;
-        let pending: u64 = pending::commits(&self.pending)
+        let pending: u64 = pending::commits(&self.commits.pending)
             .iter()
             .map(|c| c.record.len() as u64)
             .sum();

@@ -18,7 +18,7 @@ impl Store {
     /// not built upon.
     pub fn reopen(&mut self) -> Result<(), StoreOpenError> {
         self.close_file();
-        self.journal = None;
+        self.commits.journal = None;
         self.drop_cached_pages(true);
         self.load()
     }
@@ -60,14 +60,14 @@ impl Store {
         // A fold whose commit failed may have landed after all: its commits are in the file.
         if let Some(last) = file_next.checked_sub(1) {
             // The runs are made again below, from what the file holds.
-            drop(pending::drop_commits_through(&self.pending, last));
+            drop(pending::drop_commits_through(&self.commits.pending, last));
         }
-        let pending = pending::commits(&self.pending);
+        let pending = pending::commits(&self.commits.pending);
         let next = pending.last().map_or(file_next, |c| c.seq + 1);
-        if next != self.next_seq {
+        if next != self.commits.next_seq {
             return Err(CommitError::Redb(redb::Error::Corrupted(format!(
                 "reopened, the file and the journal end at commit {next}, the writer at {}",
-                self.next_seq
+                self.commits.next_seq
             ))));
         }
         let mut series = read_series(db)?;
@@ -85,8 +85,8 @@ impl Store {
             let n = crate::dedup::count(&c.fingerprints).unwrap_or(0);
             dedup_log.push_back((c.seq, n));
         }
-        self.dedup_total = dedup_log.iter().map(|e| e.1).sum();
-        self.dedup_log = dedup_log;
+        self.commits.dedup_total = dedup_log.iter().map(|e| e.1).sum();
+        self.commits.dedup_log = dedup_log;
         let tx = db.begin_read().map_err(redb::Error::from)?;
         let waiting: u64 = pending.iter().map(|c| c.record.len() as u64).sum();
         let meta = tx.open_table(META).map_err(redb::Error::from)?;
@@ -104,11 +104,11 @@ impl Store {
         if let Some(cut) = cut {
             runs.close_through(cut);
         }
-        self.log_bytes = log_bytes + waiting;
-        pending::set_logged(&self.pending, logged, runs);
+        self.commits.log_bytes = log_bytes + waiting;
+        pending::set_logged(&self.commits.pending, logged, runs);
         self.reapply_outbox(db)?;
         // The file, read back from the disk, holds every commit before the first pending one.
-        self.durable_committed();
+        self.commits.durable_committed();
         Ok(())
     }
 
@@ -117,6 +117,7 @@ impl Store {
     /// them, and the journal holds them until a durable transaction does.
     pub(super) fn reapply_outbox(&self, db: &redb::Database) -> Result<(), CommitError> {
         let Some(j) = self
+            .commits
             .journal
             .as_ref()
             .filter(|_| self.settings.outbox_max_entries > 0)

@@ -138,7 +138,7 @@ impl Store {
             }
         }
         tx.commit()?;
-        self.durable_committed();
+        self.commits.durable_committed();
         stats.series = names.len();
         for name in names {
             self.series.remove(&name);

@@ -307,7 +307,7 @@ fn the_dedup_window_survives_reopening_and_stays_bounded() {
             store.checkpoint().unwrap();
         }
         assert!(
-            store.dedup_log.len() <= 5 + 10,
+            store.commits.dedup_log.len() <= 5 + 10,
             "the table stays bounded: the window and what came since the last checkpoint"
         );
     }
@@ -320,7 +320,10 @@ fn the_dedup_window_survives_reopening_and_stays_bounded() {
     assert_eq!(store.next_seq(), 108);
     store.checkpoint().unwrap();
     assert_eq!(fps_in(&store).len(), 4);
-    assert!(store.dedup_log.len() <= 5, "empty entries do not pile up");
+    assert!(
+        store.commits.dedup_log.len() <= 5,
+        "empty entries do not pile up"
+    );
     drop(store);
     assert_eq!(Store::open(&settings(&path)).unwrap().next_seq(), 108);
 }
@@ -1807,7 +1810,7 @@ fn a_drifted_log_count_neither_ends_a_checkpoint_early_nor_loses_waiting_commits
     }
     // The count drifted (any bug in its bookkeeping would do); then a commit of four units
     // finds the journal full, and folds first.
-    store.log_bytes = 0;
+    store.commits.log_bytes = 0;
     commit(&mut store, "d/t", 5000, 3 * hour);
     faults.arm_power_cut(1, Cut::Nothing);
     drop(store);
@@ -2834,7 +2837,7 @@ fn a_read_of_one_series_decodes_only_that_series_entries_of_the_commits_waiting(
         if name == "pending" {
             // The indexes beside the records they index: a byte a series of filter and 32
             // bytes a seek interval, against ~6 bytes an entry of one reading.
-            let commits = pending::commits(&store.pending);
+            let commits = pending::commits(&store.commits.pending);
             let index: usize = commits
                 .iter()
                 .filter_map(|c| c.index.as_ref())
