@@ -152,7 +152,7 @@ const BUGS: &[(&str, &str, &str, &str)] = &[
     (
         "b897ff4",
         "a retention pass folded the log's rest and left bucketd_commit_log_bytes above 0",
-        "src/writer/mod.rs",
+        "src/writer/tests.rs",
         "the_writer_folds_the_whole_log_part_by_part_and_the_gauge_follows",
     ),
 ];
