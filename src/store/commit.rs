@@ -42,7 +42,7 @@ pub(super) struct Commits {
 }
 
 /// Where a commit became durable.
-pub(super) enum Landed {
+pub(super) enum DurableIn {
     /// In the journal: it waits in memory, readers seeing it, for a checkpoint to fold it.
     Journal(pending::PendingCommit),
     /// In the file's `log` table, by a durable transaction of its own.
@@ -58,13 +58,13 @@ impl Commits {
         &mut self,
         seq: u64,
         record: Vec<u8>,
-        landed: Landed,
+        landed: DurableIn,
         fingerprints: usize,
     ) {
         self.log_bytes = self.log_bytes.saturating_add(record.len() as u64);
         match landed {
-            Landed::Journal(commit) => pending::push(&self.pending, commit),
-            Landed::File => {
+            DurableIn::Journal(commit) => pending::push(&self.pending, commit),
+            DurableIn::File => {
                 pending::push_logged(&self.pending, seq, &record);
                 self.durable_committed();
             }
@@ -315,9 +315,9 @@ impl Store {
         stats.log_bytes = record.len() + fingerprints.len();
         let landed = if journaled {
             let commit = pending::PendingCommit::new(seq, record.clone(), fingerprints);
-            Landed::Journal(commit.with(new_in_order, applied))
+            DurableIn::Journal(commit.with(new_in_order, applied))
         } else {
-            Landed::File
+            DurableIn::File
         };
         self.commits
             .landed(seq, record, landed, batch.fingerprints.len());
