@@ -57,10 +57,21 @@ pub struct Message<'a> {
     /// The session it came on (`mqtt.sessions`, 0-based): packet ids are per session.
     pub session: u16,
     pub received: Timestamp,
-    /// A held resend admitted once its burst ended: what [`Resends::end_burst`] made of it.
-    pub burst: Option<BurstPart>,
+    /// Where it stands in its session's reconnect burst of resends; `None`: no burst is open.
+    pub burst: Option<InBurst>,
     /// QoS 1/2: the arrival number of its ack token (`crate::ack::AckToken::arrival`).
     pub arrival: u64,
+}
+
+/// A message of a session whose reconnect burst is open ([`crate::resend`]). The session owns
+/// the burst; admission is told where the message stands in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InBurst {
+    /// The burst is open and has room: a resend (DUP) that counts is [`Verdict::Held`].
+    Open,
+    /// A held resend admitted again once its burst ended: what [`Resends::end_burst`] made of
+    /// it.
+    Told(BurstPart),
 }
 
 /// What becomes of a message as a whole.
@@ -73,9 +84,10 @@ pub enum Verdict {
     Copy,
     /// Rejected as a whole, for this reason: acknowledged and counted.
     Rejected(DecodeError),
-    /// A resend in a reconnect's burst: the caller keeps it and admits it again, with its
-    /// [`BurstPart`], when the burst ends ([`Resends::end_burst`]).
-    Held,
+    /// A resend in a reconnect's burst, with its fingerprint: the caller holds it in the burst
+    /// and admits it again, [`InBurst::Told`] what it is, when the burst ends
+    /// ([`Resends::end_burst`]).
+    Held(Fingerprint),
 }
 
 /// The outcome of [`Admitter::admit`]; its buffers are reused from message to message.
@@ -306,21 +318,12 @@ impl Admitter {
         // counts: one whose readings are all refused is in no sequence, and goes on now.
         if let Some(fp) = fingerprint.filter(|_| m.qos > 0)
             && m.dup
-            && m.burst.is_none()
-            && self.resends.in_burst(m.session)
+            && m.burst == Some(InBurst::Open)
         {
             self.collect();
             if self.counts() {
-                let copy = if self.resends.hold(m.session, fp, m.arrival) {
-                    Verdict::Held
-                } else if ident.is_some_and(|i| self.dedup.holds(i)) {
-                    // No room left (the caller ends a full burst first): the window's word.
-                    Verdict::Copy
-                } else {
-                    return self.record(m, ident, receive_time);
-                };
                 self.out.clear();
-                self.out.verdict = copy;
+                self.out.verdict = Verdict::Held(fp);
                 return &mut self.out;
             }
             return self.record(m, ident, receive_time);
@@ -332,12 +335,12 @@ impl Admitter {
                 .is_some_and(|l| l.contains(gateway, at)),
             (None, None) => false,
             (None, Some(fp)) => match m.burst {
-                Some(BurstPart::Copy) => true,
+                Some(InBurst::Told(BurstPart::Copy)) => true,
                 // A packet id given again: new, unless its content says it is the same
                 // readings (device timestamps).
-                Some(BurstPart::New) if receive_time => false,
-                Some(BurstPart::New | BurstPart::Unknown) => self.dedup.holds(fp),
-                None => (m.dup || !receive_time) && self.dedup.holds(fp),
+                Some(InBurst::Told(BurstPart::New)) if receive_time => false,
+                Some(InBurst::Told(BurstPart::New | BurstPart::Unknown)) => self.dedup.holds(fp),
+                None | Some(InBurst::Open) => (m.dup || !receive_time) && self.dedup.holds(fp),
             },
         };
         if copy {
@@ -452,7 +455,8 @@ impl Admitter {
         &mut self.out
     }
 
-    /// The reconnect bursts' state ([`crate::resend`]): connections, ends, batches taken.
+    /// The sessions' sequences of counted messages ([`crate::resend`]): bursts told apart,
+    /// acks confirmed, batches taken.
     pub fn resends(&mut self) -> &mut Resends {
         &mut self.resends
     }

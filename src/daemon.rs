@@ -335,13 +335,8 @@ impl Recovered {
         let recent = store.recent_fingerprints().map_err(corrupt)?;
         let dedup =
             crate::dedup::Window::new(config.limits.dedup_window, recent.iter().map(|&(fp, _)| fp));
-        // A reconnect's burst holds at most what the broker may have unacknowledged on a session.
-        let resends = crate::resend::Resends::new(
-            config.mqtt.sessions,
-            config.limits.dedup_window,
-            usize::from(config.mqtt.receive_maximum),
-            recent,
-        );
+        let resends =
+            crate::resend::Resends::new(config.mqtt.sessions, config.limits.dedup_window, recent);
         let applied = store.applied_positions().map_err(corrupt)?;
         // Keys with `#` hold the databases a gateway used before (`fleet::applied`).
         let gateways = applied.iter().filter(|(key, _)| !key.contains('#')).count();

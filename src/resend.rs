@@ -17,12 +17,12 @@
 //!   session (a tail of the session's [sequence](Resends::counted)), then ones bucketd never got.
 //!
 //! So the copies in a resend burst are exactly a tail of the sequence, complete to its last
-//! message, at the burst's start. A burst is held ([`Resends::hold`]) until it ends: at the first
+//! message, at the burst's start. A burst is held ([`Burst::hold`]) until it ends: at the first
 //! new (not DUP) QoS 1/2 message, when it has been quiet for a while (the caller keeps the
-//! time), or at `hold_max` messages. [`Resends::end_burst`] then counts as copies the longest tail
-//! of the sequence that the burst begins with; a held message after those is new if the sequence
-//! knows its fingerprint (a packet id reused), and follows the plain window rule otherwise (a
-//! fingerprint stored before sequences were, or by a session that no longer exists).
+//! time), or when full ([`Burst::is_full`]). [`Resends::end_burst`] then counts as copies the
+//! longest tail of the sequence that the burst begins with; a held message after those is new if
+//! the sequence knows its fingerprint (a packet id reused), and follows the plain window rule
+//! otherwise (a fingerprint stored before sequences were, or by a session that no longer exists).
 //!
 //! A burst that went quiet may not be over: a broker can resend fewer messages than it had
 //! unacknowledged, and the rest only after acknowledgements (Mosquitto 2.0.11 restored from its
@@ -63,8 +63,7 @@ struct Entry {
     confirmed: bool,
 }
 
-/// Per session: the QoS 1/2 messages counted, in arrival order, and the reconnect burst being
-/// held.
+/// Per session: the QoS 1/2 messages counted, in arrival order.
 #[derive(Debug, Default)]
 struct Sequence {
     known: VecDeque<Entry>,
@@ -80,7 +79,6 @@ struct Sequence {
     /// The last `open` of `known` are in the open batch (not yet handed to the writer).
     open: usize,
     replay: Replay,
-    burst: Option<Burst>,
 }
 
 impl Sequence {
@@ -133,10 +131,56 @@ impl Default for Replay {
     }
 }
 
-#[derive(Debug, Default)]
-struct Burst {
-    /// Fingerprints and arrival numbers of the held messages, in arrival order.
-    held: Vec<(Fingerprint, u64)>,
+/// A reconnect's burst of resends, held until it ends: the held messages in arrival order, each
+/// with its fingerprint and arrival number (what [`Resends::end_burst`] tells them apart by) and
+/// what the caller needs to admit it again (`T`), so that the two never part. Owned by the
+/// session it came on (`crate::ingest`); a connection that begins or ends drops it
+/// (unacknowledged, its messages come again with the next connection's burst).
+#[derive(Debug)]
+pub struct Burst<T> {
+    held: Vec<Held<T>>,
+    /// Most messages held (the caller ends a burst that [`Burst::is_full`]).
+    max: usize,
+}
+
+/// A message held in a [`Burst`].
+#[derive(Debug)]
+pub struct Held<T> {
+    pub fp: Fingerprint,
+    /// Its ack token's arrival number.
+    pub arrival: u64,
+    pub body: T,
+}
+
+impl<T> Burst<T> {
+    /// An empty burst that holds at most `max` messages (at least one).
+    pub fn new(max: usize) -> Burst<T> {
+        Burst {
+            held: Vec::new(),
+            max: max.max(1),
+        }
+    }
+
+    /// Holds a resend; the caller ends a burst that [`Burst::is_full`] before the next.
+    pub fn hold(&mut self, fp: Fingerprint, arrival: u64, body: T) {
+        debug_assert!(
+            !self.is_full(),
+            "a full burst is ended before the next resend"
+        );
+        self.held.push(Held { fp, arrival, body });
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.held.len() >= self.max
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
 }
 
 /// The resend sequences of all sessions. See the module docs.
@@ -145,8 +189,6 @@ pub struct Resends {
     sessions: Vec<Sequence>,
     /// Most messages kept per session (`limits.dedup_window`).
     capacity: usize,
-    /// Most messages held in one burst.
-    hold_max: usize,
 }
 
 /// What a held message turned out to be when its burst ended ([`Resends::end_burst`]).
@@ -165,7 +207,7 @@ pub enum BurstPart {
 pub enum BurstEnd {
     /// A new message came: the broker has resent everything.
     NewMessage,
-    /// Quiet for a while, or `hold_max` held, or shutdown: the broker may be waiting for
+    /// Quiet for a while, or the burst full, or shutdown: the broker may be waiting for
     /// acknowledgements before it resends more.
     Pause,
 }
@@ -176,13 +218,11 @@ impl Resends {
     pub fn new(
         sessions: u16,
         capacity: usize,
-        hold_max: usize,
         recent: impl IntoIterator<Item = (Fingerprint, Tag)>,
     ) -> Resends {
         let mut r = Resends {
             sessions: (0..sessions).map(|_| Sequence::default()).collect(),
             capacity,
-            hold_max: hold_max.max(1),
         };
         for (fp, tag) in recent {
             if let Some(id) = tag
@@ -198,65 +238,26 @@ impl Resends {
         r
     }
 
-    /// A connection of `session` began. Messages held from an earlier connection are dropped
-    /// (the caller drops them too: unacknowledged, the broker resends them); with the session
-    /// kept (`session_present`), a burst of resends may come first.
-    pub fn connected(&mut self, session: u16, session_present: bool) {
-        if let Some(s) = self.sessions.get_mut(usize::from(session)) {
-            s.burst = session_present.then(Burst::default);
-        }
+    /// Ends `session`'s burst: each held message with what it is, in arrival order (see the
+    /// module docs). The caller then admits them in that order.
+    pub fn end_burst<T>(
+        &mut self,
+        session: u16,
+        burst: Burst<T>,
+        end: BurstEnd,
+    ) -> Vec<(Held<T>, BurstPart)> {
+        let parts = self.tell_apart(session, &burst, end);
+        burst.held.into_iter().zip(parts).collect()
     }
 
-    /// `session`'s connection ended: what its burst held is dropped (the caller drops the
-    /// messages too; unacknowledged, they come again with the next connection's burst).
-    pub fn disconnected(&mut self, session: u16) {
-        self.connected(session, false);
-    }
-
-    /// Whether `session`'s reconnect burst is still open.
-    pub fn in_burst(&self, session: u16) -> bool {
-        self.session(session).is_some_and(|s| s.burst.is_some())
-    }
-
-    /// Messages held in `session`'s burst.
-    pub fn held(&self, session: u16) -> usize {
-        self.session(session)
-            .and_then(|s| s.burst.as_ref())
-            .map_or(0, |b| b.held.len())
-    }
-
-    /// Holds a resend (DUP) with fingerprint `fp` and arrival number `arrival` when `session`
-    /// has a burst open with room; `false` otherwise (the caller applies the plain window rule).
-    /// The caller ends a burst that [`Resends::is_full`].
-    pub fn hold(&mut self, session: u16, fp: Fingerprint, arrival: u64) -> bool {
-        let max = self.hold_max;
-        let Some(b) = self
-            .sessions
-            .get_mut(usize::from(session))
-            .and_then(|s| s.burst.as_mut())
-            .filter(|b| b.held.len() < max)
-        else {
-            return false;
-        };
-        b.held.push((fp, arrival));
-        true
-    }
-
-    /// Whether `session`'s burst holds `hold_max` messages.
-    pub fn is_full(&self, session: u16) -> bool {
-        self.held(session) >= self.hold_max
-    }
-
-    /// Ends `session`'s burst: what each held message is, in arrival order (see the module
-    /// docs). The caller then admits them in that order.
-    pub fn end_burst(&mut self, session: u16, end: BurstEnd) -> Vec<BurstPart> {
+    /// What each message of `burst` is ([`Resends::end_burst`]).
+    fn tell_apart<T>(&mut self, session: u16, burst: &Burst<T>, end: BurstEnd) -> Vec<BurstPart> {
         let Some(s) = self.sessions.get_mut(usize::from(session)) else {
-            return Vec::new();
+            // A session beyond `mqtt.sessions` has no sequence: the window decides.
+            return vec![BurstPart::Unknown; burst.len()];
         };
-        let Some(burst) = s.burst.take() else {
-            return Vec::new();
-        };
-        let (held, arrivals): (Vec<Fingerprint>, Vec<u64>) = burst.held.into_iter().unzip();
+        let held: Vec<Fingerprint> = burst.held.iter().map(|h| h.fp).collect();
+        let arrivals = burst.held.iter().map(|h| h.arrival);
         let n = s.known.len();
         let fps = || s.known.iter().map(|e| e.fp);
         // The broker has read the acks of confirmed messages and never resends those: a tail of
@@ -290,7 +291,7 @@ impl Resends {
             // Each message of the tail is now acknowledged by its copy's ack, on this
             // connection: a ping after it confirms the message ([`Resends::confirm`]). The
             // arrival numbers stay in order: the copies came after everything in the sequence.
-            for (e, &arrival) in s.known.range_mut(n - tail..).zip(&arrivals) {
+            for (e, arrival) in s.known.range_mut(n - tail..).zip(arrivals) {
                 e.arrival = arrival;
             }
         }
@@ -311,7 +312,8 @@ impl Resends {
     /// Whether `fp` is in `session`'s sequence.
     #[cfg(test)]
     fn knows(&self, session: u16, fp: Fingerprint) -> bool {
-        self.session(session)
+        self.sessions
+            .get(usize::from(session))
             .is_some_and(|s| s.known.iter().any(|e| e.fp == fp))
     }
 
@@ -384,10 +386,6 @@ impl Resends {
             s.replay = Replay::default();
             s.reused_committed |= std::mem::take(&mut s.reused_open);
         }
-    }
-
-    fn session(&self, session: u16) -> Option<&Sequence> {
-        self.sessions.get(usize::from(session))
     }
 }
 

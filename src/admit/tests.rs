@@ -91,7 +91,7 @@ fn admitter_of(
         3600,
         series,
         Window::new(16, []),
-        Resends::new(1, 16, 16, []),
+        Resends::new(1, 16, []),
         ledger,
     )
 }
@@ -343,7 +343,7 @@ fn a_gateways_share_counts_the_series_already_stored() {
         3600,
         SeriesSet::new(100, 100, stored),
         Window::new(16, []),
-        Resends::new(1, 16, 16, []),
+        Resends::new(1, 16, []),
         None,
     )
     .with_gateway_limits(

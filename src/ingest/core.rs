@@ -4,9 +4,10 @@
 //! comes in with each call, actions go out in a list, and acks and pings are taken one at a
 //! time by the shell as its clients have room ([`Core::outgoing`]).
 //!
-//! One owner for each piece of state: a session's link, acks and pings live in its
-//! [`SessionState`]; the batch and the broker windows in the [`Batcher`]; which resends are
-//! copies in [`crate::resend`] (its fingerprints), the held messages' bodies here.
+//! One owner for each piece of state: a session's link, acks, pings and reconnect burst (the
+//! held resends, bodies and fingerprints together) live in its [`SessionState`]; the batch and
+//! the broker windows in the [`Batcher`]; the sessions' sequences of counted messages, which
+//! tell a burst's copies from new messages, in [`crate::resend`].
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,12 +16,12 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
 use crate::ack::{AckToken, SessionId};
-use crate::admit::{Admitted, Admitter, Message, Verdict};
+use crate::admit::{Admitted, Admitter, InBurst, Message, Verdict};
 use crate::batcher::{Batch, Batcher, Committed, FlushReason};
 use crate::link::{Backoff, MqttEvent, PollError, Publish};
 use crate::reading::Timestamp;
 use crate::reject::DecodeError;
-use crate::resend::{BurstEnd, BurstPart};
+use crate::resend::{BurstEnd, BurstPart, Held};
 
 use self::session::{
     HeldMessage, Link, MARKERS_IN_FLIGHT_MAX, Marker, SessionState, Subscriptions,
@@ -144,7 +145,8 @@ impl<R> Core<R> {
     pub fn new(parts: Parts, now: Instant) -> Core<R> {
         Core {
             sessions: (0..parts.sessions)
-                .map(|_| SessionState::new(parts.backoff.clone(), now))
+                // A reconnect's burst holds at most what the broker may have unacknowledged.
+                .map(|_| SessionState::new(parts.backoff.clone(), usize::from(parts.window), now))
                 .collect(),
             admit: parts.admit,
             batcher: parts.batcher,
@@ -301,7 +303,7 @@ impl<R> Core<R> {
     /// Sends the open batch to the writer when it is due, the writer is idle and no resends are
     /// held (their acks are in the batch, their readings not yet).
     fn hand_over_due_batch(&mut self, now: Instant, out: &mut Vec<Action<R>>) {
-        if self.in_flight.is_some() || self.sessions.iter().any(|s| !s.held.is_empty()) {
+        if self.in_flight.is_some() || self.sessions.iter().any(SessionState::holds_resends) {
             return;
         }
         let held = self.request_held_until().is_some_and(|until| now < until);
@@ -507,11 +509,8 @@ impl<R> Core<R> {
         now: Instant,
         out: &mut Vec<Action<R>>,
     ) {
-        self.sessions[session.index()].connected(self.arrival + 1, handshake, now);
+        self.sessions[session.index()].connected(self.arrival + 1, session_present, handshake, now);
         self.told_window = false;
-        self.admit
-            .resends()
-            .connected(session.get(), session_present);
         self.batcher.connected(session.get(), now, handshake);
         if session_present {
             info!(
@@ -559,7 +558,6 @@ impl<R> Core<R> {
         let was_connected = s.is_up();
         let delay = s.lost(now);
         let attempt = s.backoff.attempts;
-        self.admit.resends().disconnected(session.get());
         self.stats.connection_errors.fetch_add(1, Ordering::Relaxed);
         self.update_link_gauges();
         if was_connected {
@@ -588,7 +586,7 @@ impl<R> Core<R> {
         let id = session.get();
         if qos > 0 {
             self.batcher.arrived(now.at, now.lag);
-            if !dup && self.admit.resends().in_burst(id) {
+            if !dup && self.sessions[session.index()].burst.is_some() {
                 // The broker has resent everything: the burst is over.
                 self.end_burst(session, BurstEnd::NewMessage);
             }
@@ -602,24 +600,29 @@ impl<R> Core<R> {
             dup,
             session: id,
             received: now.wall,
-            burst: None,
+            burst: self.sessions[session.index()]
+                .burst
+                .is_some()
+                .then_some(InBurst::Open),
             arrival,
         };
         let admitted = self.admit.admit(&message);
-        if admitted.verdict == Verdict::Held {
+        if let Verdict::Held(fp) = admitted.verdict {
             let s = &mut self.sessions[session.index()];
-            s.held.push(HeldMessage {
+            let held = HeldMessage {
                 topic: topic.clone(),
                 payload: payload.clone(),
                 pkid,
                 qos,
                 received: now.wall,
-                arrival,
                 at: now.at,
-            });
+            };
             s.burst_at = now.at;
-            if self.admit.resends().is_full(id) {
-                self.end_burst(session, BurstEnd::Pause);
+            if let Some(burst) = &mut s.burst {
+                burst.hold(fp, arrival, held);
+                if burst.is_full() {
+                    self.end_burst(session, BurstEnd::Pause);
+                }
             }
         } else {
             if let Some((topic, payload)) = admitted.rebirth.take() {
@@ -681,17 +684,14 @@ impl<R> Core<R> {
     /// Ends `session`'s burst of resends and admits what it held, in order, as
     /// [`crate::resend`] tells them apart. Their acks are in the batch already.
     fn end_burst(&mut self, session: SessionId, end: BurstEnd) {
-        let parts = self.admit.resends().end_burst(session.get(), end);
-        let held = std::mem::take(&mut self.sessions[session.index()].held);
+        let Some(burst) = self.sessions[session.index()].burst.take() else {
+            return;
+        };
+        let held = self.admit.resends().end_burst(session.get(), burst, end);
         if held.is_empty() {
             return;
         }
-        debug_assert_eq!(
-            parts.len(),
-            held.len(),
-            "the bodies held here and the fingerprints held in `resend` are of the same messages"
-        );
-        let count = |part| parts.iter().filter(|p| **p == part).count();
+        let count = |part| held.iter().filter(|(_, p)| *p == part).count();
         info!(
             session = session.index(),
             resent = held.len(),
@@ -700,17 +700,17 @@ impl<R> Core<R> {
             "The broker resent the messages it had not seen acknowledged; those counted already \
              are skipped (reused_ids: new messages on the packet ids of counted ones)."
         );
-        for (h, part) in held.into_iter().zip(parts) {
+        for (Held { arrival, body, .. }, part) in held {
             let message = Message {
-                topic: &h.topic,
-                payload: &h.payload,
-                pkid: h.pkid,
-                qos: h.qos,
+                topic: &body.topic,
+                payload: &body.payload,
+                pkid: body.pkid,
+                qos: body.qos,
                 dup: true,
                 session: session.get(),
-                received: h.received,
-                burst: Some(part),
-                arrival: h.arrival,
+                received: body.received,
+                burst: Some(InBurst::Told(part)),
+                arrival,
             };
             let admitted = self.admit.admit(&message);
             let urgent = apply(
@@ -719,7 +719,7 @@ impl<R> Core<R> {
                 &mut self.gateway_warned,
                 admitted,
                 &message,
-                h.at,
+                body.at,
             );
             if urgent {
                 self.urgent = Some(FlushReason::Replay);
@@ -854,7 +854,7 @@ fn apply(
             admitted.replay
         }
         // The caller keeps held messages; nothing of them is applied until their burst ends.
-        Verdict::Held => false,
+        Verdict::Held(_) => false,
     }
 }
 

@@ -8,8 +8,7 @@ fn tag(pkid: u16) -> Tag {
     Some(crate::dedup::PacketId { session: 0, pkid })
 }
 
-/// A session 0 whose sequence is `committed`, each message with a packet id of its own, with a
-/// burst open.
+/// A session 0 whose sequence is `committed`, each message with a packet id of its own.
 fn reconnected(committed: &[Fingerprint]) -> Resends {
     with_ids(committed, |i| i as u16)
 }
@@ -20,24 +19,33 @@ fn with_ids(committed: &[Fingerprint], id: impl Fn(usize) -> u16) -> Resends {
         .iter()
         .enumerate()
         .map(|(i, &fp)| (fp, tag(id(i))));
-    let mut r = Resends::new(1, 64, 16, recent);
-    r.connected(0, true);
-    r
+    Resends::new(1, 64, recent)
 }
 
-/// Holds `resends` and ends the burst: `C` a copy, `N` new with a known fingerprint, `?` unknown.
-fn burst(r: &mut Resends, resends: &[Fingerprint], end: BurstEnd) -> String {
-    for &fp in resends {
-        assert!(r.hold(0, fp, 0));
+/// Holds `resends` (arrival numbers from `arrival`) in a burst of session 0 and ends it: `C` a
+/// copy, `N` new with a known fingerprint, `?` unknown.
+fn burst_from(r: &mut Resends, arrival: u64, resends: &[Fingerprint], end: BurstEnd) -> String {
+    let mut b = Burst::new(16);
+    for (i, &fp) in resends.iter().enumerate() {
+        b.hold(fp, arrival + i as u64, i);
     }
-    r.end_burst(0, end)
-        .into_iter()
-        .map(|p| match p {
+    let told = r.end_burst(0, b, end);
+    assert!(
+        told.iter().enumerate().all(|(i, (h, _))| h.body == i),
+        "each message comes back with its own body, in order"
+    );
+    told.into_iter()
+        .map(|(_, p)| match p {
             BurstPart::Copy => 'C',
             BurstPart::New => 'N',
             BurstPart::Unknown => '?',
         })
         .collect()
+}
+
+/// [`burst_from`] with arrival numbers that say nothing (0).
+fn burst(r: &mut Resends, resends: &[Fingerprint], end: BurstEnd) -> String {
+    burst_from(r, 0, resends, end)
 }
 
 use BurstEnd::{NewMessage, Pause};
@@ -102,12 +110,11 @@ fn a_burst_that_repeats_a_whole_tail_is_taken_as_its_copies() {
 }
 
 #[test]
-fn bursts_belong_to_a_connection_and_a_session() {
+fn sequences_belong_to_a_session() {
     let id = |session, pkid| Some(crate::dedup::PacketId { session, pkid });
     let mut r = Resends::new(
         2,
         64,
-        2,
         [(1, id(0, 1)), (2, id(1, 1)), (3, None), (4, id(7, 1))],
     );
     assert!(r.knows(0, 1) && r.knows(1, 2));
@@ -115,28 +122,26 @@ fn bursts_belong_to_a_connection_and_a_session() {
         !r.knows(0, 2) && !r.knows(0, 3) && !r.knows(1, 4),
         "tags decide"
     );
-    assert!(
-        !r.in_burst(0) && !r.hold(0, 1, 0),
-        "no burst before a connection"
-    );
-    r.connected(0, false);
-    assert!(!r.in_burst(0), "a new session: nothing is resent");
-    r.connected(0, true);
-    assert!(r.in_burst(0) && !r.in_burst(1));
-    assert!(r.hold(0, 1, 0) && !r.is_full(0));
-    assert!(r.hold(0, 1, 0) && r.is_full(0));
-    assert!(!r.hold(0, 1, 0), "full: the caller ends it");
-    r.connected(0, true);
-    assert_eq!(r.held(0), 0, "a new connection drops what the old one held");
-    assert!(r.end_burst(0, Pause).is_empty());
-    assert!(!r.in_burst(0));
-    r.connected(1, true);
-    assert!(r.hold(1, 2, 0));
-    r.disconnected(1);
-    assert!(
-        !r.in_burst(1) && r.held(1) == 0,
-        "a lost connection drops its burst"
-    );
+    // A burst is told apart against its own session's sequence.
+    assert_eq!(burst(&mut r, &[1], NewMessage), "C");
+    let mut b = Burst::new(4);
+    b.hold(1, 0, ());
+    assert_eq!(r.end_burst(1, b, NewMessage)[0].1, BurstPart::Unknown);
+    // A session beyond the sequences: the window decides.
+    let mut b = Burst::new(4);
+    b.hold(4, 0, ());
+    assert_eq!(r.end_burst(7, b, NewMessage)[0].1, BurstPart::Unknown);
+}
+
+#[test]
+fn a_burst_is_full_at_its_bound() {
+    let mut b = Burst::new(2);
+    assert!(b.is_empty() && !b.is_full());
+    b.hold(1, 1, ());
+    assert!(!b.is_empty() && !b.is_full());
+    b.hold(1, 2, ());
+    assert!(b.is_full() && b.len() == 2);
+    assert!(Burst::<()>::new(0).max == 1, "at least one message");
 }
 
 #[test]
@@ -193,8 +198,7 @@ fn the_first_repeated_fingerprint_is_committed_at_once() {
 /// Messages counted on a connection (fingerprints `fps`, packet id 1 each: a broker that hands
 /// out the lowest free id), arrival numbers from 1.
 fn counted_on_one_connection(fps: &[Fingerprint]) -> Resends {
-    let mut r = Resends::new(1, 64, 16, []);
-    r.connected(0, false);
+    let mut r = Resends::new(1, 64, []);
     for (i, &fp) in fps.iter().enumerate() {
         r.counted(0, fp, 1, i as u64 + 1, false);
     }
@@ -209,20 +213,16 @@ fn counted_on_one_connection(fps: &[Fingerprint]) -> Resends {
 fn a_confirmed_message_is_never_a_copy() {
     let mut r = counted_on_one_connection(&[5]);
     r.confirm(0, 1, 1);
-    r.connected(0, true);
     assert_eq!(burst(&mut r, &[5], NewMessage), "N");
     let mut r = counted_on_one_connection(&[5]);
-    r.connected(0, true);
     assert_eq!(burst(&mut r, &[5], NewMessage), "C");
     // Confirmed up to the second of three: the third can still be resent.
     let mut r = counted_on_one_connection(&[5, 6, 7]);
     r.confirm(0, 1, 2);
-    r.connected(0, true);
     assert_eq!(burst(&mut r, &[7, 9], NewMessage), "C?");
     // A confirmation covers its connection's arrivals only.
     let mut r = counted_on_one_connection(&[5]);
     r.confirm(0, 2, 9);
-    r.connected(0, true);
     assert_eq!(burst(&mut r, &[5], NewMessage), "C");
 }
 
@@ -232,30 +232,22 @@ fn a_confirmed_message_is_never_a_copy() {
 #[test]
 fn a_burst_confirms_what_the_broker_did_not_resend() {
     let mut r = counted_on_one_connection(&[5, 6]);
-    r.connected(0, true);
-    assert!(r.hold(0, 6, 10));
-    assert_eq!(r.end_burst(0, NewMessage), [BurstPart::Copy]);
-    r.connected(0, true);
+    assert_eq!(burst_from(&mut r, 10, &[6], NewMessage), "C");
     assert_eq!(
         burst(&mut r, &[5], NewMessage),
         "N",
         "5 was not resent: read"
     );
     let mut r = counted_on_one_connection(&[5, 6]);
-    r.connected(0, true);
-    assert!(r.hold(0, 6, 10));
-    r.end_burst(0, NewMessage);
+    burst_from(&mut r, 10, &[6], NewMessage);
     r.confirm(0, 10, 10);
-    r.connected(0, true);
     assert_eq!(
         burst(&mut r, &[6], NewMessage),
         "N",
         "the copy's ack confirmed 6"
     );
     let mut r = counted_on_one_connection(&[5, 6]);
-    r.connected(0, true);
-    r.end_burst(0, NewMessage);
-    r.connected(0, true);
+    burst(&mut r, &[], NewMessage);
     assert_eq!(
         burst(&mut r, &[6], NewMessage),
         "N",
@@ -263,9 +255,7 @@ fn a_burst_confirms_what_the_broker_did_not_resend() {
     );
     // Quiet is no proof: the resends may still be on their way.
     let mut r = counted_on_one_connection(&[5, 6]);
-    r.connected(0, true);
-    r.end_burst(0, Pause);
-    r.connected(0, true);
+    burst(&mut r, &[], Pause);
     assert_eq!(burst(&mut r, &[6], NewMessage), "C");
 }
 
@@ -452,7 +442,8 @@ mod model {
         open: Vec<(Fingerprint, u16, usize)>,
         /// Acks owed at the next commit (packet id, arrival number), in arrival order.
         unacked: Vec<(u16, u64)>,
-        held: Vec<(Delivery, u64)>,
+        /// The reconnect burst, as a session holds it.
+        burst: Option<Burst<Delivery>>,
         commit_now: bool,
         /// The last arrival number given.
         arrival: u64,
@@ -476,11 +467,11 @@ mod model {
             Bucketd {
                 rule,
                 capacity,
-                resends: Resends::new(1, capacity, 1024, recent),
+                resends: Resends::new(1, capacity, recent),
                 stored,
                 open: Vec::new(),
                 unacked: Vec::new(),
-                held: Vec::new(),
+                burst: None,
                 commit_now: false,
                 arrival,
                 first_arrival: arrival + 1,
@@ -519,11 +510,13 @@ mod model {
             self.unacked.push((d.pkid, arrival));
             let fp = fingerprint(&d);
             if self.rule != Rule::Window {
-                if !d.dup && self.resends.in_burst(0) {
+                if !d.dup && self.burst.is_some() {
                     self.end_burst(BurstEnd::NewMessage);
                 }
-                if d.dup && self.resends.hold(0, fp, arrival) {
-                    self.held.push((d, arrival));
+                if d.dup
+                    && let Some(b) = self.burst.as_mut().filter(|b| !b.is_full())
+                {
+                    b.hold(fp, arrival, d);
                     return;
                 }
             }
@@ -541,8 +534,16 @@ mod model {
         }
 
         fn end_burst(&mut self, end: BurstEnd) {
-            let parts = self.resends.end_burst(0, end);
-            for ((d, arrival), part) in std::mem::take(&mut self.held).into_iter().zip(parts) {
+            let Some(burst) = self.burst.take() else {
+                return;
+            };
+            for (
+                Held {
+                    arrival, body: d, ..
+                },
+                part,
+            ) in self.resends.end_burst(0, burst, end)
+            {
                 let copy = match part {
                     BurstPart::Copy => true,
                     BurstPart::New => false,
@@ -555,7 +556,7 @@ mod model {
         /// Commits and sends the acks, and a ping after them when due.
         fn commit(&mut self, broker: &mut Broker) {
             // Quiet for long enough (the ingest task ends no empty burst for quiet).
-            if self.resends.held(0) > 0 {
+            if self.burst.as_ref().is_some_and(|b| !b.is_empty()) {
                 self.end_burst(BurstEnd::Pause);
             }
             self.stored.append(&mut self.open);
@@ -590,7 +591,7 @@ mod model {
             self.written_through = 0;
             self.pinged_through = 0;
             self.pings.clear();
-            self.resends.connected(0, true);
+            self.burst = Some(Burst::new(1024));
             // A reconnect's resends come within the time a burst is held open.
             for d in broker.resend() {
                 self.receive(Down::Publish(d), broker);
@@ -654,7 +655,6 @@ mod model {
         let capacity = 64;
         let mut exposed = vec![false; messages];
         let mut b = Bucketd::start(rule, capacity, Vec::new(), 0);
-        b.resends.connected(0, false);
         for _ in 0..steps {
             match rng.below(100) {
                 0..=49 => {
@@ -690,8 +690,7 @@ mod model {
                     broker.up.clear();
                     broker.down.clear();
                     b.unacked.clear();
-                    b.held.clear();
-                    b.resends.disconnected(0);
+                    b.burst = None;
                     b.reconnect(&mut broker);
                 }
                 _ => {}

@@ -1,7 +1,8 @@
 //! One MQTT session's state in the core: its connection ([`Link`]), the acks released and not
 //! yet written ([`Acks`]), the pings that confirm them ([`Pings`]), and a reconnect's resends held
-//! until their burst ends ([`HeldMessage`]). A connection that begins or ends resets what was
-//! of it here, in one place ([`SessionState::reset_connection`]).
+//! until their burst ends (a [`Burst`] of [`HeldMessage`]s: bodies and fingerprints together). A
+//! connection that begins or ends resets what was of it here, in one place
+//! ([`SessionState::connected`], [`SessionState::lost`]).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use crate::ack::AckToken;
 use crate::limits::RESEND_QUIET_MIN;
 use crate::link::Backoff;
 use crate::reading::Timestamp;
+use crate::resend::Burst;
 
 /// A session's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,10 +46,12 @@ pub(super) struct SessionState {
     pub(super) pings: Pings,
     /// Whether the "broker exceeds its window" warning was logged on this connection.
     pub(super) warned_window: bool,
-    /// The resends of a reconnect's burst, held until it ends (see the module docs of
-    /// [`super`]).
-    pub(super) held: Vec<HeldMessage>,
-    /// When the burst began or last grew; with `held`, when it ends.
+    /// A reconnect's burst of resends, open from a CONNACK with the session kept until it
+    /// ends (see the module docs of [`super`]): what it holds is admitted then.
+    pub(super) burst: Option<Burst<HeldMessage>>,
+    /// Most messages a burst holds: what the broker may have unacknowledged on the session.
+    burst_max: usize,
+    /// When the burst began or last grew; with what it holds, when it ends.
     pub(super) burst_at: Instant,
     /// The last connection's handshake time.
     pub(super) handshake: Duration,
@@ -72,15 +76,14 @@ impl Acks {
     }
 }
 
-/// A resend held in its burst: what admitting it again needs.
+/// A resend held in its burst: what admitting it again needs, beside the fingerprint and
+/// arrival number the [`Burst`] keeps.
 pub(super) struct HeldMessage {
     pub(super) topic: Bytes,
     pub(super) payload: Bytes,
     pub(super) pkid: u16,
     pub(super) qos: u8,
     pub(super) received: Timestamp,
-    /// Its ack token's arrival number.
-    pub(super) arrival: u64,
     pub(super) at: Instant,
 }
 
@@ -126,7 +129,8 @@ pub(super) enum Marker {
 pub(super) const MARKERS_IN_FLIGHT_MAX: usize = 4;
 
 impl SessionState {
-    pub(super) fn new(backoff: Backoff, now: Instant) -> SessionState {
+    /// `burst_max`: the most resends a reconnect's burst holds (at least one).
+    pub(super) fn new(backoff: Backoff, burst_max: usize, now: Instant) -> SessionState {
         SessionState {
             link: Link::Connecting,
             backoff,
@@ -135,7 +139,8 @@ impl SessionState {
             acks: Acks::default(),
             pings: Pings::default(),
             warned_window: false,
-            held: Vec::new(),
+            burst: None,
+            burst_max,
             burst_at: now,
             handshake: Duration::ZERO,
         }
@@ -145,21 +150,33 @@ impl SessionState {
         matches!(self.link, Link::Up(_))
     }
 
+    /// Whether the burst holds resends.
+    pub(super) fn holds_resends(&self) -> bool {
+        self.burst.as_ref().is_some_and(|b| !b.is_empty())
+    }
+
     /// When the held burst ends for quiet; `None` with nothing held.
     pub(super) fn burst_deadline(&self) -> Option<Instant> {
         let quiet = RESEND_QUIET_MIN.max(4 * self.handshake);
-        (!self.held.is_empty()).then_some(self.burst_at + quiet)
+        self.holds_resends().then_some(self.burst_at + quiet)
     }
 
-    /// A CONNACK: connection `connection + 1` begins with the arrival `first_arrival`.
-    pub(super) fn connected(&mut self, first_arrival: u64, handshake: Duration, now: Instant) {
+    /// A CONNACK: connection `connection + 1` begins with the arrival `first_arrival`; with the
+    /// session kept (`session_present`), a burst of resends may come first.
+    pub(super) fn connected(
+        &mut self,
+        first_arrival: u64,
+        session_present: bool,
+        handshake: Duration,
+        now: Instant,
+    ) {
         self.connection += 1;
         self.link = Link::Up(Subscriptions::Requested);
         self.reset_connection(first_arrival);
         self.warned_window = false;
         self.backoff.reset();
         // Held resends of the last connection are resent again on this one.
-        self.held.clear();
+        self.burst = session_present.then(|| Burst::new(self.burst_max));
         self.burst_at = now;
         self.handshake = handshake;
     }
@@ -168,7 +185,7 @@ impl SessionState {
     pub(super) fn lost(&mut self, now: Instant) -> Duration {
         self.reset_connection(u64::MAX);
         // Unacknowledged, the held resends come again with the next connection's burst.
-        self.held.clear();
+        self.burst = None;
         let delay = self.backoff.next_delay();
         self.link = Link::Waiting {
             retry_at: now + delay,
@@ -183,5 +200,63 @@ impl SessionState {
             first_arrival,
             ..Pings::default()
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(at: Instant) -> HeldMessage {
+        HeldMessage {
+            topic: Bytes::from_static(b"t"),
+            payload: Bytes::from_static(b"1"),
+            pkid: 1,
+            qos: 1,
+            received: Timestamp::from_secs(0),
+            at,
+        }
+    }
+
+    /// A burst belongs to one connection: a CONNACK with the session kept opens one, without
+    /// it none; a new connection or a lost one drops what the old one held (unacknowledged,
+    /// the broker resends it), with its fingerprints, which the burst keeps beside the bodies.
+    #[test]
+    fn a_burst_lives_and_dies_with_its_connection() {
+        let t0 = Instant::now();
+        let backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(3));
+        let mut s = SessionState::new(backoff, 2, t0);
+        assert!(s.burst.is_none() && s.burst_deadline().is_none());
+        s.connected(1, false, Duration::ZERO, t0);
+        assert!(s.burst.is_none(), "a new session: nothing is resent");
+        s.connected(1, true, Duration::from_millis(100), t0);
+        let burst = s
+            .burst
+            .as_mut()
+            .expect("the session was kept: a burst may come");
+        assert!(
+            burst.is_empty() && s.burst_deadline().is_none(),
+            "nothing held yet"
+        );
+        let burst = s.burst.as_mut().unwrap();
+        burst.hold(7, 1, held(t0));
+        burst.hold(8, 2, held(t0));
+        assert!(
+            burst.is_full(),
+            "bounded by what the broker may have unacknowledged"
+        );
+        assert_eq!(
+            s.burst_deadline(),
+            Some(t0 + RESEND_QUIET_MIN.max(Duration::from_millis(400))),
+            "four handshakes of quiet, at least the minimum"
+        );
+        s.connected(3, true, Duration::ZERO, t0);
+        assert!(
+            s.burst.as_ref().is_some_and(Burst::is_empty),
+            "a new connection drops what the old one held"
+        );
+        s.burst.as_mut().unwrap().hold(9, 3, held(t0));
+        s.lost(t0);
+        assert!(s.burst.is_none(), "a lost connection drops its burst");
     }
 }

@@ -92,7 +92,7 @@ pub(super) fn core_remembering(
         3600,
         SeriesSet::new(100, 100, []),
         Window::new(dedup, []),
-        Resends::new(policy.sessions, dedup, usize::from(policy.window), []),
+        Resends::new(policy.sessions, dedup, []),
         None,
     );
     let stats = Arc::new(Stats::new(4));

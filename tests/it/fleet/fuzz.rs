@@ -341,7 +341,7 @@ fn admitter() -> Admitter {
         WIDTH,
         SeriesSet::new(12, 12, []),
         bucketd::dedup::Window::new(16, []),
-        bucketd::resend::Resends::new(1, 16, 16, []),
+        bucketd::resend::Resends::new(1, 16, []),
         Some(Box::new(bucketd::fleet::applied::Applied::default())),
     )
     .with_gateway_limits(
