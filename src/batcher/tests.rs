@@ -1,3 +1,4 @@
+use super::window::{ECHO_MAX, HANDSHAKE_MAX, QUIET_CONFIRM};
 use super::*;
 use crate::reading::Timestamp;
 
@@ -126,9 +127,6 @@ fn a_window_of_one_flushes_every_message() {
     assert_eq!(policy(u16::MAX).ack_threshold(), 32_767);
 }
 
-/// A broker that honours the window we ask for but sends past a window wrongly learned (a pause
-/// taken for a stall, then a larger burst): the learned window is forgotten as soon as the broker
-/// has more unacknowledged, so commits go back to the half window.
 /// A batcher of `sessions` sessions, all connected, that learned a window of 5 on session 0
 /// from a stall (the broker sent 5 and stopped); and when it did.
 fn learned_five(sessions: u16) -> (Batcher, Instant) {
@@ -156,6 +154,9 @@ fn learned_five(sessions: u16) -> (Batcher, Instant) {
     (b, stall)
 }
 
+/// A broker that honours the window we ask for but sends past a window wrongly learned (a pause
+/// taken for a stall, then a larger burst): the learned window is forgotten as soon as the broker
+/// has more unacknowledged, so commits go back to the half window.
 #[test]
 fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
     let (mut b, stall) = learned_five(1);
@@ -166,18 +167,6 @@ fn a_window_learned_wrong_is_forgotten_when_the_broker_sends_more() {
     }
     assert_eq!(b.window_seen(), None);
     assert_eq!(b.flush_reason(stall), None);
-}
-
-/// With several sessions the window learned is shared (one broker, one limit for each of its
-/// sessions), and a reconnect of any one session forgets it for all: the connection may be to
-/// another broker, or to the same one restarted with another limit, and learning it again
-/// costs a probe, where keeping a wrong window would commit every few messages (decided for
-/// issue 56; a per-session learner would keep the others' and is not built).
-#[test]
-fn one_sessions_reconnect_forgets_the_window_learned_for_all() {
-    let (mut b, stall) = learned_five(2);
-    b.connected(1, stall, Duration::ZERO);
-    assert_eq!(b.window_seen(), None, "session 1 came back: learned again");
 }
 
 /// After a reconnect, acks left from the old connection are not the new broker's to count: the
@@ -282,7 +271,7 @@ fn a_quiet_before_the_release_proves_no_stall_and_a_window_never_shrinks() {
     let ms = Duration::from_millis;
     // The broker fills every session's window of 20 and stops; the refill proves it.
     push(&mut b, [20; 4], t0 + ms(1));
-    let t = t0 + ms(1) + b.quiet_fast();
+    let t = t0 + ms(1) + b.window.quiet_fast();
     assert_eq!(b.flush_reason(t), Some(FlushReason::Stall));
     let _ = b.take_for(FlushReason::Stall, t);
     assert_eq!(b.window_seen(), Some(20));
@@ -313,7 +302,7 @@ fn a_quiet_before_the_release_proves_no_stall_and_a_window_never_shrinks() {
     let released = released + ms(40);
     b.released(released);
     push(&mut b, [3, 0, 0, 0], released + ms(1));
-    let t = released + ms(1) + b.quiet_fast();
+    let t = released + ms(1) + b.window.quiet_fast();
     assert_eq!(b.flush_reason(t), Some(FlushReason::Stall));
     let _ = b.take_for(FlushReason::Stall, t);
     assert_eq!(b.window_seen(), Some(20));
@@ -353,7 +342,7 @@ fn a_burst_right_after_a_release_proves_no_window_smaller_than_the_broker_has_se
     };
     // The first burst, 50 ms into the connection: the connection's one probe.
     let last = burst(&mut b, t0 + ms(50));
-    let probe = last + b.quiet_fast();
+    let probe = last + b.window.quiet_fast();
     assert_eq!(b.flush_reason(probe), Some(FlushReason::Stall));
     let _ = b.take_for(FlushReason::Stall, probe);
     b.released(probe + ms(1));
@@ -362,7 +351,11 @@ fn a_burst_right_after_a_release_proves_no_window_smaller_than_the_broker_has_se
     let opened = t0 + ms(150);
     for i in 0..10 {
         let last = burst(&mut b, opened + ms(100) * i);
-        assert_eq!(b.flush_reason(last + b.quiet_fast()), None, "burst {i}");
+        assert_eq!(
+            b.flush_reason(last + b.window.quiet_fast()),
+            None,
+            "burst {i}"
+        );
     }
     let deadline = opened + Duration::from_secs(1);
     assert_eq!(b.flush_reason(deadline), Some(FlushReason::Interval));
@@ -371,7 +364,7 @@ fn a_burst_right_after_a_release_proves_no_window_smaller_than_the_broker_has_se
     // release, densely, after a quiet: the shape of a broker refilling its window.
     b.released(deadline + ms(3));
     let last = burst(&mut b, deadline + ms(4));
-    for wait in [b.quiet_fast(), QUIET_CONFIRM, ms(90)] {
+    for wait in [b.window.quiet_fast(), QUIET_CONFIRM, ms(90)] {
         assert_eq!(
             b.flush_reason(last + wait),
             None,
@@ -415,7 +408,7 @@ fn a_window_proven_by_chance_commits_no_late_burst_of_periodic_publishers() {
     };
     let first = t0 + ms(27);
     let last = burst(&mut b, first);
-    let proof = last + b.quiet_fast();
+    let proof = last + b.window.quiet_fast();
     assert_eq!(b.flush_reason(proof), Some(FlushReason::Stall));
     let _ = b.take_for(FlushReason::Stall, proof);
     assert_eq!(b.window_seen(), Some(20), "proven, by chance");
@@ -423,7 +416,7 @@ fn a_window_proven_by_chance_commits_no_late_burst_of_periodic_publishers() {
     // The next burst, 100 ms after the first: 44 ms after the release.
     let second = first + ms(100);
     let last = burst(&mut b, second);
-    for at in [last, last + b.quiet_fast(), first + ms(199)] {
+    for at in [last, last + b.window.quiet_fast(), first + ms(199)] {
         assert_eq!(
             b.flush_reason(at),
             None,

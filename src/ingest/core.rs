@@ -133,8 +133,6 @@ pub struct Core<R> {
     /// `POST /api/v1/flush` multiplied a gateway's writes 48x).
     requested_at: Option<Instant>,
     flush_waiters: Vec<FlushWaiter<R>>,
-    /// Whether the window learned from a stall was logged since the last connection.
-    told_window: bool,
     /// Whether READY=1 went to systemd (once: the first time the broker has our subscriptions).
     ready: bool,
     /// When a refusal of a gateway's delta message was last logged, per reason.
@@ -160,7 +158,6 @@ impl<R> Core<R> {
             urgent: None,
             requested_at: None,
             flush_waiters: Vec::new(),
-            told_window: false,
             ready: false,
             gateway_warned: [None; DecodeError::ALL.len()],
         }
@@ -319,7 +316,6 @@ impl<R> Core<R> {
             "one batch at the writer at a time"
         );
         self.stats.flush_started(reason);
-        let learned = self.batcher.window_seen();
         let (batch, acks) = self.batcher.take_for(reason, now);
         self.admit.resends().batch_taken();
         // Whatever its reason, the batch holds what an urgent commit was for.
@@ -327,14 +323,10 @@ impl<R> Core<R> {
         if reason == FlushReason::Request {
             self.requested_at = Some(now);
         }
-        if learned.is_none()
-            && !self.told_window
-            && let Some(window) = self.batcher.window_seen()
-        {
+        if let Some(window) = self.batcher.newly_learned() {
             // Once per connection. A pause in traffic can look like a stall too (a short
             // backlog sent at a reconnect, then nothing), so the message advises stating the
             // broker's configured limit, not the number seen.
-            self.told_window = true;
             info!(
                 window,
                 "The broker stopped sending at {window} unacknowledged messages: taken as its \
@@ -510,7 +502,6 @@ impl<R> Core<R> {
         out: &mut Vec<Action<R>>,
     ) {
         self.sessions[session.index()].connected(self.arrival + 1, session_present, handshake, now);
-        self.told_window = false;
         self.batcher.connected(session.get(), now, handshake);
         if session_present {
             info!(

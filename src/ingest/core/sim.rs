@@ -13,7 +13,8 @@ use bytes::Bytes;
 
 use super::tests::{committed, core_with, feed, mqtt};
 use super::*;
-use crate::batcher::{FlushPolicy, LATE_REFILL_QUIETS, QUIET_CONFIRM, QUIET_FAST_MIN};
+use crate::batcher::FlushPolicy;
+use crate::batcher::window::{LATE_REFILL_QUIETS, QUIET_CONFIRM, QUIET_FAST_MIN};
 
 /// What a simulated run measured.
 #[derive(Debug)]
