@@ -608,12 +608,16 @@ impl<R> Core<R> {
                 received: now.wall,
                 at: now.at,
             };
+            let Some(burst) = &mut s.burst else {
+                // Admission holds a resend only when told the burst is open (above). Were it
+                // otherwise, the message goes unacknowledged and the broker sends it again.
+                debug_assert!(false, "a resend held with no burst open");
+                return;
+            };
+            burst.hold(fp, arrival, held);
             s.burst_at = now.at;
-            if let Some(burst) = &mut s.burst {
-                burst.hold(fp, arrival, held);
-                if burst.is_full() {
-                    self.end_burst(session, BurstEnd::Pause);
-                }
+            if burst.is_full() {
+                self.end_burst(session, BurstEnd::Pause);
             }
         } else {
             if let Some((topic, payload)) = admitted.rebirth.take() {
