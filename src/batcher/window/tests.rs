@@ -24,6 +24,16 @@ enum Step {
 
 use Step::{Answer, Msgs, Ping, Reconnect, Release, Take};
 
+/// `n` messages of `session`, one a ms from `from`.
+const fn msgs(session: usize, from: u64, n: u64) -> Step {
+    Msgs { session, from, n }
+}
+
+/// The batch taken at `at` for `reason`.
+const fn take(at: u64, reason: FlushReason) -> Step {
+    Take { at, reason }
+}
+
 struct Case {
     name: &'static str,
     quick_acks: bool,
@@ -76,316 +86,167 @@ fn play(c: &Case, t0: Instant) -> (Option<(u64, FlushReason)>, Learner) {
     (full, l)
 }
 
+/// The defaults of a row: one session, no quick ACKs, no window stated; not full and nothing
+/// learned after its steps.
+const ONE: Case = Case {
+    name: "",
+    quick_acks: false,
+    stated: None,
+    sessions: 1,
+    steps: &[],
+    full_at: None,
+    seen: None,
+};
+
 const CASES: &[Case] = &[
     Case {
         name: "a stated window is full the moment the batch holds it",
-        quick_acks: false,
         stated: Some(5),
-        sessions: 1,
-        steps: &[Msgs {
-            session: 0,
-            from: 1,
-            n: 5,
-        }],
+        steps: &[msgs(0, 1, 5)],
         full_at: Some((5, BrokerWindow)),
-        seen: None,
+        ..ONE
     },
     Case {
         name: "short of a stated window, an echo of the connection stalls after the long quiet",
-        quick_acks: false,
         stated: Some(5),
-        sessions: 1,
         // First at 1 ms: within ECHO_MAX (100 ms) of the connection; last at 4 + 250.
-        steps: &[Msgs {
-            session: 0,
-            from: 1,
-            n: 4,
-        }],
+        steps: &[msgs(0, 1, 4)],
         full_at: Some((254, Stall)),
-        seen: None,
+        ..ONE
     },
     Case {
         name: "without quick ACKs an echo's burst stalls after the long quiet and teaches it",
-        quick_acks: false,
-        stated: None,
-        sessions: 1,
         // 20 from 1 ms to 20 ms, quiet until 20 + 250: proven (an echo of a release that
         // found the broker quiet), so the count is learned.
-        steps: &[
-            Msgs {
-                session: 0,
-                from: 1,
-                n: 20,
-            },
-            Take {
-                at: 270,
-                reason: Stall,
-            },
-        ],
-        full_at: None,
+        steps: &[msgs(0, 1, 20), take(270, Stall)],
         seen: Some(20),
+        ..ONE
     },
     Case {
         name: "with quick ACKs a dense echo stalls after the short quiet",
         quick_acks: true,
-        stated: None,
-        sessions: 1,
         // First within ECHO_FAST (5 ms); 19 gaps of 1 ms x BURST_RATIO (8) under the short
         // quiet (QUIET_FAST_MIN, 20 ms) per gap: a burst. Last at 20, + 20 ms.
-        steps: &[Msgs {
-            session: 0,
-            from: 1,
-            n: 20,
-        }],
+        steps: &[msgs(0, 1, 20)],
         full_at: Some((40, Stall)),
-        seen: None,
+        ..ONE
     },
     Case {
         name: "a burst long after the release is only the connection's probe",
-        quick_acks: false,
-        stated: None,
-        sessions: 1,
         // First at 500 ms: no echo (over 100 ms); a dense burst: the probe, after the long
         // quiet from its last (519 + 250); taken, it teaches nothing.
-        steps: &[
-            Msgs {
-                session: 0,
-                from: 500,
-                n: 20,
-            },
-            Take {
-                at: 769,
-                reason: Stall,
-            },
-        ],
-        full_at: None,
-        seen: None,
+        steps: &[msgs(0, 500, 20), take(769, Stall)],
+        ..ONE
     },
     Case {
         name: "the probe's refill, an echo of its release, proves the window",
-        quick_acks: false,
-        stated: None,
-        sessions: 1,
         // The probe above, released at 800 (quiet since 519); 20 more at 801..820, within
         // ECHO_MAX: the refill, stalled after the long quiet (820 + 250), proves 20.
         steps: &[
-            Msgs {
-                session: 0,
-                from: 500,
-                n: 20,
-            },
-            Take {
-                at: 769,
-                reason: Stall,
-            },
+            msgs(0, 500, 20),
+            take(769, Stall),
             Release { at: 800 },
-            Msgs {
-                session: 0,
-                from: 801,
-                n: 20,
-            },
-            Take {
-                at: 1070,
-                reason: Stall,
-            },
+            msgs(0, 801, 20),
+            take(1070, Stall),
         ],
-        full_at: None,
         seen: Some(20),
+        ..ONE
     },
     Case {
         name: "a refill after a release that did not find the broker quiet proves nothing",
-        quick_acks: false,
-        stated: None,
-        sessions: 1,
         // The probe taken at the interval while the burst ran (its last at 519), released at
         // 525, within the short quiet (20 ms) of it: the broker was still sending, so the
         // 20 after it are no refill; the stall after them (545 + 250) teaches nothing.
         steps: &[
-            Msgs {
-                session: 0,
-                from: 500,
-                n: 20,
-            },
-            Take {
-                at: 520,
-                reason: FlushReason::Interval,
-            },
+            msgs(0, 500, 20),
+            take(520, FlushReason::Interval),
             Release { at: 525 },
-            Msgs {
-                session: 0,
-                from: 526,
-                n: 20,
-            },
-            Take {
-                at: 795,
-                reason: Stall,
-            },
+            msgs(0, 526, 20),
+            take(795, Stall),
         ],
-        full_at: None,
-        seen: None,
+        ..ONE
     },
     Case {
         name: "a learned window is full at once when an echo's burst reaches it",
-        quick_acks: false,
-        stated: None,
-        sessions: 1,
         steps: &[
-            Msgs {
-                session: 0,
-                from: 1,
-                n: 20,
-            },
-            Take {
-                at: 270,
-                reason: Stall,
-            },
+            msgs(0, 1, 20),
+            take(270, Stall),
             Release { at: 300 },
-            Msgs {
-                session: 0,
-                from: 301,
-                n: 20,
-            },
+            msgs(0, 301, 20),
         ],
         full_at: Some((320, BrokerWindow)),
         seen: Some(20),
+        ..ONE
     },
     Case {
         name: "more unacknowledged than the learned window: it was not the broker's",
-        quick_acks: false,
-        stated: None,
-        sessions: 1,
         // 20 learned, then 21 after the release: forgotten at the 21st, and the batch is
         // again a possible window, stalled after the long quiet (321 + 250).
         steps: &[
-            Msgs {
-                session: 0,
-                from: 1,
-                n: 20,
-            },
-            Take {
-                at: 270,
-                reason: Stall,
-            },
+            msgs(0, 1, 20),
+            take(270, Stall),
             Release { at: 300 },
-            Msgs {
-                session: 0,
-                from: 301,
-                n: 21,
-            },
+            msgs(0, 301, 21),
         ],
         full_at: Some((571, Stall)),
-        seen: None,
+        ..ONE
     },
     Case {
         name: "a stall at fewer than already sent unacknowledged is a pause, not a window",
-        quick_acks: false,
-        stated: None,
-        sessions: 1,
         // 20 unacknowledged at once (the floor), then a release and 5 as an echo: no
         // window below 20; no stall while under the floor with none known.
         steps: &[
-            Msgs {
-                session: 0,
-                from: 500,
-                n: 20,
-            },
-            Take {
-                at: 769,
-                reason: Stall,
-            },
+            msgs(0, 500, 20),
+            take(769, Stall),
             Release { at: 800 },
-            Msgs {
-                session: 0,
-                from: 801,
-                n: 5,
-            },
+            msgs(0, 801, 5),
         ],
-        full_at: None,
-        seen: None,
+        ..ONE
     },
     Case {
         name: "with four sessions one full window waits for the marker's answer",
-        quick_acks: false,
         stated: Some(5),
         sessions: 4,
         // Session 0's window of 5 is full at 305, but the release's marker is unanswered:
         // the others' refills are on their way, and half of all four (10) is not reached.
         // Until the answer, an echo stalls after the long quiet (305 + 250).
-        steps: &[
-            Release { at: 300 },
-            Ping,
-            Msgs {
-                session: 0,
-                from: 301,
-                n: 5,
-            },
-        ],
+        steps: &[Release { at: 300 }, Ping, msgs(0, 301, 5)],
         full_at: Some((555, Stall)),
-        seen: None,
+        ..ONE
     },
     Case {
         name: "with four sessions the marker's answer makes one full window enough",
-        quick_acks: false,
         stated: Some(5),
         sessions: 4,
         steps: &[
             Release { at: 300 },
             Ping,
-            Msgs {
-                session: 0,
-                from: 301,
-                n: 5,
-            },
+            msgs(0, 301, 5),
             Answer { at: 306 },
         ],
         full_at: Some((305, BrokerWindow)),
-        seen: None,
+        ..ONE
     },
     Case {
         name: "with four sessions half of all their windows is full whatever the marker",
-        quick_acks: false,
         stated: Some(5),
         sessions: 4,
         steps: &[
             Release { at: 300 },
             Ping,
-            Msgs {
-                session: 0,
-                from: 301,
-                n: 4,
-            },
-            Msgs {
-                session: 1,
-                from: 305,
-                n: 4,
-            },
-            Msgs {
-                session: 2,
-                from: 309,
-                n: 2,
-            },
+            msgs(0, 301, 4),
+            msgs(1, 305, 4),
+            msgs(2, 309, 2),
         ],
         full_at: Some((310, BrokerWindow)),
-        seen: None,
+        ..ONE
     },
     Case {
         name: "with two sessions one session's stall teaches the window they share",
-        quick_acks: false,
-        stated: None,
         sessions: 2,
-        steps: &[
-            Msgs {
-                session: 0,
-                from: 1,
-                n: 20,
-            },
-            Take {
-                at: 270,
-                reason: Stall,
-            },
-        ],
-        full_at: None,
+        steps: &[msgs(0, 1, 20), take(270, Stall)],
         seen: Some(20),
+        ..ONE
     },
     // The window learned is shared (one broker, one limit for each of its sessions), and a
     // reconnect of any session forgets it for all: the connection may be to another broker, or
@@ -393,26 +254,16 @@ const CASES: &[Case] = &[
     // keeping a wrong window would commit every few messages.
     Case {
         name: "one session's reconnect forgets the window learned for all",
-        quick_acks: false,
-        stated: None,
         sessions: 2,
         steps: &[
-            Msgs {
-                session: 0,
-                from: 1,
-                n: 20,
-            },
-            Take {
-                at: 270,
-                reason: Stall,
-            },
+            msgs(0, 1, 20),
+            take(270, Stall),
             Reconnect {
                 session: 1,
                 at: 300,
             },
         ],
-        full_at: None,
-        seen: None,
+        ..ONE
     },
 ];
 
@@ -463,28 +314,13 @@ fn a_learned_window_is_news_once_per_connection() {
 /// and the batch at the writer's, until the release.
 #[test]
 fn unacknowledged_counts_are_per_session_until_the_release() {
-    let c = Case {
-        name: "",
-        quick_acks: false,
-        stated: None,
+    const C: Case = Case {
         sessions: 2,
-        steps: &[
-            Msgs {
-                session: 0,
-                from: 1,
-                n: 3,
-            },
-            Msgs {
-                session: 1,
-                from: 4,
-                n: 2,
-            },
-        ],
-        full_at: None,
-        seen: None,
+        steps: &[msgs(0, 1, 3), msgs(1, 4, 2)],
+        ..ONE
     };
     let t0 = Instant::now();
-    let (_, mut l) = play(&c, t0);
+    let (_, mut l) = play(&C, t0);
     assert_eq!((l.unacked_of(0), l.unacked_of(1)), (3, 2));
     l.taken();
     l.ack(0);
