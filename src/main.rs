@@ -313,23 +313,29 @@ fn error_chain(e: &anyhow::Error) -> String {
 }
 
 fn run(file: Option<&std::path::Path>) -> ExitCode {
-    serve(file, |config, shutdown| {
+    // One worker: the ingest loop is one task and every store read runs on the blocking pool, so
+    // a second worker only moved the MQTT client's task and the HTTP tasks to another core,
+    // a thread wake-up per hand-over (docs/PERFORMANCE.md, "One Tokio worker").
+    serve(file, 1, |config, shutdown| {
         Box::pin(daemon::run(config, shutdown))
     })
 }
 
 #[cfg(feature = "postgres")]
 fn query_node(file: Option<&std::path::Path>) -> ExitCode {
-    serve(file, |config, shutdown| {
+    // As before: two workers (one not measured here; its queries wait on PostgreSQL).
+    serve(file, 2, |config, shutdown| {
         Box::pin(daemon::run_query_node(config, shutdown))
     })
 }
 
 type Served<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + 'a>>;
 
-/// Loads the config, sets up logging and runs `task` until it ends or SIGTERM / Ctrl-C.
+/// Loads the config, sets up logging and runs `task` on `workers` Tokio workers until it ends or
+/// SIGTERM / Ctrl-C.
 fn serve(
     file: Option<&std::path::Path>,
+    workers: usize,
     task: impl for<'a> FnOnce(
         &'a Config,
         std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>,
@@ -341,7 +347,7 @@ fn serve(
     };
     init_logging(&config);
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("building the Tokio runtime");

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-/// The most threads remembered as having run the loop (a runtime's workers: 2 in the daemon).
+/// The most threads remembered as having run the loop (a runtime's workers; 1 in the daemon).
 const THREADS_MAX: usize = 16;
 
 /// A measurement from before a wait to after it, over the threads that have run the loop.
