@@ -46,6 +46,9 @@
 //! `BENCH_BROKER_WINDOW` (bucketd's `mqtt.broker_window`: the window stated, not learned),
 //! `BENCH_JOURNAL_MIB` (bucketd's `store.journal_size` in MiB; 0: no journal, every commit a
 //! durable redb transaction),
+//! `BENCH_PIN=1` (Linux, two CPUs or more: the publisher, the benchmark's own threads and its
+//! own Mosquitto on CPU 0, each subscriber and the dashboard on CPU 1, so that a subscriber's
+//! CPU does not slow the broker it is measured against: is the subscriber the bottleneck?),
 //! `BENCH_ONLY` (comma-separated contender names, `anchors` for the storage
 //! alone), `BENCH_STORE_READINGS` (readings of the anchors; default the workload's, at most
 //! 200000).
@@ -541,6 +544,36 @@ struct Outcome {
     visible: Option<Duration>,
 }
 
+/// `BENCH_PIN=1`: the CPU of the subscriber side (1) or of the rest (0), else `None`.
+fn pinned(subscriber: bool) -> Option<usize> {
+    (env_or("BENCH_PIN", 0u8) == 1).then_some(usize::from(subscriber))
+}
+
+/// Pins every thread of process `pid` (0: this one) to `cpu`; threads they start inherit it.
+fn pin_process(pid: u32, cpu: usize) {
+    let dir = if pid == 0 {
+        "/proc/self/task".to_owned()
+    } else {
+        format!("/proc/{pid}/task")
+    };
+    for task in std::fs::read_dir(dir).unwrap() {
+        let tid: libc::pid_t = task.unwrap().file_name().to_str().unwrap().parse().unwrap();
+        pin_thread(tid, cpu);
+    }
+}
+
+/// Pins thread `tid` (0: the calling one) to `cpu`.
+fn pin_thread(tid: libc::pid_t, cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes within it, and
+    // sched_setaffinity reads size_of::<cpu_set_t>() bytes of it.
+    let done = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &raw const set)
+    };
+    assert_eq!(done, 0, "sched_setaffinity({tid}, cpu {cpu}): BENCH_PIN needs two CPUs");
+}
+
 /// Starts the bench binary itself as a `role` child and waits until it has subscribed.
 fn spawn_role(role: &str, host: &str, port: u16, prefix: &str, expect: usize) -> Child {
     let mut child = Command::new(std::env::current_exe().unwrap())
@@ -557,6 +590,9 @@ fn spawn_role(role: &str, host: &str, port: u16, prefix: &str, expect: usize) ->
     let mut reader = BufReader::new(stdout);
     reader.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "subscribed", "{role} child");
+    if let Some(cpu) = pinned(true) {
+        pin_process(child.id(), cpu);
+    }
     child
 }
 
@@ -657,6 +693,9 @@ async fn run_bucketd(
         _ => {}
     }
     let bucketd = BucketdChild::start(env!("CARGO_BIN_EXE_bucketd"), &raw, dir.path(), sessions);
+    if let Some(cpu) = pinned(true) {
+        pin_process(bucketd.child.id(), cpu);
+    }
     let metrics_url = bucketd.metrics_url.clone();
     let pid = bucketd.child.id().to_string();
     // Start-up's writes (the file, the journal's zero-fill) are not the workload's.
@@ -680,7 +719,13 @@ async fn run_bucketd(
         let base = metrics_url.trim_end_matches("/metrics").to_owned();
         let series = w.series;
         let messages = w.messages.len();
-        std::thread::spawn(move || dashboard(&base, series, messages, start))
+        std::thread::spawn(move || {
+            // Beside bucketd: its queries' cost on the client side too is the subscriber's.
+            if let Some(cpu) = pinned(true) {
+                pin_thread(0, cpu);
+            }
+            dashboard(&base, series, messages, start)
+        })
     });
     let publisher = tokio::spawn(publish(host.to_owned(), port, w.messages, w.rate));
     let (took, usage, (commits, mean_commit), polls) = tokio::task::spawn_blocking(move || {
@@ -958,8 +1003,15 @@ async fn main() {
             ),
         );
         let addr = broker.addr();
+        if let Some(cpu) = pinned(false) {
+            pin_process(broker.pid().expect("running"), cpu);
+        }
         (Some(broker), addr, None)
     };
+    if let Some(cpu) = pinned(false) {
+        // The publisher, the polls and the storage-alone runs (and an in-process rumqttd).
+        pin_process(0, cpu);
+    }
     let (host, port) = addr.rsplit_once(':').expect("host:port");
     let port: u16 = port.parse().expect("port");
     let mut bucketd_port = bucketd_port.unwrap_or(port);

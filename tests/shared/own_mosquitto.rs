@@ -85,6 +85,11 @@ impl OwnMosquitto {
         broker
     }
 
+    /// The broker's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
