@@ -571,7 +571,10 @@ fn pin_thread(tid: libc::pid_t, cpu: usize) {
         libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &raw const set)
     };
-    assert_eq!(done, 0, "sched_setaffinity({tid}, cpu {cpu}): BENCH_PIN needs two CPUs");
+    assert_eq!(
+        done, 0,
+        "sched_setaffinity({tid}, cpu {cpu}): BENCH_PIN needs two CPUs"
+    );
 }
 
 /// Starts the bench binary itself as a `role` child and waits until it has subscribed.
