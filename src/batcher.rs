@@ -42,8 +42,10 @@ pub struct FlushPolicy {
     pub broker_window: Option<u16>,
     /// Sessions sharing the subscriptions (`mqtt.sessions`), each with its own window.
     pub sessions: u16,
-    /// Our TCP ACKs go out at once (`TCP_QUICKACK`, Linux): a broker's Nagle gaps last at most
-    /// a round trip, and a stall is believed after a shorter quiet (see the module docs).
+    /// Our TCP ACKs never wait for the kernel's delayed ACK (`TCP_QUICKACK`, Linux; a
+    /// millisecond or two at most while they coalesce, [`Learner::acks_may_wait`]): a broker's
+    /// Nagle gaps last about a round trip, and a stall is believed after a shorter quiet (see
+    /// the module docs).
     pub quick_acks: bool,
 }
 
@@ -389,6 +391,11 @@ impl Batcher {
     /// The broker's window as learned from stalls, if one was.
     pub fn window_seen(&self) -> Option<usize> {
         self.window.window_seen()
+    }
+
+    /// Whether our TCP ACKs may wait a little ([`Learner::acks_may_wait`]).
+    pub fn acks_may_wait(&self) -> bool {
+        self.window.acks_may_wait()
     }
 
     /// A window learned where none was known, once per connection ([`Learner::newly_learned`]).

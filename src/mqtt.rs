@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -33,9 +34,10 @@ enum Client {
     },
 }
 
-/// Whether the TCP ACKs of what the client reads go out at once (`TCP_QUICKACK`, which the
-/// vendored rumqttc re-arms after every read; Linux and Android only): the flush policy then
-/// believes a broker's stall sooner (`crate::batcher`).
+/// Whether the TCP ACKs of what the client reads never wait for the kernel's delayed ACK
+/// (`TCP_QUICKACK`, which the vendored rumqttc sets after reads; Linux and Android only): the
+/// flush policy then believes a broker's stall sooner (`crate::batcher`). They wait up to a
+/// millisecond for each other only while [`Mqtt::set_ack_coalescing`] says so.
 pub const QUICK_ACKS: bool = cfg!(any(target_os = "linux", target_os = "android"));
 
 /// Outgoing QoS 1/2 publishes the client keeps state for. bucketd publishes only QoS 0 (Sparkplug
@@ -60,6 +62,9 @@ pub struct Mqtt {
     /// Lets the task reconnect after it reported a lost connection (the caller's backoff).
     resume: Arc<Notify>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// Whether the TCP ACKs of what the client reads may wait a little for the next one (the
+    /// vendored rumqttc's ACK coalescing, read at every read): [`Mqtt::set_ack_coalescing`].
+    coalescing: Arc<AtomicBool>,
 }
 
 /// The event loop, driven by its own task ([`Driver::run`]).
@@ -101,6 +106,7 @@ impl Mqtt {
         subscriptions: &[Subscription],
     ) -> Mqtt {
         let cap = crate::limits::ack_request_capacity(cfg.receive_maximum);
+        let coalescing = Arc::new(AtomicBool::new(false));
         let password = password.map(|p| p.expose().to_owned()).unwrap_or_default();
         let transport = || transport(tls);
         let client_id = cfg.session_client_id(session);
@@ -120,6 +126,7 @@ impl Mqtt {
                 let network = &mut eventloop.network_options;
                 network.set_connection_timeout(cfg.connect_timeout.as_secs().max(1));
                 network.set_tcp_quickack(true);
+                network.set_tcp_ack_coalescing(coalescing.clone());
                 Client::V4 {
                     client,
                     eventloop: Box::new(eventloop),
@@ -148,6 +155,7 @@ impl Mqtt {
                 }
                 let mut network = o.network_options();
                 network.set_tcp_quickack(true);
+                network.set_tcp_ack_coalescing(coalescing.clone());
                 o.set_network_options(network);
                 let (client, eventloop) = rumqttc::v5::AsyncClient::new(o, cap);
                 Client::V5 {
@@ -180,7 +188,14 @@ impl Mqtt {
             events: None,
             resume: Arc::new(Notify::new()),
             task: None,
+            coalescing,
         }
+    }
+
+    /// Lets the TCP ACKs of what the client reads wait up to a millisecond for the next (`on`),
+    /// or sends each at once: the ingest core's [`crate::ingest::core::Core::acks_may_wait`].
+    pub fn set_ack_coalescing(&self, on: bool) {
+        self.coalescing.store(on, Ordering::Relaxed);
     }
 
     /// The next event. Cancel-safe. After an error (the connection is down) the next event

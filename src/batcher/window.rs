@@ -15,7 +15,7 @@
 //! `set_tcp_nodelay false`) holds small packets until our kernel acknowledges the previous ones,
 //! and with acknowledgements batched we send nothing it could ride on, so the TCP delayed ACK (40
 //! ms and more on Linux) paces delivery into bursts with quiet gaps of 10-45 ms, and our release
-//! ends a gap at once. (bucketd's client now asks Linux to acknowledge every read at once,
+//! ends a gap at once. (bucketd's client asks Linux never to leave a read to the delayed ACK,
 //! `TCP_QUICKACK`, which ends those gaps at the source; elsewhere they remain.) Taking those gaps
 //! for stalls committed every burst (70 commits/s of 14 readings at 1,000 messages/s, 5x the bytes
 //! written per reading). So a stall is proven only by a quiet period that outlasts any delayed ACK
@@ -30,9 +30,10 @@
 //! connection: a stall at fewer messages than the window seen is a pause in traffic, committed and
 //! learned from no further.
 //!
-//! Where our TCP ACKs go out at once (`FlushPolicy::quick_acks`: Linux), a broker's Nagle gap lasts
-//! no longer than the round trip of that ACK, so a shorter quiet is proof when the batch looks like
-//! a window and nothing else: it began at once after the release (within the handshake time plus
+//! Where our TCP ACKs go out at once (`FlushPolicy::quick_acks`: Linux; within a millisecond or two
+//! while they coalesce, [`Learner::acks_may_wait`]), a broker's Nagle gap lasts about the round
+//! trip of that ACK, so a shorter quiet is proof when the batch looks like a window and nothing
+//! else: it began at once after the release (within the handshake time plus
 //! [`ECHO_FAST`]: a broker with a backlog refills within a round trip), it holds at least two
 //! messages, and they came as one burst (on average closer together than [`BURST_RATIO`] times less
 //! than the quiet: a steady stream that dense would be quiet that long about once in 3,000 gaps).
@@ -124,6 +125,9 @@ pub const QUIET_FAST_MIN: Duration = Duration::from_millis(20);
 pub const ECHO_FAST: Duration = Duration::from_millis(5);
 /// With quick ACKs: how many times the burst's mean gap between messages the quiet must be.
 pub const BURST_RATIO: u32 = 8;
+/// The fewest unacknowledged messages at which a batch is due ([`FlushPolicy::ack_threshold`])
+/// for our TCP ACKs to wait (see [`Learner::acks_may_wait`]).
+pub const ACKS_WAIT_THRESHOLD_MIN: usize = 256;
 
 /// A connection's one probe: a burst committed with no window known, so that the broker's
 /// refill can prove one (see the module docs).
@@ -344,6 +348,17 @@ impl Learner {
     /// The broker's window as learned from stalls, if one was.
     pub fn window_seen(&self) -> Option<usize> {
         self.window_seen
+    }
+
+    /// Whether our TCP ACKs may wait a little for the next (the client's ACK coalescing,
+    /// vendor/rumqttc/src/quickack.rs), so that a broker with Nagle's algorithm on sends a
+    /// flood of small messages in fewer, larger segments: while no broker window is known
+    /// (stated or learned) and a batch is due only at [`ACKS_WAIT_THRESHOLD_MIN`]
+    /// unacknowledged messages or more. Where a batch waits for a few messages the broker holds
+    /// until our ACK (its window's last, or the half of a small window we ask for), every ACK
+    /// goes out at once: a waiting one would add its millisecond to every commit's cycle.
+    pub fn acks_may_wait(&self) -> bool {
+        self.broker_window().is_none() && self.policy.ack_threshold() >= ACKS_WAIT_THRESHOLD_MIN
     }
 
     /// Whether no QoS 1/2 message has arrived in the open batch yet.

@@ -196,6 +196,12 @@ impl<R> Core<R> {
         self.in_flight.is_some()
     }
 
+    /// Whether the clients' TCP ACKs may wait a little for the next (the batcher's rule,
+    /// [`crate::batcher::Learner::acks_may_wait`]); the shell tells the clients.
+    pub fn acks_may_wait(&self) -> bool {
+        self.batcher.acks_may_wait()
+    }
+
     /// Whether systemd was told the daemon is ready (its watchdog is armed then).
     pub fn is_ready(&self) -> bool {
         self.ready

@@ -176,7 +176,9 @@ impl Ingest {
                 }
             }
         }
+        let acks_wait = self.core.acks_may_wait();
         for (id, client) in SessionId::all(self.clients.len()).zip(&self.clients) {
+            client.set_ack_coalescing(acks_wait);
             while let Some(what) = self.core.outgoing(id) {
                 let taken = match &what {
                     Outgoing::Ack(ack) => client.try_ack(ack).is_ok(),

@@ -340,3 +340,153 @@ fn request_channel_holds_two_full_windows_of_acks() {
     assert!(crate::limits::ack_request_capacity(u16::MAX) >= 2 * 65_535);
     assert!(crate::limits::ack_request_capacity(1) >= 2);
 }
+
+/// A client of `protocol` whose ACKs may wait (`Mqtt::set_ack_coalescing`), connected to a
+/// broker the test plays with Nagle's algorithm on (Mosquitto's default), the broker's end as a
+/// blocking socket for a thread of its own, and a QoS 0 PUBLISH to "t" with a 16-byte payload of
+/// 7s (no subscription needed).
+#[cfg(target_os = "linux")]
+async fn nagle_broker(protocol: Protocol) -> (Driver, std::net::TcpStream, Vec<u8>) {
+    let (listener, mqtt, mut driver) = client(protocol).await;
+    mqtt.set_ack_coalescing(true);
+    let connack: &[u8] = match protocol {
+        Protocol::V311 => &[0x20, 2, 0, 0],
+        Protocol::V5 => &[0x20, 3, 0, 0, 0],
+    };
+    let (connected, stream) = tokio::join!(driver.poll_client(), accept(&listener, connack));
+    assert!(
+        matches!(connected, Ok(MqttEvent::Connected { .. })),
+        "{connected:?}"
+    );
+    drop(mqtt);
+    let broker = stream.into_std().unwrap();
+    broker.set_nonblocking(false).unwrap();
+    broker.set_nodelay(false).unwrap();
+    // MQTT 5 adds an empty property length.
+    let publish = match protocol {
+        Protocol::V311 => [&[0x30, 19, 0, 1, b't'][..], &[7u8; 16]].concat(),
+        Protocol::V5 => [&[0x30, 20, 0, 1, b't', 0][..], &[7u8; 16]].concat(),
+    };
+    (driver, broker, publish)
+}
+
+/// Polls `driver` until its next PUBLISH, which must be the test's.
+#[cfg(target_os = "linux")]
+async fn next_publish(driver: &mut Driver) {
+    loop {
+        match driver.poll_client().await {
+            Ok(MqttEvent::Publish(p)) => {
+                assert_eq!(&p.payload[..], &[7u8; 16], "unchanged");
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}
+
+/// An ACK that a read leaves owed (the read came within `ACK_COALESCE` of the last ACK,
+/// vendor/rumqttc/src/quickack.rs) goes out on its timer, within a millisecond or two: a Nagle
+/// broker's next write, held until then, is never left to the kernel's delayed ACK (40 ms).
+/// Each round: message A (its read is answered at once: the last ACK was long ago), B once A was
+/// read (its read comes right after that ACK: owed), C once B was read (held by Nagle until B is
+/// acknowledged). Measured: C's write to its read. Without the timer it is ~40 ms.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_a_read_leaves_owed_goes_out_within_a_millisecond_or_two() {
+    use std::io::Write;
+    use std::time::Instant;
+    const ROUNDS: usize = 7;
+    for protocol in [Protocol::V311, Protocol::V5] {
+        let (mut driver, mut broker, publish) = nagle_broker(protocol).await;
+        let (read, reads) = std::sync::mpsc::channel::<()>();
+        let writer = std::thread::spawn(move || {
+            let mut late = Vec::new();
+            for _ in 0..ROUNDS {
+                // Long after the last ACK: A's read is answered at once.
+                std::thread::sleep(Duration::from_millis(5));
+                broker.write_all(&publish).unwrap();
+                reads.recv().unwrap();
+                broker.write_all(&publish).unwrap();
+                reads.recv().unwrap();
+                let written = Instant::now();
+                broker.write_all(&publish).unwrap();
+                reads.recv().unwrap();
+                late.push(written.elapsed());
+            }
+            late
+        });
+        for _ in 0..ROUNDS * 3 {
+            next_publish(&mut driver).await;
+            read.send(()).unwrap();
+        }
+        let mut late = writer.join().unwrap();
+        late.sort_unstable();
+        // The median round: a busy machine may delay a round or two.
+        assert!(
+            late[ROUNDS / 2] < Duration::from_millis(15),
+            "{protocol:?}: C came late by {late:?}"
+        );
+    }
+}
+
+/// The data segments a socket has sent (Linux's `TCP_INFO`), or `None` where the call does not
+/// give the whole structure (qemu's user mode passes only an `int` for `SOL_TCP` options).
+#[cfg(target_os = "linux")]
+fn data_segments_sent(socket: &std::net::TcpStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `info` is a plain C structure for the kernel to fill; `len` says its size.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).ok()?;
+        let done = libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &raw mut len,
+        );
+        let whole = usize::try_from(len).ok()? == std::mem::size_of::<libc::tcp_info>();
+        (done == 0 && whole).then_some(info.tcpi_data_segs_out)
+    }
+}
+
+/// A Nagle broker that writes each message on its own, far more often than once a millisecond,
+/// reaches us gathered into about a segment per millisecond or two (our ACKs wait up to
+/// `ACK_COALESCE`, vendor/rumqttc/src/quickack.rs), not a segment per write or two as with an
+/// ACK per read; and its last message comes within about that too.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nagle_brokers_writes_come_gathered_into_few_segments() {
+    use std::io::Write;
+    use std::time::Instant;
+    const MESSAGES: usize = 400;
+    for protocol in [Protocol::V311, Protocol::V5] {
+        let (mut driver, mut broker, publish) = nagle_broker(protocol).await;
+        let writer = std::thread::spawn(move || {
+            let start = Instant::now();
+            for _ in 0..MESSAGES {
+                broker.write_all(&publish).unwrap();
+                // A message every ~25 us, spun rather than slept (a sleep is a millisecond).
+                let next = Instant::now() + Duration::from_micros(25);
+                while Instant::now() < next {
+                    std::hint::spin_loop();
+                }
+            }
+            (broker, start.elapsed())
+        });
+        for _ in 0..MESSAGES {
+            next_publish(&mut driver).await;
+        }
+        let (broker, writing) = writer.join().unwrap();
+        if let Some(segments) = data_segments_sent(&broker) {
+            // The CONNACK's segment, then one per ACK: one for every millisecond or two of
+            // writing (the timer that sends an owed ACK has a resolution of a millisecond).
+            let bound = 5 + 2 * u32::try_from(writing.as_millis()).unwrap();
+            assert!(
+                segments <= bound && segments < u32::try_from(MESSAGES / 4).unwrap(),
+                "{protocol:?}: {segments} segments for {MESSAGES} writes in {writing:?}"
+            );
+        }
+    }
+}

@@ -335,3 +335,42 @@ fn unacknowledged_counts_are_per_session_until_the_release() {
     assert_eq!(l.unacked_of(0), 0, "a new connection's count starts over");
     assert_eq!(l.unacked_of(7), 0, "no such session");
 }
+
+/// Our TCP ACKs may wait (the client's coalescing) only while no broker window is known and a
+/// batch is due at `ACKS_WAIT_THRESHOLD_MIN` (256) unacknowledged messages or more: half the
+/// 1,024 window asked for by default, not half of 256; never with a window stated or learned,
+/// and again once a new connection forgot the learned one.
+#[test]
+fn acks_wait_only_while_no_window_holds_a_batch_to_a_few_messages() {
+    let t0 = Instant::now();
+    let ms = |m: u64| t0 + Duration::from_millis(m);
+    let asked = |window: u16, stated: Option<u16>| {
+        let c = Case { stated, ..ONE };
+        Learner::new(FlushPolicy {
+            window,
+            ..policy(&c)
+        })
+    };
+    assert!(
+        asked(1024, None).acks_may_wait(),
+        "the defaults: half of 1,024"
+    );
+    assert!(asked(512, None).acks_may_wait(), "half of 512 is 256");
+    assert!(!asked(256, None).acks_may_wait(), "half of 256 is 128");
+    assert!(!asked(1024, Some(1024)).acks_may_wait(), "a stated window");
+    // Learned as in the row "without quick ACKs an echo's burst stalls after the long quiet
+    // and teaches it" (20 from 1 ms, taken at 270 ms).
+    let mut l = asked(1024, None);
+    l.connected(0, t0, Duration::ZERO);
+    for i in 0..20 {
+        l.arrived(ms(1 + i), Duration::ZERO);
+        l.ack(0);
+    }
+    l.take_for(Stall, ms(270));
+    assert_eq!(l.window_seen(), Some(20));
+    assert!(!l.acks_may_wait(), "a learned window");
+    l.taken();
+    l.connected(0, ms(400), Duration::ZERO);
+    assert_eq!(l.window_seen(), None, "a new connection forgets it");
+    assert!(l.acks_may_wait(), "and the ACKs may wait again");
+}

@@ -417,7 +417,7 @@ async fn network_connect(
     options: &MqttOptions,
     network_options: NetworkOptions,
 ) -> Result<Network, ConnectionError> {
-    let quickack = network_options.tcp_quickack();
+    let acks = crate::quickack::AckPolicy::of(&network_options);
     // Process Unix files early, as proxy is not supported for them.
     #[cfg(unix)]
     if matches!(options.transport(), Transport::Unix) {
@@ -448,7 +448,7 @@ async fn network_connect(
                 let addr = format!("{domain}:{port}");
                 let tcp = socket_connect(addr, network_options).await?;
                 // bucketd patch: quick ACKs when asked (src/quickack.rs).
-                Box::new(crate::quickack::QuickAck::new(tcp, quickack))
+                Box::new(crate::quickack::QuickAck::new(tcp, acks))
             }
         }
         #[cfg(not(feature = "proxy"))]
@@ -456,7 +456,7 @@ async fn network_connect(
             let addr = format!("{domain}:{port}");
             let tcp = socket_connect(addr, network_options).await?;
             // bucketd patch: quick ACKs when asked (src/quickack.rs).
-                Box::new(crate::quickack::QuickAck::new(tcp, quickack))
+            Box::new(crate::quickack::QuickAck::new(tcp, acks))
         }
     };
 

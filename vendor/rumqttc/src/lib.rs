@@ -398,8 +398,10 @@ pub struct NetworkOptions {
     tcp_send_buffer_size: Option<u32>,
     tcp_recv_buffer_size: Option<u32>,
     tcp_nodelay: bool,
-    // bucketd patch: TCP_QUICKACK after every read (src/quickack.rs).
+    // bucketd patch: TCP_QUICKACK after reads, and the switch that lets them wait
+    // (src/quickack.rs).
     tcp_quickack: bool,
+    tcp_ack_coalescing: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     conn_timeout: u64,
     #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
     bind_device: Option<String>,
@@ -412,6 +414,7 @@ impl NetworkOptions {
             tcp_recv_buffer_size: None,
             tcp_nodelay: false,
             tcp_quickack: false,
+            tcp_ack_coalescing: None,
             conn_timeout: 5,
             #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
             bind_device: None,
@@ -422,15 +425,31 @@ impl NetworkOptions {
         self.tcp_nodelay = nodelay;
     }
 
-    /// bucketd patch: acknowledge received TCP segments at once (`TCP_QUICKACK` re-armed after
-    /// every read; Linux and Android only, elsewhere no effect). For clients that acknowledge MQTT
-    /// messages in batches from a broker with Nagle's algorithm on: see `src/quickack.rs`.
+    /// bucketd patch: acknowledge received TCP segments without the kernel's delayed ACK
+    /// (`TCP_QUICKACK` after reads; Linux and Android only, elsewhere no effect). For clients
+    /// that acknowledge MQTT messages in batches from a broker with Nagle's algorithm on: see
+    /// `src/quickack.rs` and [`NetworkOptions::set_tcp_ack_coalescing`].
     pub fn set_tcp_quickack(&mut self, quickack: bool) {
         self.tcp_quickack = quickack;
     }
 
     pub fn tcp_quickack(&self) -> bool {
         self.tcp_quickack
+    }
+
+    /// bucketd patch: with quick ACKs on, while `switch` reads true the ACKs of reads that come
+    /// within a millisecond of the last ACK wait for it to pass (one ACK per millisecond at
+    /// most, so that a broker with Nagle's algorithm on gathers its small writes); while false,
+    /// every read is acknowledged at once. Read at every read: see `src/quickack.rs`.
+    pub fn set_tcp_ack_coalescing(
+        &mut self,
+        switch: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        self.tcp_ack_coalescing = Some(switch);
+    }
+
+    pub fn tcp_ack_coalescing(&self) -> Option<&std::sync::Arc<std::sync::atomic::AtomicBool>> {
+        self.tcp_ack_coalescing.as_ref()
     }
 
     pub fn set_tcp_send_buffer_size(&mut self, size: u32) {

@@ -333,7 +333,7 @@ async fn connect(options: &mut MqttOptions) -> Result<(Network, ConnAck), Connec
 }
 
 async fn network_connect(options: &MqttOptions) -> Result<Network, ConnectionError> {
-    let quickack = options.network_options().tcp_quickack();
+    let acks = crate::quickack::AckPolicy::of(&options.network_options());
     let mut max_incoming_pkt_size = Some(options.default_max_incoming_size);
 
     // Override default value if max_packet_size is set on `connect_properties`
@@ -373,7 +373,7 @@ async fn network_connect(options: &MqttOptions) -> Result<Network, ConnectionErr
                 let addr = format!("{domain}:{port}");
                 let tcp = socket_connect(addr, options.network_options()).await?;
                 // bucketd patch: quick ACKs when asked (src/quickack.rs).
-                Box::new(crate::quickack::QuickAck::new(tcp, quickack))
+                Box::new(crate::quickack::QuickAck::new(tcp, acks))
             }
         }
         #[cfg(not(feature = "proxy"))]
@@ -381,7 +381,7 @@ async fn network_connect(options: &MqttOptions) -> Result<Network, ConnectionErr
             let addr = format!("{domain}:{port}");
             let tcp = socket_connect(addr, options.network_options()).await?;
             // bucketd patch: quick ACKs when asked (src/quickack.rs).
-                Box::new(crate::quickack::QuickAck::new(tcp, quickack))
+            Box::new(crate::quickack::QuickAck::new(tcp, acks))
         }
     };
 
