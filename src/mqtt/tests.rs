@@ -454,7 +454,7 @@ fn data_segments_sent(socket: &std::net::TcpStream) -> Option<u32> {
 /// A Nagle broker that writes each message on its own, far more often than once a millisecond,
 /// reaches us gathered into about a segment per millisecond or two (our ACKs wait up to
 /// `ACK_COALESCE`, vendor/rumqttc/src/quickack.rs), not a segment per write or two as with an
-/// ACK per read; and its last message comes within about that too.
+/// ACK per read. (Every message comes: the test waits for all 400.)
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nagle_brokers_writes_come_gathered_into_few_segments() {
