@@ -41,8 +41,8 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -132,12 +132,22 @@ impl QuickAck {
             self.wrote = false;
             return;
         }
-        let due = self.pushed.is_none_or(|at| now >= at + ACK_COALESCE);
-        if self.wrote || due {
-            self.push(now, true);
-        } else if !self.owed {
+        // When the next ACK may go out, if not yet.
+        let not_before = self
+            .pushed
+            .map(|at| at + ACK_COALESCE)
+            .filter(|&at| now < at);
+        match not_before {
+            Some(at) if !self.wrote => self.owe(at, now, cx),
+            _ => self.push(now, true),
+        }
+        self.wrote = false;
+    }
+
+    /// The ACK of what was just read goes out at `at` (on the timer), unless one is owed already.
+    fn owe(&mut self, at: Instant, now: Instant, cx: &mut Context<'_>) {
+        if !self.owed {
             self.owed = true;
-            let at = self.pushed.expect("not due: an ACK went out") + ACK_COALESCE;
             let timer = self
                 .timer
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at.into())));
@@ -147,7 +157,6 @@ impl QuickAck {
                 self.push(now, true);
             }
         }
-        self.wrote = false;
     }
 
     /// The owed ACK, once its time is up (polled with every read).
@@ -264,7 +273,10 @@ mod tests {
                         "round {round}: quick ACKs {}",
                         if coalescing { "held" } else { "re-armed" }
                     );
-                    assert!(client.pushed.is_some(), "round {round}: the read was acknowledged");
+                    assert!(
+                        client.pushed.is_some(),
+                        "round {round}: the read was acknowledged"
+                    );
                 }
                 client.write_all(b"ack").await.unwrap();
                 let mut echo = [0u8; 3];
