@@ -54,7 +54,9 @@ impl Broker {
 
     /// Upstream Mosquitto 2.0.21 of the test's own (`.ci/mosquitto-upstream`), with its default
     /// window for MQTT 3.1.1 clients (`max_inflight_messages 20`) and Nagle's algorithm on, as
-    /// gateways meet it; `None` (skipped with a note) outside CI when it is not built.
+    /// gateways meet it. The tests that call this are compiled as ignored where build.rs found
+    /// no such build (`cfg(upstream_mosquitto)`); `None` (skipped with a note) outside CI if it
+    /// went missing since.
     pub fn upstream_mosquitto() -> Option<(OwnMosquitto, Broker)> {
         match OwnMosquitto::upstream(false, "max_inflight_messages 20\n") {
             Ok(m) => {
