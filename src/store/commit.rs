@@ -73,6 +73,12 @@ impl Commits {
         self.dedup_log.push_back((seq, fingerprints));
         self.dedup_total += fingerprints;
         self.next_seq = seq + 1;
+        // A failed durable commit's redo is for its own sequence number only: once a commit
+        // lands there or after it (the retry, through the journal or not), applying it again
+        // would count a batch twice and overwrite newer outbox entries.
+        if self.unconfirmed.as_ref().is_some_and(|(s, _)| *s <= seq) {
+            self.unconfirmed = None;
+        }
     }
 
     /// A checkpoint's last part committed: the commits through `through` are folded (their

@@ -19,6 +19,9 @@ pub struct Faults {
     pub sync_delay_micros: std::sync::atomic::AtomicU64,
     /// Failed writes, resizes and syncs so far.
     pub failed: std::sync::atomic::AtomicU64,
+    /// The process is killed ([`Faults::kill`]): nothing it writes from now on reaches the
+    /// files, not even what its destructors would write; the caches stay.
+    killed: std::sync::atomic::AtomicBool,
     /// A power supply that can fail ([`Faults::arm_power_cut`]).
     power: std::sync::Mutex<Power>,
 }
@@ -56,6 +59,10 @@ pub enum Landed {
     FirstPage,
     /// All of them: the error came after the data was on the disk.
     All,
+    /// All of them, in the device's volatile write cache only: read back from the device (a
+    /// dropped page cache does not lose them) until the power fails, when they are gone; a later
+    /// sync of the same file that succeeds (a cache flush) puts them on the medium.
+    Volatile,
 }
 
 /// Tests of a failed fsync: the durability settings (commit mode, quick repair) and which of a
@@ -91,7 +98,9 @@ struct Power {
     cache: Vec<(Target, u64, Vec<u8>)>,
     /// Writes whose sync failed: still read back (the page cache keeps them, marked clean, as
     /// Linux does after a failed fsync) but never written by a later sync; gone at a power cut.
-    ghosts: Vec<(Target, u64, Vec<u8>)>,
+    /// With `true`, in the device's volatile cache instead ([`Landed::Volatile`]): not dropped
+    /// with the page cache, and written by the next sync of their file that succeeds.
+    ghosts: Vec<(Target, u64, Vec<u8>, bool)>,
     /// A sync fails with EIO, and its writes become ghosts: the one after this many more.
     fail_sync_after: Option<u32>,
     /// What of a failing sync's writes reached the disk anyway (the kernel wrote some back
@@ -216,8 +225,16 @@ impl Power {
             .write_all_at(data, at)
     }
 
-    /// A sync of `target`: its cached writes go to the file.
+    /// A sync of `target`: what the device holds of it in its volatile cache, then its cached
+    /// writes, go to the file.
     fn flush(&mut self, target: Target) -> std::io::Result<()> {
+        let ghosts = std::mem::take(&mut self.ghosts);
+        let (device, rest): (Vec<_>, Vec<_>) =
+            ghosts.into_iter().partition(|g| g.0 == target && g.3);
+        self.ghosts = rest;
+        for (_, at, data, _) in device {
+            self.write_through(target, at, &data)?;
+        }
         let cache = std::mem::take(&mut self.cache);
         let (mine, others): (Vec<_>, Vec<_>) = cache.into_iter().partition(|e| e.0 == target);
         self.cache = others;
@@ -230,7 +247,8 @@ impl Power {
     /// Unsynced writes of `target` over `out`, read from `offset`, in the order they were made.
     fn overlay(&self, target: Target, offset: u64, out: &mut [u8]) {
         let end = offset + out.len() as u64;
-        for (t, at, data) in self.ghosts.iter().chain(&self.cache) {
+        let ghosts = self.ghosts.iter().map(|(t, at, d, _)| (t, at, d));
+        for (t, at, data) in ghosts.chain(self.cache.iter().map(|(t, at, d)| (t, at, d))) {
             if *t != target {
                 continue;
             }
@@ -245,10 +263,10 @@ impl Power {
 
     /// Where the cached writes (and ghosts) of `target` end: the file's length in the cache.
     fn cached_end(&self, target: Target) -> u64 {
-        self.ghosts
-            .iter()
-            .chain(&self.cache)
-            .filter(|(t, _, _)| *t == target)
+        let ghosts = self.ghosts.iter().map(|(t, at, d, _)| (t, at, d));
+        ghosts
+            .chain(self.cache.iter().map(|(t, at, d)| (t, at, d)))
+            .filter(|(t, _, _)| **t == target)
             .map(|(_, at, data)| at + data.len() as u64)
             .max()
             .unwrap_or(0)
@@ -256,15 +274,16 @@ impl Power {
 
     /// Cached writes (and ghosts) of `target` past `len` dropped, those across it cut short.
     fn truncate(&mut self, target: Target, len: u64) {
-        for list in [&mut self.cache, &mut self.ghosts] {
-            list.retain_mut(|(t, at, data)| {
-                if *t != target || *at + data.len() as u64 <= len {
-                    return true;
-                }
-                data.truncate(usize::try_from(len.saturating_sub(*at)).unwrap_or(0));
-                !data.is_empty()
-            });
-        }
+        let keep = |t: Target, at: u64, data: &mut Vec<u8>| {
+            if t != target || at + data.len() as u64 <= len {
+                return true;
+            }
+            data.truncate(usize::try_from(len.saturating_sub(at)).unwrap_or(0));
+            !data.is_empty()
+        };
+        self.cache.retain_mut(|(t, at, data)| keep(*t, *at, data));
+        self.ghosts
+            .retain_mut(|(t, at, data, _)| keep(*t, *at, data));
     }
 
     /// A write of `target`: cached while a cut is armed (and counted), else written.
@@ -297,17 +316,19 @@ impl Power {
                 let (mine, others): (Vec<_>, Vec<_>) =
                     cache.into_iter().partition(|e| e.0 == target);
                 self.cache = others;
+                let volatile = self.failed_sync_landed == Landed::Volatile;
                 for (t, at, data) in mine {
                     let landed = match self.failed_sync_landed {
-                        Landed::Nothing => false,
+                        Landed::Nothing | Landed::Volatile => false,
                         Landed::FirstPage => at < PAGE_BYTES,
                         Landed::All => true,
                     };
                     if landed {
                         self.write_through(t, at, &data)?;
                     }
-                    // Read back from the cache either way, until it is dropped.
-                    self.ghosts.push((t, at, data));
+                    // Read back from the cache either way, until it is dropped (from the
+                    // device's, until the power fails or a flush writes it).
+                    self.ghosts.push((t, at, data, volatile));
                 }
                 return Err(std::io::Error::from_raw_os_error(5)); // EIO
             }
@@ -364,9 +385,10 @@ impl Faults {
     /// the journal too. Writes not synced yet stay (the kernel writes dirty pages first).
     pub fn drop_cached_pages(&self, journal: bool) {
         let mut power = self.power.lock().expect("not poisoned");
+        // Those in the device's cache stay: they come from the device.
         power
             .ghosts
-            .retain(|(t, _, _)| *t == Target::Journal && !journal);
+            .retain(|(t, _, _, on_device)| *on_device || (*t == Target::Journal && !journal));
     }
 
     /// The journal's program unit: a [`Cut::Pages`] may garble every page of the units its torn
@@ -374,6 +396,21 @@ impl Faults {
     /// asked to write). A page by default.
     pub fn set_program_unit(&self, bytes: u64) {
         self.power.lock().expect("not poisoned").unit = bytes;
+    }
+
+    /// A kill -9 of the process: from now until [`Faults::restart`] nothing it writes, resizes or
+    /// syncs reaches either file (dropping its `Store` then runs no write the real process would
+    /// not have made). What the page cache holds, ghosts of failed syncs included, stays, as the
+    /// kernel's outlives a process.
+    pub fn kill(&self) {
+        self.killed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A new process starts on the same disk and page cache (after [`Faults::kill`]).
+    pub fn restart(&self) {
+        self.killed
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the armed power cut has happened.
@@ -395,6 +432,11 @@ struct FaultyBackend {
 impl Faults {
     fn check(&self) -> std::io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
+        if self.killed.load(Relaxed) {
+            return Err(std::io::Error::other(
+                "simulated kill -9: the process is gone",
+            ));
+        }
         if self.fail_writes.load(Relaxed) {
             self.failed.fetch_add(1, Relaxed);
             return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC

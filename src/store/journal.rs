@@ -126,6 +126,20 @@ pub enum JournalError {
     #[error("journal {path}: {source}; {}", io_advice(.source))]
     Io { path: PathBuf, source: io::Error },
     #[error(
+        "no room to make the journal {path} ({bytes} bytes, `store.journal_size`){}: free that \
+         much space on its disk, or set `store.journal_size` smaller (or 0 for none); the \
+         database file holds every acknowledged commit, nothing is lost",
+        .old_removed.as_ref().map(|p| format!(
+            " even after removing {}, which an earlier start set aside (its commits are in the \
+             database file)", p.display()
+        )).unwrap_or_default()
+    )]
+    NoRoom {
+        path: PathBuf,
+        bytes: u64,
+        old_removed: Option<PathBuf>,
+    },
+    #[error(
         "journal {path} belongs to another database file (journal id {found:016x}, the database's \
          {expected:016x}); if the database file was replaced or restored, move the journal aside \
          and start again"

@@ -303,10 +303,8 @@ impl Store {
         let pending = super::pending::commits(&self.commits.pending);
         let cursor = match self.fold {
             Some(c) => c,
-            None if self.commits.log_bytes == 0
-                && pending.is_empty()
-                && self.dedup_trim(None).is_empty() =>
-            {
+            // From the state itself, never from `log_bytes` (a count that only schedules).
+            None if !self.has_unfolded()? && self.dedup_trim(None).is_empty() => {
                 return Ok(stats);
             }
             None => match self.commits.next_seq.checked_sub(1) {

@@ -220,6 +220,19 @@ impl From<JournalError> for CommitError {
 }
 
 impl CommitError {
+    /// Whether trying again (after [`Store::reopen`]) can clear it: a failing or full disk, a
+    /// closed file, commits not folded yet (the retry folds first). Damage cannot. Every
+    /// variant is named, so that a new one is classified where it is added.
+    pub fn retryable(&self) -> bool {
+        match self {
+            CommitError::Closed | CommitError::Journal(_) | CommitError::Unfolded => true,
+            CommitError::Redb(_) => !self.is_damage(),
+            CommitError::Decode { .. } | CommitError::Page { .. } | CommitError::Outbox { .. } => {
+                false
+            }
+        }
+    }
+
     /// Whether this is damage to what is stored (an unreadable document, page or record), which
     /// no retry fixes, rather than a failing disk.
     pub fn is_damage(&self) -> bool {
@@ -409,10 +422,16 @@ impl Store {
     }
 
     /// Opens the file and reads the state kept in memory: series, commit sequence number and
-    /// dedup log.
+    /// dedup log. Both files are read from the disk, not from the page cache: an earlier
+    /// process (or this one, before [`Store::reopen`]) may have died after an fsync failed, and
+    /// Linux keeps the pages it could not write, marked clean, and reads them back as if they
+    /// were on the disk. Trusted, such a fold would move the file's next commit number past
+    /// records that the replay then skips and frees, and new commits overwrite: after the next
+    /// power cut or eviction those readings would be in neither file.
     fn load(&mut self) -> Result<(), StoreOpenError> {
         // Opened anew here: nothing for `recover` to do.
         self.needs_recovery = false;
+        self.drop_cached_pages(true);
         let path = self.path.clone();
         self.open_file().map_err(|e| match open_error(&path, e) {
             // Creating: a missing file is made, so "not found" means the directory is missing.
@@ -534,12 +553,21 @@ impl Store {
         let faults = self.faults.clone();
         let open_file = |p: &Path| -> std::io::Result<Box<dyn journal::JournalFile>> {
             #[cfg(any(test, feature = "fault-injection"))]
-            if let Some(f) = faults {
+            if let Some(f) = faults.clone() {
                 return faults::open_journal(p, f);
             }
             Ok(Box::new(journal::open_file(p)?))
         };
-        let mut j = journal::Journal::open(path.clone(), id, wanted, open_file)?;
+        let mut j = match journal::Journal::open(path.clone(), id, wanted, open_file) {
+            Err(JournalError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::StorageFull =>
+            {
+                self.make_room_for_journal(&path, wanted)?;
+                journal::Journal::open(path.clone(), id, wanted, open_file)
+                    .map_err(|e| no_room(e, &path, wanted))?
+            }
+            opened => opened?,
+        };
         let db_path = self.path.clone();
         let corrupt = |source: redb::Error| failed_open(&db_path, source);
         let (next_seq, _) = read_dedup_log(self.db()).map_err(corrupt)?;
@@ -547,18 +575,20 @@ impl Store {
         let applied = j.replay(next_seq, |seq, redo| {
             apply_redo(&tx, seq, redo).map_err(|e| corrupt(commit_to_redb(e)))
         })?;
+        // Committed durably even with nothing to apply: the records of the commits the file
+        // shows are overwritten from now on, and what the file shows may be a fold whose fsync
+        // failed in an earlier process, still in the device's volatile cache. This fsync
+        // flushes it, or fails and the open with it (the journal keeps them).
+        tx.commit().map_err(|e| corrupt(e.into()))?;
         if applied > 0 {
-            tx.commit().map_err(|e| corrupt(e.into()))?;
             tracing::info!(
                 commits = applied,
                 journal = %path.display(),
                 "Applied the journal's commits that the database file lacked (bucketd stopped \
                  without a clean shutdown); nothing acknowledged was lost."
             );
-        } else {
-            tx.abort().map_err(|e| corrupt(e.into()))?;
         }
-        // The file holds every record now.
+        // The file holds every record now, durably.
         j.release_below(u64::MAX);
         // Made anew (now that the file holds its records) when its size changed, or when an
         // older release wrote it in a format this one only reads.
@@ -579,6 +609,41 @@ impl Store {
             return self.open_journal(id);
         }
         self.commits.journal = Some(j);
+        Ok(())
+    }
+
+    /// No room to make the journal (`wanted` bytes): a journal kept as `<journal>.old` when an
+    /// earlier start made it anew is removed, once a durable transaction has synced the file,
+    /// which holds its commits (it was set aside only after they were applied). Without one,
+    /// the error says how much room is needed.
+    fn make_room_for_journal(&self, path: &Path, wanted: u64) -> Result<(), StoreOpenError> {
+        let old = journal::replaced_path(path);
+        let no_room = || {
+            StoreOpenError::from(JournalError::NoRoom {
+                path: path.to_owned(),
+                bytes: wanted,
+                old_removed: None,
+            })
+        };
+        if !old.exists() {
+            return Err(no_room());
+        }
+        let corrupt = |source| failed_open(&self.path, source);
+        let synced = self
+            .durable_tx()
+            .and_then(|tx| tx.commit().map_err(CommitError::from));
+        synced.map_err(|e| corrupt(commit_to_redb(e)))?;
+        std::fs::remove_file(&old).map_err(|source| JournalError::Io {
+            path: old.clone(),
+            source,
+        })?;
+        tracing::warn!(
+            removed = %old.display(),
+            journal = %path.display(),
+            bytes = wanted,
+            "No room to make the journal: removed the journal set aside at an earlier start \
+             (its commits are in the database file, now synced) and trying again."
+        );
         Ok(())
     }
 
@@ -948,6 +1013,21 @@ fn drop_cached_pages(path: &Path) {
     }
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     let _ = path;
+}
+
+/// The journal could not be made even after [`Store::make_room_for_journal`]: said as no room,
+/// naming the `.old` it removed.
+fn no_room(e: JournalError, path: &Path, wanted: u64) -> JournalError {
+    match e {
+        JournalError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull => {
+            JournalError::NoRoom {
+                path: path.to_owned(),
+                bytes: wanted,
+                old_removed: Some(journal::replaced_path(path)),
+            }
+        }
+        e => e,
+    }
 }
 
 /// A commit error as a redb error, for the open path's `Corrupt`.

@@ -125,6 +125,10 @@ impl StoreReader {
                 path: path.to_owned(),
             });
         }
+        // From the disk, as `Store::load` reads them: a daemon that died after a failed fsync
+        // leaves pages in the cache that the disk never got.
+        super::drop_cached_pages(path);
+        super::drop_cached_pages(&super::journal::path_for(path));
         let db = redb::Builder::new()
             .open_read_only(path)
             .map_err(|e| match e {

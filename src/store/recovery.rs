@@ -19,7 +19,7 @@ impl Store {
     pub fn reopen(&mut self) -> Result<(), StoreOpenError> {
         self.close_file();
         self.commits.journal = None;
-        self.drop_cached_pages(true);
+        // `load` reads both files back from the disk.
         self.load()
     }
 
@@ -30,7 +30,8 @@ impl Store {
     /// back from the disk ([`Store::drop_cached_pages`]); whatever of the failed transaction is
     /// there (all of it or none: redb's open checks a header whose commit was not flushed, and
     /// falls back to the one before) is taken as it is, and the in-memory state is read again
-    /// from the file and the waiting commits.
+    /// from the file and the waiting commits. No journal record is freed here: what the file
+    /// shows is not known to be durable until a transaction of its own has synced.
     pub(super) fn recover(&mut self) -> Result<(), CommitError> {
         self.close_file();
         self.drop_cached_pages(false);
@@ -107,8 +108,10 @@ impl Store {
         self.commits.log_bytes = log_bytes + waiting;
         pending::set_logged(&self.commits.pending, logged, runs);
         self.reapply_outbox(db)?;
-        // The file, read back from the disk, holds every commit before the first pending one.
-        self.commits.durable_committed();
+        // The file read back shows every commit before the first pending one, but no fsync of
+        // this handle has succeeded: a fold whose fsync failed may be served from the device's
+        // volatile cache. Their journal records stay live until a durable transaction of the
+        // file commits (`Commits::durable_committed`, called by every one).
         Ok(())
     }
 

@@ -2939,3 +2939,5 @@ fn a_bucket_read_with_commits_waiting_decodes_no_entry_and_equals_the_fold() {
     }
     super::merged::LIMIT_FOR_TESTS.set(None);
 }
+
+mod nothing_lost;

@@ -295,10 +295,7 @@ fn retryable(
 ) -> Result<Result<CommitStats, CommitError>, CommitError> {
     match result {
         Ok(s) => Ok(Ok(s)),
-        Err(e) if e.is_damage() => Err(e),
-        Err(e @ (CommitError::Redb(_) | CommitError::Closed | CommitError::Journal(_))) => {
-            Ok(Err(e))
-        }
+        Err(e) if e.retryable() => Ok(Err(e)),
         Err(e) => Err(e),
     }
 }
