@@ -51,6 +51,7 @@ mod log;
 mod merged;
 mod outbox;
 mod pending;
+mod placement;
 mod reader;
 mod records;
 mod recovery;
@@ -329,6 +330,10 @@ impl Store {
     pub fn open(settings: &StoreSettings) -> Result<Store, StoreOpenError> {
         let mut store = Store::unloaded(settings);
         store.load()?;
+        if store.commits.journal.is_some() {
+            // Once a start: whether the journal's units are the card's (docs/STORAGE.md).
+            placement::log_placement(&journal::path_for(&store.path));
+        }
         Ok(store)
     }
 

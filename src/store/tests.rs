@@ -871,15 +871,20 @@ fn batch_of(readings: &[(&str, i64, f64)]) -> Batch {
 
 /// The outbox's entries folded per (series, start): what the upstream would hold.
 fn outbox_totals(reader: &StoreReader) -> BTreeMap<(String, i64), (i64, f64)> {
+    try_outbox_totals(reader).unwrap()
+}
+
+/// [`outbox_totals`], or the read's error.
+fn try_outbox_totals(reader: &StoreReader) -> Result<CutTotals, redb::Error> {
     let mut out = BTreeMap::new();
-    for entry in reader.outbox(None, usize::MAX).unwrap() {
+    for entry in reader.outbox(None, usize::MAX)? {
         for b in entry.buckets {
             let t = out.entry((b.series.clone(), b.start)).or_insert((0, 0.0));
             t.0 += b.count;
             t.1 += b.sum + b.sum_comp;
         }
     }
-    out
+    Ok(out)
 }
 
 const HOUR_NS: i64 = 3_600_000_000_000;
@@ -1311,6 +1316,11 @@ const CUT_COMMITS_AN_HOUR: u64 = 40;
 #[derive(Default)]
 struct CutModel {
     acked: CutTotals,
+    /// Every acknowledged commit's deltas, as the outbox keeps them (retention does not touch
+    /// it; there is no upstream to acknowledge them): those made in runs with an outbox.
+    outbox: CutTotals,
+    /// Whether the run that makes the commits has an outbox.
+    outbox_on: bool,
     last_fp: Option<u128>,
     /// A commit the cut interrupted: in the file entirely or not at all.
     in_flight: Option<(CutTotals, u128)>,
@@ -1342,6 +1352,9 @@ impl CutModel {
         });
         if commit_landed {
             self.last_fp = self.in_flight.as_ref().map(|f| f.1);
+            if let Some((totals, _)) = self.in_flight.as_ref().filter(|_| self.outbox_on) {
+                add_totals(&mut self.outbox, totals);
+            }
             landed = true;
         }
         self.acked = totals;
@@ -1370,6 +1383,28 @@ fn cut_seen(reader: &StoreReader) -> Result<(CutTotals, CutTotals), redb::Error>
         true
     })?;
     Ok((seen, raw))
+}
+
+/// A kill -9 between two operations: the process is gone without a word to either file, and a
+/// new one opens them through the same caches (the kernel's page cache, with any ghosts of a
+/// failed fsync, and the device's). `false` if the power failed while it opened.
+fn kill_and_restart(store: &mut Store, s: &StoreSettings, faults: &Arc<Faults>) -> bool {
+    // A start that fails on a pending EIO is made again, as systemd does.
+    for _ in 0..3 {
+        faults.kill();
+        // Waits for a reader that holds the handle for a moment (redb's lock lasts as long).
+        store.close_file();
+        drop(std::mem::replace(store, Store::unloaded(s)));
+        faults.restart();
+        store.faults = Some(faults.clone());
+        match store.load() {
+            Ok(()) => return !faults.power_is_off(),
+            Err(_) if faults.power_is_off() => return false,
+            Err(StoreOpenError::Io { .. }) => {}
+            Err(e) => panic!("the file does not open after a kill: {e}"),
+        }
+    }
+    panic!("the file does not open after a kill, three times");
 }
 
 /// The writer's answer to a failed commit, without its sleeps: reopen, then learn whether it
@@ -1414,6 +1449,7 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
     let mut model = CutModel::default();
     let (mut at_open, mut in_commit, mut in_checkpoint, mut landed) = (0, 0, 0, 0);
     let (mut eio, mut passes, mut big, mut reads) = (0, 0, 0, 0);
+    let (mut kills, mut past_journal, mut outbox_checks) = (0, 0, 0);
     let mut batch_no = 0u64;
     for cut in 0..cuts {
         let mut s = settings(&path);
@@ -1421,10 +1457,18 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
         if cut % 2 == 1 {
             s.durability = Durability::TwoPhase;
         }
+        // One run in four one-phase without quick repair: a commit syncs once, after redb's
+        // header, so a failed fsync leaves a whole fold (data and header) in the cache.
+        s.quick_repair = cut % 4 != 2;
         // The second half with the smallest journal (15 records), whose records go round it
         // every few commits.
         if cut >= cuts / 2 {
             s.journal_bytes = crate::limits::MIN_JOURNAL_BYTES;
+        }
+        // One run in three with an outbox at a small bound: entries merge at it, and a
+        // failed commit's redo must never be applied over a newer one.
+        if cut % 3 == 2 {
+            s.outbox_max_entries = 6;
         }
         let faults = Arc::new(Faults::default());
         // A card that programs 16 KiB at once, and can damage the pages of a unit it was
@@ -1485,6 +1529,18 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                 "cut {cut}: the last commit's fingerprint"
             );
         }
+        if s.outbox_max_entries > 0 {
+            // Every acknowledged commit's deltas, once, whatever merged at the bound.
+            let Ok(outbox) = try_outbox_totals(&reader).inspect_err(|e| {
+                assert!(faults.power_is_off(), "cut {cut}: the outbox: {e}");
+            }) else {
+                at_open += 1;
+                continue;
+            };
+            assert_eq!(outbox, model.outbox, "cut {cut}: the outbox");
+            outbox_checks += 1;
+        }
+        model.outbox_on = s.outbox_max_entries > 0;
         // A reader beside the writer until the cut: every answer it gets is a state the model
         // went through (each commit and pass whole or not at all).
         let states = std::sync::Mutex::new(vec![model.acked.clone()]);
@@ -1517,10 +1573,28 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
             while !faults.power_is_off() {
                 if next(12) == 0 {
                     // An fsync soon fails with EIO.
-                    let landed =
-                        [Landed::Nothing, Landed::FirstPage, Landed::All][next(3) as usize];
+                    let landed = [
+                        Landed::Nothing,
+                        Landed::FirstPage,
+                        Landed::All,
+                        Landed::Volatile,
+                    ][next(4) as usize];
                     faults.fail_sync_landing(next(3) as u32, landed);
                     eio += 1;
+                }
+                if next(40) == 0 {
+                    // Killed (often with a failed fsync's ghosts in the cache): the next
+                    // process finds every acknowledged reading, once.
+                    kills += 1;
+                    if !kill_and_restart(&mut store, &s, &faults) {
+                        at_open += 1;
+                        break;
+                    }
+                    if let Ok((seen, raw)) = cut_seen(&store.reader()) {
+                        assert_eq!(seen, model.acked, "cut {cut}: after a kill");
+                        assert_eq!(raw, model.acked, "cut {cut}: raw readings after a kill");
+                    }
+                    continue;
                 }
                 match next(12) {
                     0 => {
@@ -1550,6 +1624,14 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                         };
                         if folded.is_err() && faults.power_is_off() {
                             in_checkpoint += 1;
+                        } else if folded.is_err() && next(2) == 0 {
+                            // Killed before the next write reopens the file: the failed
+                            // fold's ghosts are in the cache the next process reads through.
+                            kills += 1;
+                            if !kill_and_restart(&mut store, &s, &faults) {
+                                at_open += 1;
+                                break;
+                            }
                         }
                         continue;
                     }
@@ -1560,17 +1642,23 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                 let mut totals = CutTotals::new();
                 let now = std::time::Instant::now();
                 // One in eight of several journal pages (random values do not compress: 2 to 6
-                // pages).
-                let readings = if next(8) == 0 {
-                    big += 1;
-                    1000 + next(2000)
-                } else {
-                    1 + next(20)
+                // pages); one in 64 larger than the smallest journal (committed in the file).
+                let readings = match next(64) {
+                    0 => {
+                        past_journal += 1;
+                        40_000
+                    }
+                    1..=8 => {
+                        big += 1;
+                        1000 + next(2000)
+                    }
+                    _ => 1 + next(20),
                 };
                 for r in 0..readings {
                     let series = format!("p{}/t", next(7));
                     let hour = ((batch_no / CUT_COMMITS_AN_HOUR) + next(2)) as i64 * 3600;
-                    let ts = Timestamp::from_secs(hour + r as i64);
+                    // Within the hour: a reading every 50 ms from its start.
+                    let ts = Timestamp::from_nanos(hour * 1_000_000_000 + r as i64 * 50_000_000);
                     // Whole numbers below 2^32: every sum is exact in an f64.
                     let v = next(1 << 32) as f64;
                     b.push_reading(Arc::from(series.as_str()), ts, v, true, now);
@@ -1599,6 +1687,9 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
                 }
                 if commit_until_done(&mut store, &faults, &batch) {
                     add_totals(&mut model.acked, &totals);
+                    if model.outbox_on {
+                        add_totals(&mut model.outbox, &totals);
+                    }
                     model.last_fp = Some(u128::from(batch_no));
                     went_through(&model.acked);
                 } else {
@@ -1631,7 +1722,8 @@ fn power_cuts_lose_no_committed_reading_and_the_file_always_opens() {
     eprintln!(
         "power cuts: {cuts} ({at_open} while opening, {in_commit} in a commit, {in_checkpoint} in \
          a checkpoint; {landed} interrupted commits or passes had landed), {batch_no} commits \
-         ({big} of several pages), {passes} retention passes, {eio} fsyncs failing with EIO, \
+         ({big} of several pages, {past_journal} larger than the journal), {passes} retention \
+         passes, {eio} fsyncs failing with EIO, {kills} kills, {outbox_checks} outboxes checked, \
          {readings} readings kept, {reads} distinct answers to a reader beside: lost 0, twice 0, \
          the file opened after every cut, every answer a state the commits left"
     );
