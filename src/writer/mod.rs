@@ -120,9 +120,12 @@ impl Thread {
                 }
             }
             let (used, room) = self.store.journal_use();
+            let store = &self.store;
+            // Unknown (the file refuses a read): fold, which reopens it first.
+            let unfolded = || store.has_unfolded().unwrap_or(true);
             if self
                 .schedule
-                .journal_filling(used, room, self.store.log_bytes(), Instant::now())
+                .journal_filling(used, room, unfolded, Instant::now())
                 && let Err(e) = self.store.sync_file()
             {
                 // A failure changes nothing: the next commit finds the journal full and

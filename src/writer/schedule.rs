@@ -113,13 +113,20 @@ impl Schedule {
     }
 
     /// The journal holds `used` of `room` bytes. Three quarters full: `true` if the file must
-    /// be made durable now (the log is empty); with a log, its fold begins instead, part by
-    /// part, which frees the records folded.
-    pub fn journal_filling(&mut self, used: u64, room: u64, log_bytes: u64, now: Instant) -> bool {
+    /// be made durable now (nothing waits to be folded: `unfolded`, asked only then, reads the
+    /// store's state); with commits waiting, their fold begins instead, part by part, which
+    /// frees the records folded.
+    pub fn journal_filling(
+        &mut self,
+        used: u64,
+        room: u64,
+        unfolded: impl FnOnce() -> bool,
+        now: Instant,
+    ) -> bool {
         if used == 0 || used < room / 4 * 3 || !self.backoff.allows(now) {
             return false;
         }
-        if log_bytes > 0 {
+        if unfolded() {
             self.folding = true;
             return false;
         }
@@ -223,7 +230,7 @@ mod tests {
             Duration::from_secs(1),
             "tried again when the backoff ends, without a batch"
         );
-        assert!(!s.journal_filling(900, 1000, 10, t0));
+        assert!(!s.journal_filling(900, 1000, || true, t0));
         assert!(
             s.fold_due(t0 + Duration::from_secs(1), 5000),
             "1 s, then doubling"
@@ -238,19 +245,19 @@ mod tests {
     fn a_filling_journal_folds_the_log_or_syncs_the_file() {
         let t0 = Instant::now();
         let mut s = schedule(t0);
-        assert!(!s.journal_filling(749, 1000, 10, t0));
+        assert!(!s.journal_filling(749, 1000, || true, t0));
         assert!(!s.fold_due(t0, 10));
         assert!(
-            !s.journal_filling(750, 1000, 10, t0),
+            !s.journal_filling(750, 1000, || true, t0),
             "a log to fold: no sync"
         );
         assert!(s.fold_due(t0, 10), "the fold begins");
         let mut s = schedule(t0);
         assert!(
-            s.journal_filling(750, 1000, 0, t0),
+            s.journal_filling(750, 1000, || false, t0),
             "nothing to fold: sync the file"
         );
-        assert!(!s.journal_filling(0, 0, 0, t0), "no journal");
+        assert!(!s.journal_filling(0, 0, || false, t0), "no journal");
     }
 
     #[test]

@@ -140,6 +140,34 @@ fn reopen_after_a_failed_fold(
     }
 }
 
+/// The mechanism under the test above, which redb's own repair at the reopen (a durable
+/// commit of its own) already covers end to end in the simulation: after a reopen that reads a
+/// failed fold back, the folded commits' records stay live until a durable transaction of this
+/// handle has synced (here `sync_file`, which the writer runs once the journal is three
+/// quarters full and nothing waits to be folded).
+#[test]
+fn records_read_back_as_folded_stay_live_until_a_durable_transaction_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = small_journal(&dir.path().join("live.redb"));
+    let faults = Arc::new(Faults::default());
+    let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+    store
+        .commit(&batch(&[("a/t", 10, 1.0), ("b/t", HOUR, 2.0)]))
+        .unwrap();
+    faults.arm_power_cut(u64::MAX, Cut::Nothing);
+    faults.fail_sync_landing(1, Landed::Volatile);
+    assert!(store.checkpoint().is_err());
+    store.checkpoint().unwrap();
+    assert!(!store.has_unfolded().unwrap(), "the fold is read back");
+    assert!(store.journal_use().0 > 0, "its records are still live");
+    store.sync_file().unwrap();
+    assert_eq!(
+        store.journal_use().0,
+        0,
+        "freed once a durable transaction synced"
+    );
+}
+
 /// A batch larger than the journal goes into the file durably; its fsync fails, so its redo is
 /// kept (`unconfirmed`) for `confirm_landed`. The reopen shows it did not land, and the retry
 /// lands through the journal at the same sequence number, acknowledged, then folded. A later
