@@ -42,49 +42,65 @@ fn cut_power(store: Store, faults: &Faults) {
 #[test]
 fn a_start_after_a_failed_fsync_and_a_kill_trusts_no_cached_page() {
     // Every commit mode, and each of its fsyncs failing (faults::FAILING_SYNCS).
-    for (durability, skip, quick_repair) in faults::FAILING_SYNCS {
+    for mode in faults::FAILING_SYNCS {
         for landed in [Landed::Nothing, Landed::FirstPage, Landed::Volatile] {
-            kill_after_a_failed_fold(durability, skip, quick_repair, landed);
+            kill_after_a_failed_fold(mode, landed);
         }
     }
 }
 
-fn kill_after_a_failed_fold(durability: Durability, skip: u32, quick_repair: bool, landed: Landed) {
-    let case = format!("{durability:?}, sync {skip}, quick repair {quick_repair}, {landed:?}");
-    {
-        let dir = tempfile::tempdir().unwrap();
-        let s = StoreSettings {
-            durability,
-            quick_repair,
-            ..small_journal(&dir.path().join("kill.redb"))
-        };
-        let faults = Arc::new(Faults::default());
-        let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
-        store
-            .commit(&batch(&[("a/t", 10, 1.0), ("b/t", HOUR, 2.0)]))
-            .unwrap();
-        // From here writes wait in the (simulated) page cache until their file's sync.
-        faults.arm_power_cut(u64::MAX, Cut::Nothing);
-        faults.fail_sync_landing(skip, landed);
-        assert!(store.checkpoint().is_err(), "{case}: the fsync fails");
-        // Killed: no reopen, no recovery, no destructor's write. The caches stay.
-        faults.kill();
-        drop(store);
-        faults.restart();
-        let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
-        // The next records go where the failed fold's were, if they were freed; no fold (no
-        // durable transaction) before the power fails.
-        commit_many(&mut store, 2 * HOUR, 3);
-        cut_power(store, &faults);
-        let store = Store::open(&s).unwrap();
-        let want: BTreeMap<_, _> = [
-            (("a/t".to_owned(), 0), (1, 1.0)),
-            (("b/t".to_owned(), HOUR), (1, 2.0)),
-            (("c/t".to_owned(), 2 * HOUR), (3, 3.0)),
-        ]
-        .into();
-        assert_eq!(totals_of(&store.reader()), want, "{case}");
-    }
+/// A store (over `faults`) at `dir` in the given commit mode whose checkpoint of two readings
+/// has just failed its fsync, `landed` saying what of it reached the device.
+fn with_a_failed_fold(
+    dir: &Path,
+    (durability, skip, quick_repair): (Durability, u32, bool),
+    landed: Landed,
+) -> (StoreSettings, Store, Arc<Faults>) {
+    let s = StoreSettings {
+        durability,
+        quick_repair,
+        ..small_journal(&dir.join("fold.redb"))
+    };
+    let faults = Arc::new(Faults::default());
+    let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+    store
+        .commit(&batch(&[("a/t", 10, 1.0), ("b/t", HOUR, 2.0)]))
+        .unwrap();
+    // From here writes wait in the (simulated) page cache until their file's sync.
+    faults.arm_power_cut(u64::MAX, Cut::Nothing);
+    faults.fail_sync_landing(skip, landed);
+    assert!(store.checkpoint().is_err(), "the fsync fails");
+    (s, store, faults)
+}
+
+/// What the file holds after the power cut: the failed fold's two readings and `n` of `c/t`.
+fn the_fold_and(n: i64) -> BTreeMap<(String, i64), (i64, f64)> {
+    [
+        (("a/t".to_owned(), 0), (1, 1.0)),
+        (("b/t".to_owned(), HOUR), (1, 2.0)),
+        (("c/t".to_owned(), 2 * HOUR), (n, n as f64)),
+    ]
+    .into()
+}
+
+fn kill_after_a_failed_fold(mode: (Durability, u32, bool), landed: Landed) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, store, faults) = with_a_failed_fold(dir.path(), mode, landed);
+    // Killed: no reopen, no recovery, no destructor's write. The caches stay.
+    faults.kill();
+    drop(store);
+    faults.restart();
+    let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
+    // The next records go where the failed fold's were, if they were freed; no fold (no
+    // durable transaction) before the power fails.
+    commit_many(&mut store, 2 * HOUR, 3);
+    cut_power(store, &faults);
+    let store = Store::open(&s).unwrap();
+    assert_eq!(
+        totals_of(&store.reader()),
+        the_fold_and(3),
+        "{mode:?} {landed:?}"
+    );
 }
 
 /// The same fold, its fsync failed and its pages in the device's volatile cache, in a process
@@ -93,51 +109,29 @@ fn kill_after_a_failed_fold(durability: Durability, skip: u32, quick_repair: boo
 /// that succeeded; the journal went round over them, and the power cut took the fold.
 #[test]
 fn a_fold_read_back_after_a_failed_fsync_frees_no_record_until_a_sync_succeeds() {
-    for (durability, skip, quick_repair) in faults::FAILING_SYNCS {
+    for mode in faults::FAILING_SYNCS {
         for landed in [Landed::Volatile, Landed::Nothing, Landed::All] {
-            reopen_after_a_failed_fold(durability, skip, quick_repair, landed);
+            reopen_after_a_failed_fold(mode, landed);
         }
     }
 }
 
-fn reopen_after_a_failed_fold(
-    durability: Durability,
-    skip: u32,
-    quick_repair: bool,
-    landed: Landed,
-) {
-    let case = format!("{durability:?}, sync {skip}, quick repair {quick_repair}, {landed:?}");
-    {
-        let dir = tempfile::tempdir().unwrap();
-        let s = StoreSettings {
-            durability,
-            quick_repair,
-            ..small_journal(&dir.path().join("volatile.redb"))
-        };
-        let faults = Arc::new(Faults::default());
-        let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
-        store
-            .commit(&batch(&[("a/t", 10, 1.0), ("b/t", HOUR, 2.0)]))
-            .unwrap();
-        faults.arm_power_cut(u64::MAX, Cut::Nothing);
-        faults.fail_sync_landing(skip, landed);
-        assert!(store.checkpoint().is_err(), "{case}: the fsync fails");
-        // Reopens the file, reads the fold (or not) back; nothing left to fold.
-        store.checkpoint().unwrap();
-        assert_eq!(store.log_bytes(), store.recount_log_bytes(), "{case}");
-        // Once round the journal (15 records): the last goes over the fold's record if it was
-        // freed, and no fold runs before the power fails.
-        commit_many(&mut store, 2 * HOUR, 15);
-        cut_power(store, &faults);
-        let store = Store::open(&s).unwrap();
-        let want: BTreeMap<_, _> = [
-            (("a/t".to_owned(), 0), (1, 1.0)),
-            (("b/t".to_owned(), HOUR), (1, 2.0)),
-            (("c/t".to_owned(), 2 * HOUR), (15, 15.0)),
-        ]
-        .into();
-        assert_eq!(totals_of(&store.reader()), want, "{case}");
-    }
+fn reopen_after_a_failed_fold(mode: (Durability, u32, bool), landed: Landed) {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, mut store, faults) = with_a_failed_fold(dir.path(), mode, landed);
+    // Reopens the file, reads the fold (or not) back; nothing left to fold.
+    store.checkpoint().unwrap();
+    assert_eq!(store.log_bytes(), store.recount_log_bytes());
+    // Once round the journal (15 records): the last goes over the fold's record if it was
+    // freed, and no fold runs before the power fails.
+    commit_many(&mut store, 2 * HOUR, 15);
+    cut_power(store, &faults);
+    let store = Store::open(&s).unwrap();
+    assert_eq!(
+        totals_of(&store.reader()),
+        the_fold_and(15),
+        "{mode:?} {landed:?}"
+    );
 }
 
 /// The mechanism under the test above, which redb's own repair at the reopen (a durable
@@ -148,15 +142,8 @@ fn reopen_after_a_failed_fold(
 #[test]
 fn records_read_back_as_folded_stay_live_until_a_durable_transaction_syncs() {
     let dir = tempfile::tempdir().unwrap();
-    let s = small_journal(&dir.path().join("live.redb"));
-    let faults = Arc::new(Faults::default());
-    let mut store = Store::open_with_faults(&s, Some(faults.clone())).unwrap();
-    store
-        .commit(&batch(&[("a/t", 10, 1.0), ("b/t", HOUR, 2.0)]))
-        .unwrap();
-    faults.arm_power_cut(u64::MAX, Cut::Nothing);
-    faults.fail_sync_landing(1, Landed::Volatile);
-    assert!(store.checkpoint().is_err());
+    let mode = (Durability::Immediate, 1, true);
+    let (_, mut store, _faults) = with_a_failed_fold(dir.path(), mode, Landed::Volatile);
     store.checkpoint().unwrap();
     assert!(!store.has_unfolded().unwrap(), "the fold is read back");
     assert!(store.journal_use().0 > 0, "its records are still live");
