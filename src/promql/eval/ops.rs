@@ -29,24 +29,120 @@ pub(super) fn of_readings(func: Func, q: f64, m: &Summary) -> Option<f64> {
     })
 }
 
-/// A range function over samples (one value per bucket), as Prometheus computes it.
+/// A range function over samples (one value per bucket), as Prometheus 2.x computes it: the
+/// sum compensated (Kahan-Neumaier), the mean incremental and compensated, the variance by
+/// Welford's online method with both running terms compensated. So a constant series has a
+/// mean of exactly its value and a standard deviation of exactly 0 (the stuck-sensor alert
+/// `stddev_over_time(x[1h]) == 0`), where a mean taken as sum / n and a second pass around it
+/// left rounding residue of 1e-16 and more.
 pub(super) fn of_samples(func: Func, q: f64, values: &[f64]) -> Option<f64> {
     let (&last, n) = (values.last()?, values.len() as f64);
-    let mean = values.iter().sum::<f64>() / n;
-    let variance = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
     Some(match func {
-        Func::AvgOverTime => mean,
+        Func::AvgOverTime => mean_over_time(values),
         Func::MinOverTime => values.iter().copied().fold(f64::INFINITY, f64::min),
         Func::MaxOverTime => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        Func::SumOverTime => values.iter().sum(),
+        Func::SumOverTime => compensated_sum(values),
         Func::CountOverTime => n,
         Func::LastOverTime => last,
         Func::QuantileOverTime => type7(values, q),
-        Func::StddevOverTime => variance.sqrt(),
-        Func::StdvarOverTime => variance,
+        Func::StddevOverTime => variance_over_time(values).sqrt(),
+        Func::StdvarOverTime => variance_over_time(values),
         Func::PresentOverTime => 1.0,
         Func::AbsentOverTime | Func::Absent => return None,
     })
+}
+
+/// One step of Kahan summation with Neumaier's improvement: `(sum + inc, compensation)`.
+fn kahan_inc(inc: f64, sum: f64, c: f64) -> (f64, f64) {
+    let t = sum + inc;
+    let c = if sum.abs() >= inc.abs() {
+        c + ((sum - t) + inc)
+    } else {
+        c + ((inc - t) + sum)
+    };
+    (t, c)
+}
+
+/// `sum_over_time`: compensated; an infinite sum is returned as it is.
+fn compensated_sum(values: &[f64]) -> f64 {
+    let (mut sum, mut c) = (0.0, 0.0);
+    for &v in values {
+        (sum, c) = kahan_inc(v, sum, c);
+    }
+    if sum.is_infinite() { sum } else { sum + c }
+}
+
+/// `avg_over_time`: the mean moved by `v / n - mean / n` at each value (no sum to overflow),
+/// compensated; once infinite it stays so unless a value makes it NaN.
+fn mean_over_time(values: &[f64]) -> f64 {
+    let (mut mean, mut c, mut count) = (0.0f64, 0.0, 0.0);
+    for &v in values {
+        count += 1.0;
+        if mean.is_infinite() && (v.is_finite() || (v.is_infinite() && (mean > 0.0) == (v > 0.0))) {
+            continue;
+        }
+        (mean, c) = kahan_inc(v / count - mean / count, mean, c);
+    }
+    if mean.is_infinite() { mean } else { mean + c }
+}
+
+/// `stdvar_over_time`: Welford's online variance, mean and sum of squares compensated.
+fn variance_over_time(values: &[f64]) -> f64 {
+    let (mut count, mut mean, mut c_mean, mut aux, mut c_aux) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &v in values {
+        count += 1.0;
+        let delta = v - (mean + c_mean);
+        (mean, c_mean) = kahan_inc(delta / count, mean, c_mean);
+        (aux, c_aux) = kahan_inc(delta * (v - (mean + c_mean)), aux, c_aux);
+    }
+    (aux + c_aux) / count
+}
+
+/// What an aggregation keeps of a group at one time, as Prometheus's engine does: the sum from
+/// the first value on, the mean incrementally, the variance by Welford's method.
+struct Group {
+    count: f64,
+    sum: f64,
+    mean: f64,
+    m2: f64,
+}
+
+impl Group {
+    fn of(values: &[f64]) -> Group {
+        let first = values.first().copied().unwrap_or(f64::NAN);
+        let mut g = Group {
+            count: 1.0,
+            sum: first,
+            mean: first,
+            m2: 0.0,
+        };
+        for &v in values.iter().skip(1) {
+            g.count += 1.0;
+            g.sum += v;
+            let delta = v - g.mean;
+            // `avg`'s mean and `stddev`'s are the engine's two (one divides each side).
+            g.mean += delta / g.count;
+            g.m2 += delta * (v - g.mean);
+        }
+        g
+    }
+
+    /// `avg`: the mean moved by `v / n - mean / n`, infinite means kept as Prometheus keeps
+    /// them.
+    fn avg(values: &[f64]) -> f64 {
+        let mut mean = values.first().copied().unwrap_or(f64::NAN);
+        let mut count = 1.0;
+        for &v in values.iter().skip(1) {
+            count += 1.0;
+            if mean.is_infinite()
+                && (v.is_finite() || (v.is_infinite() && (mean > 0.0) == (v > 0.0)))
+            {
+                continue;
+            }
+            mean += v / count - mean / count;
+        }
+        mean
+    }
 }
 
 /// The φ-quantile of `values` by linear interpolation between closest ranks (Hyndman and
@@ -138,16 +234,14 @@ pub(super) fn aggregate(
                 .into_iter()
                 .map(|(t, members)| {
                     let values: Vec<f64> = members.iter().map(|m| m.1).collect();
-                    let n = values.len() as f64;
-                    let sum: f64 = values.iter().sum();
-                    let mean = sum / n;
-                    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+                    let group = Group::of(&values);
+                    let var = group.m2 / group.count;
                     let v = match op {
-                        AggOp::Sum => sum,
-                        AggOp::Avg => mean,
+                        AggOp::Sum => group.sum,
+                        AggOp::Avg => Group::avg(&values),
                         AggOp::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
                         AggOp::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                        AggOp::Count => n,
+                        AggOp::Count => group.count,
                         AggOp::Stddev => var.sqrt(),
                         AggOp::Stdvar => var,
                         AggOp::Quantile => type7(&values, param),
@@ -273,3 +367,6 @@ pub(super) fn binary(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
