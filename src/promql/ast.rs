@@ -375,10 +375,162 @@ pub enum Func {
     AbsentOverTime,
     /// `absent(v)`: 1 at each time `v` has no series.
     Absent,
+    /// A function of each value of a vector (`abs(v)`, `round(v, 0.5)`, `clamp(v, 0, 100)`).
+    Map(MathFn),
+}
+
+/// The functions of each value: Prometheus's math functions, computed as Go's `math` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MathFn {
+    Abs,
+    Ceil,
+    Floor,
+    Exp,
+    Ln,
+    Log2,
+    Log10,
+    Sqrt,
+    Sgn,
+    Deg,
+    Rad,
+    Sin,
+    Cos,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Tanh,
+    Asinh,
+    Acosh,
+    Atanh,
+    /// `round(v, to_nearest = 1)`.
+    Round,
+    /// `clamp(v, min, max)`.
+    Clamp,
+    ClampMin,
+    ClampMax,
+}
+
+impl MathFn {
+    fn of(name: &str) -> Option<MathFn> {
+        Some(match name {
+            "abs" => MathFn::Abs,
+            "ceil" => MathFn::Ceil,
+            "floor" => MathFn::Floor,
+            "exp" => MathFn::Exp,
+            "ln" => MathFn::Ln,
+            "log2" => MathFn::Log2,
+            "log10" => MathFn::Log10,
+            "sqrt" => MathFn::Sqrt,
+            "sgn" => MathFn::Sgn,
+            "deg" => MathFn::Deg,
+            "rad" => MathFn::Rad,
+            "sin" => MathFn::Sin,
+            "cos" => MathFn::Cos,
+            "tan" => MathFn::Tan,
+            "asin" => MathFn::Asin,
+            "acos" => MathFn::Acos,
+            "atan" => MathFn::Atan,
+            "sinh" => MathFn::Sinh,
+            "cosh" => MathFn::Cosh,
+            "tanh" => MathFn::Tanh,
+            "asinh" => MathFn::Asinh,
+            "acosh" => MathFn::Acosh,
+            "atanh" => MathFn::Atanh,
+            "round" => MathFn::Round,
+            "clamp" => MathFn::Clamp,
+            "clamp_min" => MathFn::ClampMin,
+            "clamp_max" => MathFn::ClampMax,
+            _ => return None,
+        })
+    }
+
+    /// How many arguments it takes: the vector and its numbers (`round`'s second is optional).
+    pub fn arity(self) -> std::ops::RangeInclusive<usize> {
+        match self {
+            MathFn::Round => 1..=2,
+            MathFn::Clamp => 3..=3,
+            MathFn::ClampMin | MathFn::ClampMax => 2..=2,
+            _ => 1..=1,
+        }
+    }
+
+    /// The function of one value `v`, with the numbers after the vector in `p`; `None` where
+    /// Prometheus gives no point (clamp with max below min).
+    pub fn apply(self, v: f64, p: &[f64]) -> Option<f64> {
+        // Go's math.Max and math.Min: NaN if either is (Rust's ignore it).
+        let max = |a: f64, b: f64| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.max(b)
+            }
+        };
+        let min = |a: f64, b: f64| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.min(b)
+            }
+        };
+        let arg = |i: usize, default: f64| p.get(i).copied().unwrap_or(default);
+        Some(match self {
+            MathFn::Abs => v.abs(),
+            MathFn::Ceil => v.ceil(),
+            MathFn::Floor => v.floor(),
+            MathFn::Exp => v.exp(),
+            MathFn::Ln => v.ln(),
+            MathFn::Log2 => v.log2(),
+            MathFn::Log10 => v.log10(),
+            MathFn::Sqrt => v.sqrt(),
+            MathFn::Sgn => {
+                if v < 0.0 {
+                    -1.0
+                } else if v > 0.0 {
+                    1.0
+                } else {
+                    v
+                }
+            }
+            MathFn::Deg => v * 180.0 / std::f64::consts::PI,
+            MathFn::Rad => v * std::f64::consts::PI / 180.0,
+            MathFn::Sin => v.sin(),
+            MathFn::Cos => v.cos(),
+            MathFn::Tan => v.tan(),
+            MathFn::Asin => v.asin(),
+            MathFn::Acos => v.acos(),
+            MathFn::Atan => v.atan(),
+            MathFn::Sinh => v.sinh(),
+            MathFn::Cosh => v.cosh(),
+            MathFn::Tanh => v.tanh(),
+            MathFn::Asinh => v.asinh(),
+            MathFn::Acosh => v.acosh(),
+            MathFn::Atanh => v.atanh(),
+            MathFn::Round => {
+                // As Prometheus: the inverse first, so that 0.1 rounds as 1/10 does.
+                let inverse = 1.0 / arg(0, 1.0);
+                (v * inverse + 0.5).floor() / inverse
+            }
+            MathFn::Clamp => {
+                let (lo, hi) = (arg(0, f64::NAN), arg(1, f64::NAN));
+                if hi < lo {
+                    return None;
+                }
+                max(lo, min(hi, v))
+            }
+            MathFn::ClampMin => max(arg(0, f64::NAN), v),
+            MathFn::ClampMax => min(arg(0, f64::NAN), v),
+        })
+    }
 }
 
 impl Func {
     pub(super) fn of(name: &str) -> Option<Func> {
+        if let Some(m) = MathFn::of(name) {
+            return Some(Func::Map(m));
+        }
         Some(match name {
             "avg_over_time" => Func::AvgOverTime,
             "min_over_time" => Func::MinOverTime,
@@ -398,7 +550,7 @@ impl Func {
 
     /// Whether its (last) argument is a range selector.
     pub fn over_time(self) -> bool {
-        self != Func::Absent
+        !matches!(self, Func::Absent | Func::Map(_))
     }
 }
 
@@ -417,9 +569,19 @@ pub enum BinOp {
     Gt,
     Le,
     Ge,
+    /// The set operators: series of the left side whose labels (by the matching) the right
+    /// side has at that time (`and`), has not (`unless`), or both sides' (`or`).
+    And,
+    Or,
+    Unless,
 }
 
 impl BinOp {
+    /// `and`, `or`, `unless`: between series only, by label sets, values untouched.
+    pub fn is_set(self) -> bool {
+        matches!(self, BinOp::And | BinOp::Or | BinOp::Unless)
+    }
+
     pub fn is_comparison(self) -> bool {
         matches!(
             self,
@@ -443,6 +605,8 @@ impl BinOp {
             BinOp::Gt => truth(a > b),
             BinOp::Le => truth(a <= b),
             BinOp::Ge => truth(a >= b),
+            // Never between numbers (refused when parsed): no value of its own.
+            BinOp::And | BinOp::Or | BinOp::Unless => f64::NAN,
         }
     }
 }
@@ -533,7 +697,7 @@ impl Expr {
                 rhs,
                 bool_result,
                 ..
-            } if !op.is_comparison() || *bool_result => {
+            } if !op.is_set() && (!op.is_comparison() || *bool_result) => {
                 Some(op.apply(lhs.number()?, rhs.number()?))
             }
             _ => None,

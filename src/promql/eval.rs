@@ -649,6 +649,24 @@ impl<'a> Ctx<'a> {
                 };
                 Ok(Value::Vector(vec![self.absent(&inner, labels)]))
             }
+            Expr::Call(Func::Map(m), args) => {
+                let params: Vec<f64> = args[1..].iter().filter_map(Expr::number).collect();
+                let series = self.vector(&args[0])?;
+                Ok(Value::Vector(
+                    series
+                        .into_iter()
+                        .map(|s| Series {
+                            labels: unnamed(s.labels),
+                            points: s
+                                .points
+                                .into_iter()
+                                .filter_map(|(t, v)| Some((t, m.apply(v, &params)?)))
+                                .collect(),
+                        })
+                        .filter(|s| !s.points.is_empty())
+                        .collect(),
+                ))
+            }
             Expr::Call(func, args) => {
                 let Some(Expr::Select(s)) = args.last() else {
                     return Err(Refusal::Unsupported(

@@ -89,6 +89,10 @@ impl Token {
             Token::Gt => BinOp::Gt,
             Token::Le => BinOp::Le,
             Token::Ge => BinOp::Ge,
+            // Keywords, in any case, as Prometheus reads them.
+            Token::Ident(w) if w.eq_ignore_ascii_case("and") => BinOp::And,
+            Token::Ident(w) if w.eq_ignore_ascii_case("or") => BinOp::Or,
+            Token::Ident(w) if w.eq_ignore_ascii_case("unless") => BinOp::Unless,
             _ => return None,
         })
     }
@@ -146,9 +150,9 @@ pub(super) fn lex(text: &str) -> Result<Vec<Token>, String> {
                     })
                     .count();
                 let word: String = chars[i..i + len].iter().collect();
-                let token = match word.parse::<f64>() {
-                    Ok(n) => Token::Number(n),
-                    Err(_) => parse_duration(&word)
+                let token = match integer(&word).or_else(|| word.parse::<f64>().ok()) {
+                    Some(n) => Token::Number(n),
+                    None => parse_duration(&word)
                         .map_or_else(|_| Token::Unsupported(word), Token::Duration),
                 };
                 (token, len)
@@ -172,6 +176,25 @@ pub(super) fn lex(text: &str) -> Result<Vec<Token>, String> {
         i += len;
     }
     Ok(out)
+}
+
+/// An integer literal as Prometheus reads one first (Go's `ParseInt` with base 0): `0x3d` in
+/// hexadecimal, `010` in octal (8), else decimal; `None` for what is not one (a float, a
+/// duration), which is then read as a float.
+fn integer(word: &str) -> Option<f64> {
+    let (digits, radix) =
+        if let Some(hex) = word.strip_prefix("0x").or_else(|| word.strip_prefix("0X")) {
+            (hex, 16)
+        } else if word.len() > 1 && word.starts_with('0') {
+            (&word[1..], 8)
+        } else {
+            (word, 10)
+        };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    // Past i64 Go's ParseInt fails and the float reading decides; the same here.
+    i64::from_str_radix(digits, radix).ok().map(|n| n as f64)
 }
 
 /// A quoted string at the start of `chars`, with PromQL's (Go's) escapes; backquotes take none.

@@ -66,6 +66,27 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             (false, true) => Err("this function takes a range selector, like x[1h]".into()),
             _ => Ok(()),
         },
+        Expr::Call(Func::Map(m), args) => {
+            if !m.arity().contains(&args.len()) {
+                return Err(format!(
+                    "{} takes {} argument(s), got {}",
+                    format!("{m:?}").to_lowercase(),
+                    if m.arity().start() == m.arity().end() {
+                        m.arity().start().to_string()
+                    } else {
+                        format!("{} or {}", m.arity().start(), m.arity().end())
+                    },
+                    args.len()
+                ));
+            }
+            if args[1..].iter().any(|a| a.number().is_none()) {
+                return Err("a function's arguments after the series must be numbers".into());
+            }
+            if args[0].number().is_some() {
+                return Err("this function takes series, not a number".into());
+            }
+            check(&args[0], false)
+        }
         Expr::Call(func, args) => {
             let want = if *func == Func::QuantileOverTime {
                 2
@@ -118,6 +139,12 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             {
                 return Err("comparisons between numbers must use the bool modifier".into());
             }
+            if op.is_set() && (lhs.number().is_some() || rhs.number().is_some()) {
+                return Err(format!(
+                    "set operator `{}` is only between series, not numbers",
+                    format!("{op:?}").to_lowercase()
+                ));
+            }
             check(lhs, false)?;
             check(rhs, false)
         }
@@ -135,7 +162,9 @@ pub(super) struct Parser {
 
 /// The binary operators of each precedence level, lowest first; `^` is the last, and binds
 /// to the right.
-pub(super) const LEVELS: [&[BinOp]; 4] = [
+pub(super) const LEVELS: [&[BinOp]; 6] = [
+    &[BinOp::Or],
+    &[BinOp::And, BinOp::Unless],
     &[
         BinOp::Eq,
         BinOp::Ne,
@@ -195,7 +224,9 @@ impl Parser {
             let exponent = self.unary()?;
             return Ok(binary(BinOp::Pow, bool_result, matching, base, exponent));
         }
-        let mut acc = if level == 2 {
+        // The multiplicative level takes signed operands (`2 * -x`).
+        let signed = level == LEVELS.len() - 2;
+        let mut acc = if signed {
             self.unary()?
         } else {
             self.level(level + 1)?
@@ -207,7 +238,7 @@ impl Parser {
         {
             self.at += 1;
             let (bool_result, matching) = self.modifiers(op)?;
-            let rhs = if level == 2 {
+            let rhs = if signed {
                 self.unary()?
             } else {
                 self.level(level + 1)?
@@ -353,7 +384,9 @@ impl Parser {
                 return Err(format!(
                     "the function `{name}` is not supported: bucketd answers the *_over_time \
                      functions (avg, min, max, sum, count, last, quantile, stddev, stdvar, \
-                     present, absent) and absent (docs/PROMETHEUS.md)"
+                     present, absent), absent, and the math functions (abs, ceil, floor, round, \
+                     clamp, clamp_min, clamp_max, exp, ln, log2, log10, sqrt, sgn, deg, rad and \
+                     the trigonometric ones) (docs/PROMETHEUS.md)"
                 ));
             };
             self.at += 1;

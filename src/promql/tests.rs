@@ -1278,3 +1278,143 @@ fn exact_windows_take_a_grid_across_all_of_time() {
         }
     }
 }
+
+/// `and`, `or`, `unless` time by time (hour 5: only a has a point), with `on`/`ignoring`, the
+/// left side's labels and values kept (`__name__` too); refused between numbers.
+#[test]
+fn set_operators_keep_the_left_sides_points_by_label_set_at_each_time() {
+    let docs = hourly_docs();
+    let t = |h: i64| (DAY0 + h * HOUR) * 1000;
+    let grid = Grid::range(t(4), t(6), HOUR * 1000).unwrap();
+    let a = r#"bucketd_bucket_max{sensor="a"}"#;
+    let b = r#"bucketd_bucket_min{sensor="b"}"#;
+    let points = |q: &str| -> Vec<(String, Vec<(i64, f64)>)> {
+        eval(q, &docs, grid)
+            .into_iter()
+            .map(|s| {
+                (
+                    s.labels.get("__name__").cloned().unwrap_or_default(),
+                    s.points,
+                )
+            })
+            .collect()
+    };
+    // By every label but the name: a's and b's sensors differ, so nothing pairs.
+    assert!(points(&format!("{a} and {b}")).is_empty());
+    assert_eq!(
+        points(&format!("{a} unless {b}")),
+        [(
+            "bucketd_bucket_max".into(),
+            vec![(t(4), 4.0), (t(5), 5.0), (t(6), 6.0)]
+        )]
+    );
+    // On the metric alone they pair where both have a point (not hour 5).
+    assert_eq!(
+        points(&format!("{a} and on (metric) {b}")),
+        [("bucketd_bucket_max".into(), vec![(t(4), 4.0), (t(6), 6.0)])]
+    );
+    assert_eq!(
+        points(&format!("{a} unless ignoring (sensor, series) {b}")),
+        [("bucketd_bucket_max".into(), vec![(t(5), 5.0)])]
+    );
+    // `or`: the left side, then the right side's points at times the left has no such set.
+    assert_eq!(
+        points(&format!("{b} or on (metric) {a}")),
+        [
+            (
+                "bucketd_bucket_min".into(),
+                vec![(t(4), 96.0), (t(6), 94.0)]
+            ),
+            ("bucketd_bucket_max".into(), vec![(t(5), 5.0)]),
+        ]
+    );
+    // Lowest precedence: `or` below `and`, both below comparisons and arithmetic.
+    assert_eq!(
+        points(&format!(
+            "{a} > 4 and on (metric) {b} or on (metric) {a} * 0 + 1"
+        ))
+        .into_iter()
+        .map(|p| p.1)
+        .collect::<Vec<_>>(),
+        [vec![(t(6), 6.0)], vec![(t(4), 1.0), (t(5), 1.0)]],
+        "((a > 4) and b) or (a * 0 + 1): the left side only at 6 (a > 4 at 5 and 6, b not at \
+         5), the right side where the left has nothing"
+    );
+    for bad in ["1 and 1", "bucketd_bucket_max or 1"] {
+        assert!(error(bad).contains("only between series"), "{bad}");
+    }
+    assert!(
+        parse("bucketd_bucket_max AND bucketd_bucket_min").is_ok(),
+        "any case"
+    );
+}
+
+/// Prometheus's math functions of each value, as Go computes them, with their argument checks.
+#[test]
+fn math_functions_map_each_value_and_drop_the_name() {
+    let docs = vec![doc("a/t", DAY0, &[-2.5, 2.25])];
+    let grid = Grid::instant((DAY0 + 60) * 1000);
+    let one = |q: &str| -> Option<f64> {
+        let out = eval(q, &docs, grid);
+        assert!(
+            out.iter().all(|s| !s.labels.contains_key("__name__")),
+            "{q}"
+        );
+        out.first().map(|s| s.points[0].1)
+    };
+    let min = r#"bucketd_bucket_min{sensor="a"}"#;
+    let max = r#"bucketd_bucket_max{sensor="a"}"#;
+    assert_eq!(one(&format!("abs({min})")), Some(2.5));
+    assert_eq!(one(&format!("ceil({min})")), Some(-2.0));
+    assert_eq!(one(&format!("floor({min})")), Some(-3.0));
+    // Go's rule: floor(v * (1 / to_nearest) + 0.5) / (1 / to_nearest): -2.5 rounds up.
+    assert_eq!(one(&format!("round({min})")), Some(-2.0));
+    assert_eq!(one(&format!("round({max}, 0.5)")), Some(2.5));
+    assert_eq!(one(&format!("sgn({min})")), Some(-1.0));
+    assert_eq!(one(&format!("sqrt({max})")), Some(1.5));
+    assert!(one(&format!("sqrt({min})")).unwrap().is_nan());
+    assert!(one(&format!("ln({min})")).unwrap().is_nan());
+    assert_eq!(one(&format!("log2(abs({min}) * 0 + 8)")), Some(3.0));
+    assert_eq!(one(&format!("exp({max} * 0)")), Some(1.0));
+    assert_eq!(one(&format!("clamp({min}, -1, 1)")), Some(-1.0));
+    assert_eq!(one(&format!("clamp_min({min}, 0)")), Some(0.0));
+    assert_eq!(one(&format!("clamp_max({max}, 2)")), Some(2.0));
+    assert_eq!(
+        one(&format!("clamp({max}, 5, 1)")),
+        None,
+        "max below min: no point"
+    );
+    assert!(
+        one(&format!("clamp_min({max}, NaN)")).unwrap().is_nan(),
+        "Go's math.Max"
+    );
+    assert_eq!(one(&format!("deg(rad({max}))")), Some(2.25));
+    for (bad, says) in [
+        ("abs(1)", "takes series"),
+        ("clamp(bucketd_bucket_max, 1)", "takes 3 argument"),
+        (
+            "round(bucketd_bucket_max, bucketd_bucket_min)",
+            "must be numbers",
+        ),
+        ("abs(bucketd_bucket_max[1h])", "inside a range function"),
+    ] {
+        assert!(error(bad).contains(says), "{bad}: {}", error(bad));
+    }
+}
+
+/// Integer literals as Go's `ParseInt(s, 0, 64)` reads them first, as Prometheus does.
+#[test]
+fn hexadecimal_and_octal_literals_parse_as_in_prometheus() {
+    for (text, want) in [
+        ("0x3d", 61.0),
+        ("0X10", 16.0),
+        ("010", 8.0),
+        ("09", 9.0),
+        ("1e3", 1000.0),
+        ("0.5", 0.5),
+        ("0", 0.0),
+    ] {
+        let e = parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert_eq!(e.number(), Some(want), "{text}");
+    }
+}

@@ -279,6 +279,23 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"count(last_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
         r#"topk(1, max_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
         r#"min_over_time(bucketd_reading{sensor="day"}[1h]) * 1.8 + 32"#,
+        // Math functions of each value (issue 77).
+        r#"abs(min_over_time(bucketd_reading{sensor=~"day|night"}[1h]) - 20)"#,
+        r#"round(avg_over_time(bucketd_reading{sensor=~"day|night"}[1h]), 0.5)"#,
+        r#"round(avg_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"clamp(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), 15, 22)"#,
+        r#"clamp_min(min_over_time(bucketd_reading{sensor=~"day|night"}[1h]), 18)"#,
+        r#"clamp_max(min_over_time(bucketd_reading{sensor=~"day|night"}[1h]), 18)"#,
+        r#"sqrt(abs(last_over_time(bucketd_reading{sensor="day"}[1h])))"#,
+        r#"ln(abs(last_over_time(bucketd_reading{sensor="day"}[1h])) + 1)"#,
+        r#"floor(max_over_time(bucketd_reading{sensor="night"}[1h])) - ceil(min_over_time(bucketd_reading{sensor="night"}[1h]))"#,
+        r#"sgn(max_over_time(bucketd_reading{sensor="day"}[1h]) - 20)"#,
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) * 0x10 / 010"#,
+        // Set operators, time by time (issue 77).
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) > 20 and on (metric) max_over_time(bucketd_reading{sensor="night"}[1h]) > 15"#,
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) > 20 or on (metric) min_over_time(bucketd_reading{sensor="night"}[1h])"#,
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) unless on (metric) max_over_time(bucketd_reading{sensor="night"}[1h]) > 18"#,
+        r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) unless ignoring (sensor, series) max_over_time(bucketd_reading{sensor="night"}[1h]) > 18"#,
     ] {
         assert!(same(&prom, &ours, q, &hours, 1e-9).await > 0, "{q}");
     }

@@ -25,7 +25,7 @@ pub(super) fn of_readings(func: Func, q: f64, m: &Summary) -> Option<f64> {
         Func::StddevOverTime => m.stddev(),
         Func::StdvarOverTime => m.variance(),
         Func::PresentOverTime => 1.0,
-        Func::AbsentOverTime | Func::Absent => return None,
+        Func::AbsentOverTime | Func::Absent | Func::Map(_) => return None,
     })
 }
 
@@ -48,7 +48,7 @@ pub(super) fn of_samples(func: Func, q: f64, values: &[f64]) -> Option<f64> {
         Func::StddevOverTime => variance_over_time(values).sqrt(),
         Func::StdvarOverTime => variance_over_time(values),
         Func::PresentOverTime => 1.0,
-        Func::AbsentOverTime | Func::Absent => return None,
+        Func::AbsentOverTime | Func::Absent | Func::Map(_) => return None,
     })
 }
 
@@ -265,6 +265,14 @@ pub(super) fn binary(
     lhs: Value,
     rhs: Value,
 ) -> Result<Value, Refusal> {
+    if op.is_set() {
+        return match (lhs, rhs) {
+            (Value::Vector(l), Value::Vector(r)) => Ok(Value::Vector(set(op, matching, l, r))),
+            _ => Err(Refusal::Unsupported(
+                "set operators (and, or, unless) are only between series".into(),
+            )),
+        };
+    }
     let filter = op.is_comparison() && !bool_result;
     // One point: the result's value, or none where a comparison filters it out.
     let point = |a: f64, b: f64, keep: f64| {
@@ -305,20 +313,7 @@ pub(super) fn binary(
                 .collect(),
         )),
         (Value::Vector(l), Value::Vector(r)) => {
-            let key = |labels: &BTreeMap<String, String>| -> BTreeMap<String, String> {
-                labels
-                    .iter()
-                    .filter(|(k, _)| {
-                        *k != "__name__"
-                            && match matching {
-                                Matching::All => true,
-                                Matching::On(on) => on.contains(k),
-                                Matching::Ignoring(ignored) => !ignored.contains(k),
-                            }
-                    })
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            };
+            let key = |labels: &Labels| matched_labels(labels, matching);
             let mut right: BTreeMap<BTreeMap<String, String>, &Series> = BTreeMap::new();
             for s in &r {
                 if right.insert(key(&s.labels), s).is_some() {
@@ -364,6 +359,71 @@ pub(super) fn binary(
                 out.push(Series { labels, points });
             }
             Ok(Value::Vector(out))
+        }
+    }
+}
+
+/// The labels two series are matched by: all but `__name__`, or `on`'s, or all but
+/// `ignoring`'s.
+fn matched_labels(labels: &Labels, matching: &Matching) -> Labels {
+    labels
+        .iter()
+        .filter(|(k, _)| {
+            *k != "__name__"
+                && match matching {
+                    Matching::All => true,
+                    Matching::On(on) => on.contains(k),
+                    Matching::Ignoring(ignored) => !ignored.contains(k),
+                }
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// `lhs and/or/unless rhs`, time by time as Prometheus: the left side's points whose label
+/// set (by `matching`, `__name__` never counted) the right side has a point for at that time
+/// (`and`) or has not (`unless`); `or` adds the right side's points whose label set the left
+/// side has no point for then. Series keep their labels and values, `__name__` included.
+fn set(op: BinOp, matching: &Matching, l: Vec<Series>, r: Vec<Series>) -> Vec<Series> {
+    let key = |labels: &Labels| matched_labels(labels, matching);
+    // Per time, the label sets a side has a point for.
+    let present = |side: &[Series]| -> BTreeMap<i64, BTreeSet<Labels>> {
+        let mut at: BTreeMap<i64, BTreeSet<Labels>> = BTreeMap::new();
+        for s in side {
+            let k = key(&s.labels);
+            for &(t, _) in &s.points {
+                at.entry(t).or_default().insert(k.clone());
+            }
+        }
+        at
+    };
+    let has = |at: &BTreeMap<i64, BTreeSet<Labels>>, t: i64, k: &Labels| {
+        at.get(&t).is_some_and(|ks| ks.contains(k))
+    };
+    let keep = |side: Vec<Series>, other: &BTreeMap<i64, BTreeSet<Labels>>, want: bool| {
+        side.into_iter()
+            .filter_map(|s| {
+                let k = key(&s.labels);
+                let points: Vec<(i64, f64)> = s
+                    .points
+                    .into_iter()
+                    .filter(|&(t, _)| has(other, t, &k) == want)
+                    .collect();
+                (!points.is_empty()).then_some(Series {
+                    labels: s.labels,
+                    points,
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    match op {
+        BinOp::And => keep(l, &present(&r), true),
+        BinOp::Unless => keep(l, &present(&r), false),
+        _ => {
+            let left = present(&l);
+            let mut out = l;
+            out.extend(keep(r, &left, false));
+            out
         }
     }
 }
