@@ -176,6 +176,7 @@ fn bench_promql(c: &mut Criterion) {
                 &Budget {
                     max_points: 100_000,
                     cancel: None,
+                    notes: None,
                 },
                 |_, _, _| {
                     Ok::<_, std::convert::Infallible>(
@@ -249,6 +250,7 @@ fn bench_exact_windows(g: &mut criterion::BenchmarkGroup<'_, criterion::measurem
                     &Budget {
                         max_points: 100_000,
                         cancel: None,
+                        notes: None,
                     },
                     |_, from, to| {
                         let docs = docs.iter().filter(|d| (from..to).contains(&d.start));

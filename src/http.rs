@@ -94,6 +94,7 @@ pub fn router(state: ApiState) -> Router {
             max_points: state.max_points_per_query,
             lookback_ms: i64::try_from(state.lookback.as_millis()).unwrap_or(i64::MAX),
             unreadable: crate::source::Unreadable::default(),
+            notes: crate::promql::Notes::default(),
             hangup: None,
         }),
     );

@@ -37,6 +37,9 @@ pub struct PromState {
     /// The series this request left out because they could not be read (a fresh set for each
     /// request, made in `dispatch`), named in the answer's `warnings`.
     pub unreadable: Unreadable,
+    /// What the evaluation answered otherwise than asked (a fresh set per request), in the
+    /// answer's `warnings`.
+    pub notes: promql::Notes,
     /// Set when this request's client has gone ([`crate::source::Hangup`], per request): its
     /// evaluation stops.
     pub hangup: Option<Arc<AtomicBool>>,
@@ -61,6 +64,7 @@ async fn dispatch(
 ) -> Response {
     let s = PromState {
         unreadable: Unreadable::default(),
+        notes: promql::Notes::default(),
         hangup: hangup.map(|h| h.0.0),
         ..s
     };
@@ -71,13 +75,20 @@ async fn dispatch(
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone();
+            let notes = s
+                .notes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
             let mut answer = json!({"status": "success", "data": data});
-            // Prometheus's own place for "this answer is partial".
-            if !left_out.is_empty() {
-                answer["warnings"] = left_out
-                    .iter()
-                    .map(|series| damaged_message(series, "see bucketd's log"))
-                    .collect();
+            // Prometheus's own place for "this answer is partial" or estimated.
+            let warnings: Vec<String> = left_out
+                .iter()
+                .map(|series| damaged_message(series, "see bucketd's log"))
+                .chain(notes)
+                .collect();
+            if !warnings.is_empty() {
+                answer["warnings"] = warnings.into();
             }
             axum::Json(answer).into_response()
         }
@@ -282,6 +293,7 @@ async fn evaluate(
     let budget = Budget {
         max_points: s.max_points,
         cancel: s.hangup.clone(),
+        notes: Some(s.notes.clone()),
     };
     read(move || {
         let names = source.series().map_err(PromError::read)?;

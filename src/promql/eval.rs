@@ -195,9 +195,30 @@ pub struct Budget {
     /// Set when no one waits for the answer any more (its client hung up): the evaluation
     /// stops at its next point.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Where the evaluation says what it answered otherwise than asked (from buckets where the
+    /// window's raw readings were over the budget): the answer's `warnings`. `None`: not told.
+    pub notes: Option<Notes>,
 }
 
+/// What an answer says besides its data, at most [`NOTES_MAX`] of them.
+pub type Notes = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>;
+
+/// Notes kept per answer: one per series at most, and a bounded number of series.
+pub const NOTES_MAX: usize = 8;
+
 impl Budget {
+    /// Keeps `note` for the answer's warnings (the first [`NOTES_MAX`]).
+    fn note(&self, note: impl FnOnce() -> String) {
+        if let Some(notes) = &self.notes {
+            let mut notes = notes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if notes.len() < NOTES_MAX {
+                notes.insert(note());
+            }
+        }
+    }
+
     fn cancelled(&self) -> bool {
         self.cancel
             .as_ref()
@@ -314,7 +335,7 @@ pub fn evaluate<E>(
         data: &data,
         work,
     };
-    let exact = read_exact(&selects, names, &stored, &mut raw_left, &mut raw)?;
+    let exact = read_exact(&selects, names, &stored, budget, &mut raw_left, &mut raw)?;
     let ctx = Ctx {
         budget,
         grid,
@@ -503,6 +524,33 @@ fn read_raw<E>(
 /// retention.
 pub const EXACT_WORK_PER_POINT: u64 = 16;
 
+impl Stored {
+    /// The readings counted by the `buckets` buckets from `first` (ms) on, cumulated:
+    /// `counted[k]` in the buckets before bucket `k`.
+    fn counted(&self, first: i64, width: i64, buckets: usize) -> Vec<u64> {
+        let mut counted = Vec::with_capacity(buckets + 1);
+        counted.push(0_u64);
+        for k in 0..buckets {
+            let start = first + k as i64 * width;
+            let (a, b) = self.span(start, start.saturating_add(1));
+            let count: u64 = self.summaries[a..b].iter().map(|s| s.count).sum();
+            counted.push(counted[k].saturating_add(count));
+        }
+        counted
+    }
+}
+
+/// What an answer says of a series whose windows came from whole buckets although its raw
+/// readings were asked for: they were over the query's budget.
+fn estimated_note(name: &str, max_points: u64) -> String {
+    format!(
+        "{name}: the raw readings of its windows are more than http.max_points_per_query \
+         ({max_points}) allows; answered from whole buckets (exact only where each window is \
+         whole buckets). Ask for fewer series, a shorter range or a coarser step for the exact \
+         answer"
+    )
+}
+
 /// The raw readings of the range functions over `bucketd_reading`: per matched series, the
 /// whole buckets its windows touch, kept where each bucket's raw readings are all there (their
 /// count is the bucket's). Within `left` readings in all (shared with [`read_raw`]); a series
@@ -513,6 +561,7 @@ fn read_exact<E>(
     selects: &[&Select],
     names: &[SeriesLabels<'_>],
     stored: &Read<'_>,
+    budget: &Budget,
     left: &mut u64,
     raw: &mut impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<ExactReadings, EvalError<E>> {
@@ -544,15 +593,7 @@ fn read_exact<E>(
             if out.contains_key(&key) {
                 continue;
             }
-            // The buckets' counts: `counted[k]` readings in the buckets before bucket `k`.
-            let mut counted = Vec::with_capacity(buckets + 1);
-            counted.push(0_u64);
-            for k in 0..buckets {
-                let start = first + k as i64 * width;
-                let (a, b) = stored.span(start, start.saturating_add(1));
-                let count: u64 = stored.summaries[a..b].iter().map(|s| s.count).sum();
-                counted.push(counted[k].saturating_add(count));
-            }
+            let counted = stored.counted(first, width, buckets);
             // Too many to read, or to visit: the buckets whole inside each window alone say so.
             let whole_inside = |t: i64| {
                 let t0 = t.saturating_sub(shift);
@@ -574,16 +615,21 @@ fn read_exact<E>(
             let visits = grid
                 .times()
                 .fold(0_u64, |n, t| n.saturating_add(whole_inside(t)));
-            if counted[buckets] > *left || visits > work {
-                continue;
-            }
             let (from, to) = (
                 first.saturating_mul(1_000_000),
                 end.saturating_mul(1_000_000),
             );
-            let readings = match raw(name, from, to, *left).map_err(EvalError::Read)? {
+            let read = if counted[buckets] > *left || visits > work {
+                Raw::TooMany
+            } else {
+                raw(name, from, to, *left).map_err(EvalError::Read)?
+            };
+            let readings = match read {
                 Raw::Readings(readings) => readings,
-                Raw::TooMany => continue,
+                Raw::TooMany => {
+                    budget.note(|| estimated_note(name, budget.max_points));
+                    continue;
+                }
                 Raw::NotKept(_) => return Ok(out),
             };
             *left = left.saturating_sub(readings.len() as u64);
@@ -933,10 +979,13 @@ impl<'a> Ctx<'a> {
             visits = visits.saturating_add(hi.saturating_sub(lo) as u64);
         }
         let left = self.work_left.get();
-        (visits <= left).then(|| {
-            self.work_left.set(left - visits);
-            exact
-        })
+        if visits > left {
+            self.budget
+                .note(|| estimated_note(name, self.budget.max_points));
+            return None;
+        }
+        self.work_left.set(left - visits);
+        Some(exact)
     }
 
     /// 1 at each time no series of `present` has a point, with `labels`.

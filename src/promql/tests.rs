@@ -246,6 +246,7 @@ fn times_and_durations_parse_as_prometheus_writes_them() {
 const BUDGET: Budget = Budget {
     max_points: 10_000,
     cancel: None,
+    notes: None,
 };
 
 /// What the store answers for `wanted` in `[from, to)`: their documents among `docs`.
@@ -468,6 +469,7 @@ fn a_query_past_the_budget_is_refused_before_reading() {
         &Budget {
             max_points: 10_000,
             cancel: None,
+            notes: None,
         },
         |_, _, _| {
             reads += 1;
@@ -1051,6 +1053,7 @@ fn a_plain_reading_selector_answers_the_last_reading_within_the_look_back() {
             &Budget {
                 max_points,
                 cancel: None,
+                notes: None,
             },
             |_, _, _| Ok::<_, ()>(BTreeMap::new()),
             |series: &str, from, to, at_most| {
@@ -1142,6 +1145,7 @@ fn eval_kept(
     let budget = Budget {
         max_points,
         cancel: None,
+        notes: None,
     };
     match evaluate_kept(text, docs, kept, grid, &budget) {
         Ok(Value::Vector(v)) if v.len() == 1 => v[0].points.clone(),
@@ -1417,4 +1421,38 @@ fn hexadecimal_and_octal_literals_parse_as_in_prometheus() {
         let e = parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
         assert_eq!(e.number(), Some(want), "{text}");
     }
+}
+
+/// Past the work bound a range function's windows come from whole buckets (above): the answer
+/// says so for that series, never silently; within it, nothing is said.
+#[test]
+fn an_answer_from_buckets_where_readings_were_asked_for_says_so() {
+    let (readings, docs) = minute_readings();
+    let kept: Vec<(i64, f64)> = readings
+        .iter()
+        .copied()
+        .filter(|r| r.0 >= at(2) * 1_000_000)
+        .collect();
+    let fine = Grid::range(at(4), at(5), 60_000).unwrap();
+    let q = r#"count_over_time(bucketd_reading{series="a/t"}[2h])"#;
+    let notes_at = |max_points: u64| -> Vec<String> {
+        let notes = Notes::default();
+        let budget = Budget {
+            max_points,
+            cancel: None,
+            notes: Some(notes.clone()),
+        };
+        evaluate_kept(q, &docs, &kept, fine, &budget).unwrap();
+        notes.lock().unwrap().iter().cloned().collect()
+    };
+    assert!(notes_at(1_000).is_empty(), "{:?}", notes_at(1_000));
+    let said = notes_at(400);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].starts_with("a/t: "), "{}", said[0]);
+    assert!(
+        said[0].contains("http.max_points_per_query (400)"),
+        "{}",
+        said[0]
+    );
+    assert!(said[0].contains("from whole buckets"), "{}", said[0]);
 }
