@@ -377,6 +377,18 @@ pub enum Func {
     Absent,
     /// A function of each value of a vector (`abs(v)`, `round(v, 0.5)`, `clamp(v, 0, 100)`).
     Map(MathFn),
+    /// The counter and trend functions: of the readings of a window with their times
+    /// ([`Func::needs_times`]).
+    Rate,
+    Increase,
+    Delta,
+    Irate,
+    Idelta,
+    Changes,
+    Resets,
+    Deriv,
+    /// `predict_linear(v[r], seconds)`.
+    PredictLinear,
 }
 
 /// The functions of each value: Prometheus's math functions, computed as Go's `math` does.
@@ -544,13 +556,58 @@ impl Func {
             "present_over_time" => Func::PresentOverTime,
             "absent_over_time" => Func::AbsentOverTime,
             "absent" => Func::Absent,
+            "rate" => Func::Rate,
+            "increase" => Func::Increase,
+            "delta" => Func::Delta,
+            "irate" => Func::Irate,
+            "idelta" => Func::Idelta,
+            "changes" => Func::Changes,
+            "resets" => Func::Resets,
+            "deriv" => Func::Deriv,
+            "predict_linear" => Func::PredictLinear,
             _ => return None,
         })
     }
 
-    /// Whether its (last) argument is a range selector.
+    /// Whether it takes a range selector.
     pub fn over_time(self) -> bool {
         !matches!(self, Func::Absent | Func::Map(_))
+    }
+
+    /// Its name in a query.
+    pub fn name(self) -> String {
+        match self {
+            Func::PredictLinear => "predict_linear".into(),
+            Func::Map(m) => format!("{m:?}").to_lowercase(),
+            f => {
+                // CamelCase to snake_case: AvgOverTime -> avg_over_time.
+                let mut out = String::new();
+                for (i, c) in format!("{f:?}").chars().enumerate() {
+                    if c.is_ascii_uppercase() && i > 0 {
+                        out.push('_');
+                    }
+                    out.push(c.to_ascii_lowercase());
+                }
+                out
+            }
+        }
+    }
+
+    /// Whether it needs the readings of its window with their times (a counter's resets, a
+    /// trend's slope), which no bucket summary keeps: answered where the raw readings are.
+    pub fn needs_times(self) -> bool {
+        matches!(
+            self,
+            Func::Rate
+                | Func::Increase
+                | Func::Delta
+                | Func::Irate
+                | Func::Idelta
+                | Func::Changes
+                | Func::Resets
+                | Func::Deriv
+                | Func::PredictLinear
+        )
     }
 }
 

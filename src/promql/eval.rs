@@ -24,7 +24,7 @@ use crate::summary::Summary;
 mod ops;
 mod windows;
 
-use self::ops::{aggregate, binary, of_readings, of_samples};
+use self::ops::{aggregate, binary, of_readings, of_samples, of_timed};
 use self::windows::{Exact, Sliding, Stored};
 
 /// The times a query is evaluated at: `start + k * step` for `k` in `0..count`, in
@@ -398,8 +398,12 @@ fn plan<'n>(
     let (mut from, mut to) = (i64::MAX, i64::MIN);
     let mut points: u64 = 0;
     for s in selects {
+        // Any range over the readings (exact from them where they are kept, else from the
+        // buckets with a warning); a field's samples are whole buckets.
+        let readings_only = s.selector.selects_readings() && s.selector.fields().is_empty();
         if let Some(r) = s.range_secs
             && (r.saturating_mul(1000) % width_ms != 0)
+            && !readings_only
         {
             return Err(Refusal::Unsupported(format!(
                 "a range must be a whole number of buckets ({}, {}, ...), not {}",
@@ -538,6 +542,50 @@ impl Stored {
         }
         counted
     }
+}
+
+/// The fields and whether the readings a range function's selector `s` takes: one of them,
+/// and the readings for a function that needs their times.
+fn what_a_range_function_takes(func: Func, s: &Select) -> Result<(Vec<Field>, bool), Refusal> {
+    let fields = s.selector.fields();
+    let readings = s.selector.selects_readings();
+    if func.needs_times() && !fields.is_empty() {
+        return Err(Refusal::Unsupported(format!(
+            "{}: the counter and trend functions take bucketd_reading (the readings \
+             themselves, with their times), not a bucket field",
+            func.name()
+        )));
+    }
+    if usize::from(readings) + fields.len() > 1 {
+        return Err(Refusal::Execution(format!(
+            "{}: the selector matches several metrics of each series, which would give series \
+             with the same labels; name one, like bucketd_reading or bucketd_bucket_max",
+            func.name()
+        )));
+    }
+    Ok((fields, readings))
+}
+
+/// What an answer says of a series some of whose windows, not whole buckets, were answered
+/// from the buckets they touch.
+fn from_buckets_note(name: &str, width_ms: i64) -> String {
+    format!(
+        "{name}: some windows are not whole buckets ({}) and their raw readings are not all \
+         kept (or are over http.max_points_per_query): answered from the whole buckets they \
+         touch, an estimate",
+        format_ms(width_ms)
+    )
+}
+
+/// What an answer says of a series a counter or trend function has no point for at some times:
+/// their windows' raw readings are not all kept (or were over the budget).
+fn needs_readings_note(name: &str, func: Func) -> String {
+    format!(
+        "{name}: {}() needs the raw readings of each window, with their times; where they are \
+         not all kept (past store.raw_retention, store_raw = false, a central's or a query \
+         node's buckets) or are over http.max_points_per_query, it has no point",
+        func.name()
+    )
 }
 
 /// What an answer says of a series whose windows came from whole buckets although its raw
@@ -714,12 +762,16 @@ impl<'a> Ctx<'a> {
                 ))
             }
             Expr::Call(func, args) => {
-                let Some(Expr::Select(s)) = args.last() else {
+                let Some(s) = args.iter().find_map(|a| match a {
+                    Expr::Select(s) => Some(s),
+                    _ => None,
+                }) else {
                     return Err(Refusal::Unsupported(
                         "a range function takes a range selector".into(),
                     ));
                 };
-                let q = args.first().and_then(Expr::number).unwrap_or(f64::NAN);
+                // quantile_over_time's φ, predict_linear's seconds.
+                let q = args.iter().find_map(Expr::number).unwrap_or(f64::NAN);
                 if *func == Func::AbsentOverTime {
                     let present = self.over_time(Func::PresentOverTime, q, s)?;
                     return Ok(Value::Vector(vec![
@@ -872,15 +924,7 @@ impl<'a> Ctx<'a> {
         let shift = s.offset_secs.saturating_mul(1000);
         let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
         let w = self.width_ms;
-        let fields = s.selector.fields();
-        let readings = s.selector.selects_readings();
-        if usize::from(readings) + fields.len() > 1 {
-            return Err(Refusal::Execution(format!(
-                "{func:?}: the selector matches several metrics of each series, which would \
-                 give series with the same labels; name one, like bucketd_reading or \
-                 bucketd_bucket_max"
-            )));
-        }
+        let (fields, readings) = what_a_range_function_takes(func, s)?;
         let mut out = Vec::new();
         for (labels, stored) in self.matched(s) {
             let in_range = |t: i64| {
@@ -907,9 +951,17 @@ impl<'a> Ctx<'a> {
                     .take_while(|_| !self.budget.cancelled())
                     .filter_map(|t| {
                         let t0 = t.saturating_sub(shift);
-                        if let Some(raw) =
-                            exact.and_then(|e| e.window(t0.saturating_sub(range), t0))
-                        {
+                        let raw = exact.and_then(|e| e.window(t0.saturating_sub(range), t0));
+                        if func.needs_times() {
+                            let Some(raw) = raw else {
+                                self.budget
+                                    .note(|| needs_readings_note(labels.series, func));
+                                return None;
+                            };
+                            let window = (t0.saturating_sub(range), t0, range);
+                            return Some((t, of_timed(func, q, raw, t, window)?));
+                        }
+                        if let Some(raw) = raw {
                             values.clear();
                             values.extend(raw.iter().map(|r| r.1));
                             return Some((t, of_samples(func, q, &values)?));
@@ -920,6 +972,10 @@ impl<'a> Ctx<'a> {
                             _ => window.over(span).and_then(|m| of_readings(func, q, &m)),
                         };
                         last = Some((span, value));
+                        if value.is_some() && (t0 % w != 0 || range % w != 0) {
+                            // Whole buckets for a window that is not: never silently.
+                            self.budget.note(|| from_buckets_note(labels.series, w));
+                        }
                         Some((t, value?))
                     })
                     .collect();

@@ -2,7 +2,7 @@
 //! bounds checked as it goes, and what the evaluator cannot take refused after.
 
 use super::ast::{
-    AggOp, BinOp, Expr, Func, Grouping, MatchOp, Matcher, Matching, Select, Selector,
+    AggOp, BinOp, Expr, Func, Grouping, MatchOp, Matcher, Matching, MathFn, Select, Selector,
 };
 use super::lex::{Token, lex};
 use super::{MATCHERS_MAX, NESTING_MAX, QUERY_BYTES_MAX};
@@ -66,26 +66,16 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             (false, true) => Err("this function takes a range selector, like x[1h]".into()),
             _ => Ok(()),
         },
-        Expr::Call(Func::Map(m), args) => {
-            if !m.arity().contains(&args.len()) {
-                return Err(format!(
-                    "{} takes {} argument(s), got {}",
-                    format!("{m:?}").to_lowercase(),
-                    if m.arity().start() == m.arity().end() {
-                        m.arity().start().to_string()
-                    } else {
-                        format!("{} or {}", m.arity().start(), m.arity().end())
-                    },
-                    args.len()
-                ));
+        Expr::Call(Func::Map(m), args) => check_map(*m, args),
+        Expr::Call(Func::PredictLinear, args) => {
+            if args.len() != 2 || args[1].number().is_none() {
+                return Err(
+                    "predict_linear takes a range selector and a number of seconds, like \
+                     predict_linear(bucketd_reading{series=\"tank/level\"}[6h], 86400)"
+                        .into(),
+                );
             }
-            if args[1..].iter().any(|a| a.number().is_none()) {
-                return Err("a function's arguments after the series must be numbers".into());
-            }
-            if args[0].number().is_some() {
-                return Err("this function takes series, not a number".into());
-            }
-            check(&args[0], false)
+            check(&args[0], true)
         }
         Expr::Call(func, args) => {
             let want = if *func == Func::QuantileOverTime {
@@ -150,6 +140,29 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
         }
         Expr::Negate(e) => check(e, false),
     }
+}
+
+/// [`check`] of a math function's call: its arity, numbers after the series.
+fn check_map(m: MathFn, args: &[Expr]) -> Result<(), String> {
+    if !m.arity().contains(&args.len()) {
+        return Err(format!(
+            "{} takes {} argument(s), got {}",
+            format!("{m:?}").to_lowercase(),
+            if m.arity().start() == m.arity().end() {
+                m.arity().start().to_string()
+            } else {
+                format!("{} or {}", m.arity().start(), m.arity().end())
+            },
+            args.len()
+        ));
+    }
+    if args[1..].iter().any(|a| a.number().is_none()) {
+        return Err("a function's arguments after the series must be numbers".into());
+    }
+    if args[0].number().is_some() {
+        return Err("this function takes series, not a number".into());
+    }
+    check(&args[0], false)
 }
 
 pub(super) struct Parser {

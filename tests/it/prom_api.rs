@@ -270,11 +270,15 @@ async fn promtool_reads_the_buckets_through_the_prometheus_api() {
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["day", "night"]);
 
     // What is not supported is a bad_data error naming it; no token, no answer.
-    let err = promtool(&d, &["instant", "rate(bucketd_bucket_count[5m])"], false)
-        .unwrap()
-        .unwrap_err();
+    let err = promtool(
+        &d,
+        &["instant", "holt_winters(bucketd_reading[1h], 0.5, 0.5)"],
+        false,
+    )
+    .unwrap()
+    .unwrap_err();
     assert!(
-        err.contains("bad_data") && err.contains("function `rate` is not supported"),
+        err.contains("bad_data") && err.contains("function `holt_winters` is not supported"),
         "{err}"
     );
     d.stop().await.unwrap();

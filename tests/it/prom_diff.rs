@@ -314,6 +314,32 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
     }
     let q = r#"quantile_over_time(0.9, bucketd_reading{sensor="day"}[1h])"#;
     assert_eq!(same(&prom, &ours, q, &offset, 1e-12).await, 2, "{q}");
+    // Counter and trend functions of the readings with their times (issue 77): Prometheus's
+    // extrapolation to the window's edges, resets, least squares; on both grids, over one
+    // and two hours.
+    for f in [
+        "rate", "increase", "delta", "irate", "idelta", "changes", "resets", "deriv",
+    ] {
+        for (grid, r) in [(&hours, "1h"), (&offset, "2h"), (&offset, "15m")] {
+            let q = format!(r#"{f}(bucketd_reading{{sensor=~"day|night"}}[{r}])"#);
+            assert!(same(&prom, &ours, &q, grid, 1e-9).await > 0, "{q}");
+        }
+    }
+    // Any range over the readings, exact from them (issue 77: refused before unless whole
+    // buckets).
+    for f in OVER_TIME {
+        for r in ["5m", "90m"] {
+            let q = format!(r#"{f}(bucketd_reading{{sensor=~"day|night"}}[{r}])"#);
+            assert!(same(&prom, &ours, &q, &offset, 1e-9).await > 0, "{q}");
+        }
+    }
+    for q in [
+        r#"predict_linear(bucketd_reading{sensor="day"}[2h], 3600)"#,
+        r#"sum by (sensor) (increase(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"rate(bucketd_reading{sensor="night"}[1h] offset 1h) * 3600"#,
+    ] {
+        assert!(same(&prom, &ours, q, &offset, 1e-9).await > 0, "{q}");
+    }
     // The readings counted by hand in [t - 1h, t], so that both answers are checked against
     // the readings, not only against each other.
     let day_t: Vec<i64> = work

@@ -25,8 +25,131 @@ pub(super) fn of_readings(func: Func, q: f64, m: &Summary) -> Option<f64> {
         Func::StddevOverTime => m.stddev(),
         Func::StdvarOverTime => m.variance(),
         Func::PresentOverTime => 1.0,
-        Func::AbsentOverTime | Func::Absent | Func::Map(_) => return None,
+        _ => return None,
     })
+}
+
+/// A counter or trend function ([`Func::needs_times`]) of a window's readings `raw` (ms,
+/// value; in time order), evaluated at `t` (ms) over `[start, end]` (the window, `range_ms`
+/// long), as Prometheus 2.x computes it: `rate`, `increase` and `delta` extrapolated to the
+/// window's edges (by at most half the average spacing past the readings, never below a
+/// counter's zero), a decrease counted as a reset by `rate`, `increase`, `irate` and `resets`;
+/// `deriv` and `predict_linear` by least squares with compensated sums. `None` where
+/// Prometheus gives no point (fewer than two readings, or two at the same time for `irate`).
+pub(super) fn of_timed(
+    func: Func,
+    q: f64,
+    raw: &[(i64, f64)],
+    t: i64,
+    (start, end, range_ms): (i64, i64, i64),
+) -> Option<f64> {
+    let (&(first_t, first), &(last_t, last)) = (raw.first()?, raw.last()?);
+    let secs = |ms: i64| ms as f64 / 1000.0;
+    match func {
+        Func::Changes => {
+            let n = raw
+                .windows(2)
+                .filter(|w| w[1].1 != w[0].1 && !(w[1].1.is_nan() && w[0].1.is_nan()))
+                .count();
+            return Some(n as f64);
+        }
+        Func::Resets => {
+            return Some(raw.windows(2).filter(|w| w[1].1 < w[0].1).count() as f64);
+        }
+        _ => {}
+    }
+    if raw.len() < 2 {
+        return None;
+    }
+    match func {
+        Func::Irate | Func::Idelta => {
+            let (prev_t, prev) = raw[raw.len() - 2];
+            let value = if func == Func::Irate && last < prev {
+                last
+            } else {
+                last - prev
+            };
+            if last_t == prev_t {
+                return None;
+            }
+            Some(if func == Func::Irate {
+                value / secs(last_t - prev_t)
+            } else {
+                value
+            })
+        }
+        Func::Deriv => Some(linear_regression(raw, first_t).0),
+        Func::PredictLinear => {
+            let (slope, intercept) = linear_regression(raw, t);
+            Some(slope * q + intercept)
+        }
+        _ => {
+            let counter = func != Func::Delta;
+            let mut result = last - first;
+            if counter {
+                let mut previous = 0.0;
+                for &(_, v) in raw {
+                    if v < previous {
+                        result += previous;
+                    }
+                    previous = v;
+                }
+            }
+            let mut to_start = secs(first_t - start);
+            let to_end = secs(end - last_t);
+            let sampled = secs(last_t - first_t);
+            let average = sampled / (raw.len() - 1) as f64;
+            if counter && result > 0.0 && first >= 0.0 {
+                // Not past the counter's zero.
+                to_start = to_start.min(sampled * (first / result));
+            }
+            let threshold = average * 1.1;
+            let mut interval = sampled;
+            interval += if to_start < threshold {
+                to_start
+            } else {
+                average / 2.0
+            };
+            interval += if to_end < threshold {
+                to_end
+            } else {
+                average / 2.0
+            };
+            let extrapolated = result * (interval / sampled);
+            Some(if func == Func::Rate {
+                extrapolated / secs(range_ms)
+            } else {
+                extrapolated
+            })
+        }
+    }
+}
+
+/// Least squares of `raw`'s values against their times in seconds from `intercept_at` (ms):
+/// (slope, value at `intercept_at`), sums compensated; a constant series has slope 0.
+fn linear_regression(raw: &[(i64, f64)], intercept_at: i64) -> (f64, f64) {
+    let first = raw[0].1;
+    if raw.iter().all(|r| r.1 == first) {
+        if first.is_infinite() {
+            return (f64::NAN, f64::NAN);
+        }
+        return (0.0, first);
+    }
+    let (mut n, mut x, mut y, mut xy, mut x2) =
+        (0.0, (0.0, 0.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0));
+    for &(t, v) in raw {
+        n += 1.0;
+        let dx = (t - intercept_at) as f64 / 1000.0;
+        x = kahan_inc(dx, x.0, x.1);
+        y = kahan_inc(v, y.0, y.1);
+        xy = kahan_inc(dx * v, xy.0, xy.1);
+        x2 = kahan_inc(dx * dx, x2.0, x2.1);
+    }
+    let (sx, sy, sxy, sx2) = (x.0 + x.1, y.0 + y.1, xy.0 + xy.1, x2.0 + x2.1);
+    let cov = sxy - sx * sy / n;
+    let var = sx2 - sx * sx / n;
+    let slope = cov / var;
+    (slope, sy / n - slope * sx / n)
 }
 
 /// A range function over samples (one value per bucket), as Prometheus 2.x computes it: the
@@ -48,7 +171,7 @@ pub(super) fn of_samples(func: Func, q: f64, values: &[f64]) -> Option<f64> {
         Func::StddevOverTime => variance_over_time(values).sqrt(),
         Func::StdvarOverTime => variance_over_time(values),
         Func::PresentOverTime => 1.0,
-        Func::AbsentOverTime | Func::Absent | Func::Map(_) => return None,
+        _ => return None,
     })
 }
 
