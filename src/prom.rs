@@ -283,11 +283,11 @@ async fn evaluate(
     s: &PromState,
     query: &str,
     grid: Grid,
-) -> Result<Result<Vec<promql::Series>, f64>, PromError> {
+) -> Result<Result<Vec<promql::Series>, Vec<(i64, f64)>>, PromError> {
     let expr = promql::parse(query)
         .map_err(|e| PromError::bad(format!("invalid parameter \"query\": {e}")))?;
     if let Some(n) = expr.number() {
-        return Ok(Err(n));
+        return Ok(Err(grid.times().map(|t| (t, n)).collect()));
     }
     let (source, width, unreadable) = (s.source.clone(), s.bucket_width_secs, s.unreadable.clone());
     let budget = Budget {
@@ -331,7 +331,8 @@ async fn evaluate(
         )?;
         Ok(match value {
             promql::Value::Vector(series) => Ok(series),
-            promql::Value::Scalar(n) => Err(n),
+            promql::Value::Scalar(n) => Err(grid.times().map(|t| (t, n)).collect()),
+            promql::Value::Timed(points) => Err(points),
         })
     })
     .await
@@ -362,8 +363,8 @@ async fn query_range(s: &PromState, p: &Params) -> Result<Value, PromError> {
                 json!({"metric": s.labels, "values": values})
             })
             .collect(),
-        Err(n) => {
-            let values: Vec<Value> = grid.times().map(|t| point(t, n)).collect();
+        Err(points) => {
+            let values: Vec<Value> = points.iter().map(|&(t, v)| point(t, v)).collect();
             vec![json!({"metric": {}, "values": values})]
         }
     };
@@ -384,7 +385,10 @@ async fn instant_query(s: &PromState, p: &Params) -> Result<Value, PromError> {
                 .collect();
             json!({"resultType": "vector", "result": result})
         }
-        Err(n) => json!({"resultType": "scalar", "result": point(at, n)}),
+        Err(points) => {
+            let v = points.first().map_or(f64::NAN, |p| p.1);
+            json!({"resultType": "scalar", "result": point(at, v)})
+        }
     };
     Ok(data)
 }

@@ -389,6 +389,74 @@ pub enum Func {
     Deriv,
     /// `predict_linear(v[r], seconds)`.
     PredictLinear,
+    /// `time()`: the evaluation time, in seconds, a scalar at each time.
+    Time,
+    /// `vector(s)`: the scalar `s` as one series without labels.
+    Vector,
+    /// `scalar(v)`: the one value of `v` at each time, NaN where it has none or several.
+    Scalar,
+    /// The date functions of each value as seconds since the epoch, UTC (of `time()` without
+    /// an argument).
+    Date(DateFn),
+}
+
+/// `hour()` and the other date functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DateFn {
+    Minute,
+    Hour,
+    DayOfWeek,
+    DayOfMonth,
+    DayOfYear,
+    DaysInMonth,
+    Month,
+    Year,
+}
+
+impl DateFn {
+    fn of(name: &str) -> Option<DateFn> {
+        Some(match name {
+            "minute" => DateFn::Minute,
+            "hour" => DateFn::Hour,
+            "day_of_week" => DateFn::DayOfWeek,
+            "day_of_month" => DateFn::DayOfMonth,
+            "day_of_year" => DateFn::DayOfYear,
+            "days_in_month" => DateFn::DaysInMonth,
+            "month" => DateFn::Month,
+            "year" => DateFn::Year,
+            _ => return None,
+        })
+    }
+
+    /// Of `secs` seconds since the epoch, in UTC, as Go's `time` computes it (the fraction
+    /// dropped); NaN for a time no calendar holds.
+    pub fn apply(self, secs: f64) -> f64 {
+        use chrono::{Datelike, Timelike};
+        if !secs.is_finite() {
+            return f64::NAN;
+        }
+        let Some(t) = chrono::DateTime::from_timestamp(secs as i64, 0) else {
+            return f64::NAN;
+        };
+        f64::from(match self {
+            DateFn::Minute => t.minute(),
+            DateFn::Hour => t.hour(),
+            DateFn::DayOfWeek => t.weekday().num_days_from_sunday(),
+            DateFn::DayOfMonth => t.day(),
+            DateFn::DayOfYear => t.ordinal(),
+            DateFn::DaysInMonth => {
+                let (y, m) = (t.year(), t.month());
+                let next = if m == 12 {
+                    chrono::NaiveDate::from_ymd_opt(y + 1, 1, 1)
+                } else {
+                    chrono::NaiveDate::from_ymd_opt(y, m + 1, 1)
+                };
+                next.and_then(|n| n.pred_opt()).map_or(0, |d| d.day())
+            }
+            DateFn::Month => t.month(),
+            DateFn::Year => return f64::from(t.year()),
+        })
+    }
 }
 
 /// The functions of each value: Prometheus's math functions, computed as Go's `math` does.
@@ -543,6 +611,9 @@ impl Func {
         if let Some(m) = MathFn::of(name) {
             return Some(Func::Map(m));
         }
+        if let Some(d) = DateFn::of(name) {
+            return Some(Func::Date(d));
+        }
         Some(match name {
             "avg_over_time" => Func::AvgOverTime,
             "min_over_time" => Func::MinOverTime,
@@ -565,13 +636,19 @@ impl Func {
             "resets" => Func::Resets,
             "deriv" => Func::Deriv,
             "predict_linear" => Func::PredictLinear,
+            "time" => Func::Time,
+            "vector" => Func::Vector,
+            "scalar" => Func::Scalar,
             _ => return None,
         })
     }
 
     /// Whether it takes a range selector.
     pub fn over_time(self) -> bool {
-        !matches!(self, Func::Absent | Func::Map(_))
+        !matches!(
+            self,
+            Func::Absent | Func::Map(_) | Func::Time | Func::Vector | Func::Scalar | Func::Date(_)
+        )
     }
 
     /// Its name in a query.
@@ -579,18 +656,21 @@ impl Func {
         match self {
             Func::PredictLinear => "predict_linear".into(),
             Func::Map(m) => format!("{m:?}").to_lowercase(),
-            f => {
-                // CamelCase to snake_case: AvgOverTime -> avg_over_time.
-                let mut out = String::new();
-                for (i, c) in format!("{f:?}").chars().enumerate() {
-                    if c.is_ascii_uppercase() && i > 0 {
-                        out.push('_');
-                    }
-                    out.push(c.to_ascii_lowercase());
-                }
-                out
-            }
+            Func::Date(d) => Func::snake(&format!("{d:?}")),
+            f => Func::snake(&format!("{f:?}")),
         }
+    }
+
+    /// A variant's name in a query: `AvgOverTime` is `avg_over_time`.
+    fn snake(camel: &str) -> String {
+        let mut out = String::new();
+        for (i, c) in camel.chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        }
+        out
     }
 
     /// Whether it needs the readings of its window with their times (a counter's resets, a

@@ -145,6 +145,9 @@ pub struct Series {
 pub enum Value {
     Scalar(f64),
     Vector(Vec<Series>),
+    /// A number that varies with time (`time()`, `scalar(v)`): its value at each time of the
+    /// grid that has one.
+    Timed(Vec<(i64, f64)>),
 }
 
 /// Why a query is not answered, by what the client must do about it; the text says what to
@@ -359,7 +362,7 @@ pub fn evaluate<E>(
                 .filter(|s| !s.points.is_empty())
                 .collect(),
         ),
-        scalar @ Value::Scalar(_) => scalar,
+        scalar @ (Value::Scalar(_) | Value::Timed(_)) => scalar,
     })
 }
 
@@ -743,6 +746,9 @@ impl<'a> Ctx<'a> {
                 };
                 Ok(Value::Vector(vec![self.absent(&inner, labels)]))
             }
+            Expr::Call(f @ (Func::Time | Func::Vector | Func::Scalar | Func::Date(_)), args) => {
+                self.of_time(*f, args)
+            }
             Expr::Call(Func::Map(m), args) => {
                 let params: Vec<f64> = args[1..].iter().filter_map(Expr::number).collect();
                 let series = self.vector(&args[0])?;
@@ -809,6 +815,9 @@ impl<'a> Ctx<'a> {
             ),
             Expr::Negate(e) => Ok(match self.eval(e)? {
                 Value::Scalar(n) => Value::Scalar(-n),
+                Value::Timed(points) => {
+                    Value::Timed(points.into_iter().map(|(t, v)| (t, -v)).collect())
+                }
                 Value::Vector(series) => Value::Vector(
                     series
                         .into_iter()
@@ -822,10 +831,72 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// `time()`, `vector(s)`, `scalar(v)` and the date functions.
+    fn of_time(&self, f: Func, args: &[Expr]) -> Result<Value, Refusal> {
+        let now =
+            || -> Vec<(i64, f64)> { self.grid.times().map(|t| (t, t as f64 / 1000.0)).collect() };
+        Ok(match f {
+            Func::Time => Value::Timed(now()),
+            Func::Vector => {
+                let points = match self.eval(&args[0])? {
+                    Value::Scalar(n) => self.grid.times().map(|t| (t, n)).collect(),
+                    Value::Timed(points) => points,
+                    Value::Vector(_) => {
+                        return Err(Refusal::Unsupported(
+                            "vector() takes a number, found series".into(),
+                        ));
+                    }
+                };
+                Value::Vector(vec![Series {
+                    labels: BTreeMap::new(),
+                    points,
+                }])
+            }
+            Func::Scalar => {
+                let series = self.vector(&args[0])?;
+                let mut at: BTreeMap<i64, (usize, f64)> = BTreeMap::new();
+                for s in &series {
+                    for &(t, v) in &s.points {
+                        let e = at.entry(t).or_insert((0, v));
+                        e.0 += 1;
+                    }
+                }
+                Value::Timed(
+                    self.grid
+                        .times()
+                        .map(|t| match at.get(&t) {
+                            Some(&(1, v)) => (t, v),
+                            _ => (t, f64::NAN),
+                        })
+                        .collect(),
+                )
+            }
+            Func::Date(d) => {
+                let series = match args.first() {
+                    Some(a) => self.vector(a)?,
+                    None => vec![Series {
+                        labels: BTreeMap::new(),
+                        points: now(),
+                    }],
+                };
+                Value::Vector(
+                    series
+                        .into_iter()
+                        .map(|s| Series {
+                            labels: unnamed(s.labels),
+                            points: s.points.into_iter().map(|(t, v)| (t, d.apply(v))).collect(),
+                        })
+                        .collect(),
+                )
+            }
+            _ => unreachable!("of_time takes the time functions"),
+        })
+    }
+
     fn vector(&self, expr: &Expr) -> Result<Vec<Series>, Refusal> {
         match self.eval(expr)? {
             Value::Vector(v) => Ok(v),
-            Value::Scalar(_) => Err(Refusal::Unsupported(
+            Value::Scalar(_) | Value::Timed(_) => Err(Refusal::Unsupported(
                 "expected series, found a number".into(),
             )),
         }

@@ -67,6 +67,9 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             _ => Ok(()),
         },
         Expr::Call(Func::Map(m), args) => check_map(*m, args),
+        Expr::Call(f @ (Func::Time | Func::Vector | Func::Scalar | Func::Date(_)), args) => {
+            check_time_call(*f, args)
+        }
         Expr::Call(Func::PredictLinear, args) => {
             if args.len() != 2 || args[1].number().is_none() {
                 return Err(
@@ -140,6 +143,31 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
         }
         Expr::Negate(e) => check(e, false),
     }
+}
+
+/// [`check`] of `time()`, `vector(s)`, `scalar(v)` and the date functions.
+fn check_time_call(f: Func, args: &[Expr]) -> Result<(), String> {
+    let arity = match f {
+        Func::Time => 0..=0,
+        Func::Date(_) => 0..=1,
+        _ => 1..=1,
+    };
+    if !arity.contains(&args.len()) {
+        return Err(format!(
+            "{}() takes {} argument(s), got {}",
+            f.name(),
+            if arity.start() == arity.end() {
+                arity.start().to_string()
+            } else {
+                "0 or 1".into()
+            },
+            args.len()
+        ));
+    }
+    if matches!(f, Func::Scalar | Func::Date(_)) && args.iter().any(|a| a.number().is_some()) {
+        return Err(format!("{}() takes series, not a number", f.name()));
+    }
+    args.iter().try_for_each(|a| check(a, false))
 }
 
 /// [`check`] of a math function's call: its arity, numbers after the series.

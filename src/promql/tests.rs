@@ -1478,3 +1478,28 @@ fn an_answer_from_buckets_where_readings_were_asked_for_says_so() {
         "{said:?}"
     );
 }
+
+/// `time()` and the date functions' arguments, checked when parsed; a comparison between two
+/// numbers that vary with time needs `bool`, as between literals.
+#[test]
+fn time_and_date_functions_check_their_arguments() {
+    for (bad, says) in [
+        ("time(1)", "takes 0 argument"),
+        ("hour(1)", "takes series"),
+        ("scalar(1)", "takes series"),
+        ("vector()", "takes 1 argument"),
+        ("day_of_week(bucketd_reading, bucketd_reading)", "0 or 1"),
+    ] {
+        assert!(error(bad).contains(says), "{bad}: {}", error(bad));
+    }
+    let grid = Grid::range(DAY0 * 1000, (DAY0 + 2 * HOUR) * 1000, HOUR * 1000).unwrap();
+    let e = try_eval("time() > 5", &[], grid);
+    assert!(
+        matches!(&e, Err(EvalError::Refused(Refusal::Unsupported(m))) if m.contains("bool")),
+        "{e:?}"
+    );
+    match try_eval("time() > bool 5", &[], grid) {
+        Ok(Value::Timed(points)) => assert_eq!(points.len(), 3),
+        other => panic!("{other:?}"),
+    }
+}

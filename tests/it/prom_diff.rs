@@ -333,6 +333,30 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
             assert!(same(&prom, &ours, &q, &offset, 1e-9).await > 0, "{q}");
         }
     }
+    // Time and dates (issue 77): scalars that vary with time, and vectors of them.
+    for q in [
+        "time()",
+        "time() - 3600",
+        "hour()",
+        "minute()",
+        "day_of_week()",
+        "day_of_month()",
+        "day_of_year()",
+        "days_in_month()",
+        "month()",
+        "year()",
+        "vector(1)",
+        "vector(time()) % 86400",
+        "hour(vector(time() + 1800))",
+        r#"scalar(max(max_over_time(bucketd_reading{sensor="day"}[1h])))"#,
+        r#"max_over_time(bucketd_reading{sensor="night"}[1h]) - scalar(max(max_over_time(bucketd_reading{sensor="night"}[1h])))"#,
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) and on () hour() >= 12"#,
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) * 0 + time()"#,
+    ] {
+        for grid in [&hours, &offset] {
+            assert!(same(&prom, &ours, q, grid, 1e-9).await > 0, "{q}");
+        }
+    }
     for q in [
         r#"predict_linear(bucketd_reading{sensor="day"}[2h], 3600)"#,
         r#"sum by (sensor) (increase(bucketd_reading{sensor=~"day|night"}[1h]))"#,

@@ -410,31 +410,31 @@ pub(super) fn binary(
         if filter { labels } else { unnamed(labels) }
     };
     match (lhs, rhs) {
+        (Value::Vector(v), n @ (Value::Scalar(_) | Value::Timed(_))) => Ok(Value::Vector(
+            with_number(v, &n, |a, b| point(a, b, a), labels_of),
+        )),
+        (n @ (Value::Scalar(_) | Value::Timed(_)), Value::Vector(v)) => Ok(Value::Vector(
+            with_number(v, &n, |b, a| point(a, b, b), labels_of),
+        )),
         (Value::Scalar(a), Value::Scalar(b)) => Ok(Value::Scalar(op.apply(a, b))),
-        (Value::Vector(v), Value::Scalar(b)) => Ok(Value::Vector(
-            v.into_iter()
-                .map(|s| Series {
-                    points: s
-                        .points
-                        .iter()
-                        .filter_map(|&(t, a)| Some((t, point(a, b, a)?)))
-                        .collect(),
-                    labels: labels_of(s.labels),
-                })
-                .collect(),
-        )),
-        (Value::Scalar(a), Value::Vector(v)) => Ok(Value::Vector(
-            v.into_iter()
-                .map(|s| Series {
-                    points: s
-                        .points
-                        .iter()
-                        .filter_map(|&(t, b)| Some((t, point(a, b, b)?)))
-                        .collect(),
-                    labels: labels_of(s.labels),
-                })
-                .collect(),
-        )),
+        (a @ (Value::Scalar(_) | Value::Timed(_)), b @ (Value::Scalar(_) | Value::Timed(_))) => {
+            if filter {
+                return Err(Refusal::Unsupported(
+                    "comparisons between numbers must use the bool modifier".into(),
+                ));
+            }
+            let times = match (&a, &b) {
+                (Value::Timed(p), _) | (_, Value::Timed(p)) => p.iter().map(|x| x.0).collect(),
+                _ => Vec::new(),
+            };
+            let (a, b) = (Number::of(&a), Number::of(&b));
+            Ok(Value::Timed(
+                times
+                    .into_iter()
+                    .filter_map(|t| Some((t, op.apply(a.at(t)?, b.at(t)?))))
+                    .collect(),
+            ))
+        }
         (Value::Vector(l), Value::Vector(r)) => {
             let key = |labels: &Labels| matched_labels(labels, matching);
             let mut right: BTreeMap<BTreeMap<String, String>, &Series> = BTreeMap::new();
@@ -484,6 +484,50 @@ pub(super) fn binary(
             Ok(Value::Vector(out))
         }
     }
+}
+
+/// A number operand at each time: a constant, or `time()`'s kind by time.
+enum Number {
+    Constant(f64),
+    ByTime(BTreeMap<i64, f64>),
+}
+
+impl Number {
+    fn of(v: &Value) -> Number {
+        match v {
+            Value::Timed(points) => Number::ByTime(points.iter().copied().collect()),
+            Value::Scalar(x) => Number::Constant(*x),
+            Value::Vector(_) => Number::Constant(f64::NAN),
+        }
+    }
+
+    fn at(&self, t: i64) -> Option<f64> {
+        match self {
+            Number::Constant(x) => Some(*x),
+            Number::ByTime(by) => by.get(&t).copied(),
+        }
+    }
+}
+
+/// Each series of `v` with the number `n` at each of its points: `point(series value, n)`,
+/// which may filter the point out; labels by `labels_of`.
+fn with_number(
+    v: Vec<Series>,
+    n: &Value,
+    point: impl Fn(f64, f64) -> Option<f64>,
+    labels_of: impl Fn(Labels) -> Labels,
+) -> Vec<Series> {
+    let n = Number::of(n);
+    v.into_iter()
+        .map(|s| Series {
+            points: s
+                .points
+                .iter()
+                .filter_map(|&(t, a)| Some((t, point(a, n.at(t)?)?)))
+                .collect(),
+            labels: labels_of(s.labels),
+        })
+        .collect()
 }
 
 /// The labels two series are matched by: all but `__name__`, or `on`'s, or all but
