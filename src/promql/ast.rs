@@ -328,6 +328,8 @@ pub enum AggOp {
     Quantile,
     Topk,
     Bottomk,
+    /// `group(v)`: 1 for each group that has a series at that time.
+    Group,
 }
 
 impl AggOp {
@@ -343,6 +345,7 @@ impl AggOp {
             "quantile" => AggOp::Quantile,
             "topk" => AggOp::Topk,
             "bottomk" => AggOp::Bottomk,
+            "group" => AggOp::Group,
             _ => return None,
         })
     }
@@ -389,6 +392,10 @@ pub enum Func {
     Deriv,
     /// `predict_linear(v[r], seconds)`.
     PredictLinear,
+    /// `label_replace(v, dst, replacement, src, regex)`.
+    LabelReplace,
+    /// `label_join(v, dst, separator, src...)`.
+    LabelJoin,
     /// `time()`: the evaluation time, in seconds, a scalar at each time.
     Time,
     /// `vector(s)`: the scalar `s` as one series without labels.
@@ -637,6 +644,8 @@ impl Func {
             "deriv" => Func::Deriv,
             "predict_linear" => Func::PredictLinear,
             "time" => Func::Time,
+            "label_replace" => Func::LabelReplace,
+            "label_join" => Func::LabelJoin,
             "vector" => Func::Vector,
             "scalar" => Func::Scalar,
             _ => return None,
@@ -647,7 +656,14 @@ impl Func {
     pub fn over_time(self) -> bool {
         !matches!(
             self,
-            Func::Absent | Func::Map(_) | Func::Time | Func::Vector | Func::Scalar | Func::Date(_)
+            Func::Absent
+                | Func::Map(_)
+                | Func::Time
+                | Func::Vector
+                | Func::Scalar
+                | Func::Date(_)
+                | Func::LabelReplace
+                | Func::LabelJoin
         )
     }
 
@@ -770,6 +786,8 @@ pub struct Select {
 #[derive(Debug, Clone)]
 pub enum Expr {
     Number(f64),
+    /// A string: only as an argument of `label_replace` and `label_join`.
+    Str(String),
     Select(Select),
     Call(Func, Vec<Expr>),
     Aggregate {
@@ -804,7 +822,7 @@ impl Expr {
     pub(super) fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
         f(self);
         match self {
-            Expr::Number(_) | Expr::Select(_) => {}
+            Expr::Number(_) | Expr::Str(_) | Expr::Select(_) => {}
             Expr::Call(_, args) => args.iter().for_each(|a| a.walk(f)),
             Expr::Aggregate {
                 parameter, inner, ..
@@ -819,6 +837,14 @@ impl Expr {
                 rhs.walk(f);
             }
             Expr::Negate(e) => e.walk(f),
+        }
+    }
+
+    /// The text of a string literal.
+    pub fn string(&self) -> Option<&str> {
+        match self {
+            Expr::Str(s) => Some(s),
+            _ => None,
         }
     }
 

@@ -737,6 +737,10 @@ impl<'a> Ctx<'a> {
     fn eval(&self, expr: &Expr) -> Result<Value, Refusal> {
         match expr {
             Expr::Number(n) => Ok(Value::Scalar(*n)),
+            Expr::Str(_) => Err(Refusal::Unsupported(
+                "a string goes only in label_replace and label_join".into(),
+            )),
+            Expr::Call(f @ (Func::LabelReplace | Func::LabelJoin), args) => self.relabel(*f, args),
             Expr::Select(s) => Ok(Value::Vector(self.plain(s))),
             Expr::Call(Func::Absent, args) => {
                 let inner = self.vector(&args[0])?;
@@ -829,6 +833,13 @@ impl<'a> Ctx<'a> {
                 ),
             }),
         }
+    }
+
+    /// `label_replace` and `label_join`.
+    fn relabel(&self, f: Func, args: &[Expr]) -> Result<Value, Refusal> {
+        let strings: Vec<&str> = args[1..].iter().filter_map(Expr::string).collect();
+        let series = self.vector(&args[0])?;
+        ops::relabel(f, &strings, series).map(Value::Vector)
     }
 
     /// `time()`, `vector(s)`, `scalar(v)` and the date functions.

@@ -67,6 +67,8 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             _ => Ok(()),
         },
         Expr::Call(Func::Map(m), args) => check_map(*m, args),
+        Expr::Str(_) => Err("a string goes only in label_replace and label_join".into()),
+        Expr::Call(f @ (Func::LabelReplace | Func::LabelJoin), args) => check_relabel(*f, args),
         Expr::Call(f @ (Func::Time | Func::Vector | Func::Scalar | Func::Date(_)), args) => {
             check_time_call(*f, args)
         }
@@ -142,6 +144,46 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             check(rhs, false)
         }
         Expr::Negate(e) => check(e, false),
+    }
+}
+
+/// [`check`] of `label_replace` and `label_join`: series, then strings, the label names valid.
+fn check_relabel(f: Func, args: &[Expr]) -> Result<(), String> {
+    let strings = args.get(1..).unwrap_or_default();
+    let ok = match f {
+        Func::LabelReplace => args.len() == 5,
+        _ => args.len() >= 3,
+    } && strings.iter().all(|a| a.string().is_some());
+    if !ok {
+        return Err(format!(
+            "{} takes series and then strings, like {}",
+            f.name(),
+            if f == Func::LabelReplace {
+                "label_replace(v, \"dst\", \"$1\", \"src\", \"(.*)\")"
+            } else {
+                "label_join(v, \"dst\", \",\", \"src1\", \"src2\")"
+            }
+        ));
+    }
+    check_label_name(strings[0].string().unwrap_or_default())?;
+    if f == Func::LabelJoin {
+        for src in &strings[2..] {
+            check_label_name(src.string().unwrap_or_default())?;
+        }
+    }
+    check(&args[0], false)
+}
+
+/// A label name as Prometheus takes one: `[a-zA-Z_][a-zA-Z0-9_]*`.
+fn check_label_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if first_ok && chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        Ok(())
+    } else {
+        Err(format!("invalid label name {name:?}"))
     }
 }
 
@@ -399,6 +441,8 @@ impl Parser {
     pub(super) fn primary(&mut self) -> Result<Expr, String> {
         match self.next() {
             Some(Token::Number(n)) => Ok(Expr::Number(n)),
+            // Where a string may go is checked after parsing (`check`).
+            Some(Token::Str(s)) => Ok(Expr::Str(s)),
             Some(Token::LParen) => {
                 let inner = self.expr()?;
                 self.expect(&Token::RParen)?;

@@ -1503,3 +1503,52 @@ fn time_and_date_functions_check_their_arguments() {
         other => panic!("{other:?}"),
     }
 }
+
+/// `label_replace` and `label_join` take strings where Prometheus does and nowhere else; their
+/// label names and regular expressions are checked.
+#[test]
+fn relabelling_functions_check_their_strings() {
+    for (bad, says) in [
+        (r#""text""#, "only in label_replace"),
+        (r#"bucketd_bucket_max + "x""#, "only in label_replace"),
+        (
+            r#"label_replace(bucketd_bucket_max, "d", "$1", "s")"#,
+            "takes series and then strings",
+        ),
+        (
+            r#"label_join(bucketd_bucket_max, "d")"#,
+            "takes series and then strings",
+        ),
+        (
+            r#"label_replace(bucketd_bucket_max, "1d", "$1", "s", "(.*)")"#,
+            "invalid label name",
+        ),
+        (
+            r#"label_join(bucketd_bucket_max, "d", ",", "a-b")"#,
+            "invalid label name",
+        ),
+    ] {
+        assert!(error(bad).contains(says), "{bad}: {}", error(bad));
+    }
+    let docs = hourly_docs();
+    let grid = Grid::instant((DAY0 + 3 * HOUR) * 1000);
+    let e = try_eval(
+        r#"label_replace(bucketd_bucket_max{metric="t"}, "x", "$1", "series", "(")"#,
+        &docs,
+        grid,
+    );
+    assert!(
+        matches!(&e, Err(EvalError::Refused(Refusal::Unsupported(m))) if m.contains("bad regular expression")),
+        "{e:?}"
+    );
+    // Two series made one: refused, as Prometheus refuses a vector with a label set twice.
+    let e = try_eval(
+        r#"label_replace(label_replace(label_replace(bucketd_bucket_max{metric="t"}, "sensor", "", "sensor", ".*"), "series", "", "series", ".*"), "x", "1", "metric", ".*")"#,
+        &docs,
+        grid,
+    );
+    assert!(
+        matches!(&e, Err(EvalError::Refused(Refusal::Execution(m))) if m.contains("same labels")),
+        "{e:?}"
+    );
+}

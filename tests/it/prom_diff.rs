@@ -352,6 +352,12 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"max_over_time(bucketd_reading{sensor="night"}[1h]) - scalar(max(max_over_time(bucketd_reading{sensor="night"}[1h])))"#,
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) and on () hour() >= 12"#,
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) * 0 + time()"#,
+        r#"group by (metric) (max_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"group(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
+        r#"label_replace(max_over_time(bucketd_reading{sensor="day"}[1h]), "where", "in-$1", "sensor", "(.*)")"#,
+        r#"label_replace(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "metric", "", "sensor", "night")"#,
+        r#"label_replace(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "x", "${1}!", "series", "(d.)y/.*")"#,
+        r#"label_join(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "both", "-", "sensor", "metric")"#,
     ] {
         for grid in [&hours, &offset] {
             assert!(same(&prom, &ours, q, grid, 1e-9).await > 0, "{q}");

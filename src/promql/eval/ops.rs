@@ -368,6 +368,7 @@ pub(super) fn aggregate(
                         AggOp::Stddev => var.sqrt(),
                         AggOp::Stdvar => var,
                         AggOp::Quantile => type7(&values, param),
+                        AggOp::Group => 1.0,
                         AggOp::Topk | AggOp::Bottomk => unreachable!("answered above"),
                     };
                     (t, v)
@@ -528,6 +529,74 @@ fn with_number(
             labels: labels_of(s.labels),
         })
         .collect()
+}
+
+/// `label_replace(v, dst, replacement, src, regex)` and `label_join(v, dst, sep, src...)`
+/// (`strings` after the series), as Prometheus: the regex anchored at both ends, the
+/// replacement expanded as Go's (`$1`, `${name}`), an empty result deleting the label; two
+/// series left with the same labels are refused.
+pub(super) fn relabel(
+    f: Func,
+    strings: &[&str],
+    series: Vec<Series>,
+) -> Result<Vec<Series>, Refusal> {
+    let dst = strings[0];
+    let regex = if f == Func::LabelReplace {
+        let pattern = format!("^(?:{})$", strings[3]);
+        Some(
+            regex_lite::RegexBuilder::new(&pattern)
+                .size_limit(1 << 20)
+                .nest_limit(64)
+                .build()
+                .map_err(|e| {
+                    Refusal::Unsupported(format!("label_replace: bad regular expression: {e}"))
+                })?,
+        )
+    } else {
+        None
+    };
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(series.len());
+    for mut s in series {
+        let value = match &regex {
+            Some(re) => {
+                let src = s.labels.get(strings[2]).map_or("", String::as_str);
+                match re.captures(src) {
+                    Some(caps) => {
+                        let mut v = String::new();
+                        caps.expand(strings[1], &mut v);
+                        Some(v)
+                    }
+                    None => None,
+                }
+            }
+            None => Some(
+                strings[2..]
+                    .iter()
+                    .map(|l| s.labels.get(*l).map_or("", String::as_str))
+                    .collect::<Vec<_>>()
+                    .join(strings[1]),
+            ),
+        };
+        match value {
+            Some(v) if v.is_empty() => {
+                s.labels.remove(dst);
+            }
+            Some(v) => {
+                s.labels.insert(dst.to_owned(), v);
+            }
+            None => {}
+        }
+        if !s.points.is_empty() && !seen.insert(s.labels.clone()) {
+            return Err(Refusal::Execution(format!(
+                "{}: two series would have the same labels {:?}",
+                f.name(),
+                s.labels
+            )));
+        }
+        out.push(s);
+    }
+    Ok(out)
 }
 
 /// The labels two series are matched by: all but `__name__`, or `on`'s, or all but
