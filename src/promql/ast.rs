@@ -764,6 +764,15 @@ impl BinOp {
     }
 }
 
+/// `group_left (...)` or `group_right (...)` after the matching: many series of one side to
+/// one of the other, with the listed labels copied from the one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// `group_right`: the right side is the many.
+    pub right: bool,
+    pub include: Vec<String>,
+}
+
 /// How two vectors' series pair up: by every label but `__name__`, or `on (..)` / `ignoring (..)`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Matching {
@@ -801,6 +810,7 @@ pub enum Expr {
         /// `bool` after a comparison: 0 or 1 instead of filtering.
         bool_result: bool,
         matching: Matching,
+        group: Option<Group>,
         lhs: Box<Expr>,
         rhs: Box<Expr>,
     },

@@ -2,7 +2,7 @@
 //! bounds checked as it goes, and what the evaluator cannot take refused after.
 
 use super::ast::{
-    AggOp, BinOp, Expr, Func, Grouping, MatchOp, Matcher, Matching, MathFn, Select, Selector,
+    AggOp, BinOp, Expr, Func, Group, Grouping, MatchOp, Matcher, Matching, MathFn, Select, Selector,
 };
 use super::lex::{Token, lex};
 use super::{MATCHERS_MAX, NESTING_MAX, QUERY_BYTES_MAX};
@@ -303,9 +303,14 @@ impl Parser {
                 return Ok(base);
             }
             self.at += 1;
-            let (bool_result, matching) = self.modifiers(BinOp::Pow)?;
+            let (bool_result, matching, group) = self.modifiers(BinOp::Pow)?;
             let exponent = self.unary()?;
-            return Ok(binary(BinOp::Pow, bool_result, matching, base, exponent));
+            return Ok(binary(
+                BinOp::Pow,
+                (bool_result, matching, group),
+                base,
+                exponent,
+            ));
         }
         // The multiplicative level takes signed operands (`2 * -x`).
         let signed = level == LEVELS.len() - 2;
@@ -320,19 +325,22 @@ impl Parser {
             .filter(|op| LEVELS[level].contains(op))
         {
             self.at += 1;
-            let (bool_result, matching) = self.modifiers(op)?;
+            let modifiers = self.modifiers(op)?;
             let rhs = if signed {
                 self.unary()?
             } else {
                 self.level(level + 1)?
             };
-            acc = binary(op, bool_result, matching, acc, rhs);
+            acc = binary(op, modifiers, acc, rhs);
         }
         Ok(acc)
     }
 
     /// `bool`, then `on (..)` or `ignoring (..)`, after a binary operator.
-    pub(super) fn modifiers(&mut self, op: BinOp) -> Result<(bool, Matching), String> {
+    pub(super) fn modifiers(
+        &mut self,
+        op: BinOp,
+    ) -> Result<(bool, Matching, Option<Group>), String> {
         let bool_result = self.peek_ident("bool");
         if bool_result {
             if !op.is_comparison() {
@@ -349,14 +357,27 @@ impl Parser {
         } else {
             Matching::All
         };
-        if self.peek_ident("group_left") || self.peek_ident("group_right") {
-            return Err(
-                "group_left and group_right (many-to-one matching) are not supported: bucketd \
-                 matches series one to one"
-                    .into(),
-            );
-        }
-        Ok((bool_result, matching))
+        let group = if self.peek_ident("group_left") || self.peek_ident("group_right") {
+            let right = self.peek_ident("group_right");
+            self.at += 1;
+            if matching == Matching::All {
+                return Err(
+                    "group_left and group_right go after on (...) or ignoring (...)".into(),
+                );
+            }
+            if op.is_set() {
+                return Err("no group_left or group_right with a set operator".into());
+            }
+            let include = if matches!(self.peek(), Some(Token::LParen)) {
+                self.labels()?
+            } else {
+                Vec::new()
+            };
+            Some(Group { right, include })
+        } else {
+            None
+        };
+        Ok((bool_result, matching, group))
     }
 
     /// Every nesting passes here: the depth is bounded, so that no query can overflow the stack.
@@ -638,8 +659,7 @@ impl Parser {
 
 pub(super) fn binary(
     op: BinOp,
-    bool_result: bool,
-    matching: Matching,
+    (bool_result, matching, group): (bool, Matching, Option<Group>),
     lhs: Expr,
     rhs: Expr,
 ) -> Expr {
@@ -647,6 +667,7 @@ pub(super) fn binary(
         op,
         bool_result,
         matching,
+        group,
         lhs: Box::new(lhs),
         rhs: Box::new(rhs),
     }

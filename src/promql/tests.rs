@@ -179,8 +179,12 @@ fn what_is_not_supported_is_named_in_the_error() {
         ("1 == 1", "bool modifier"),
         ("bucketd_bucket_max + bool 1", "only after a comparison"),
         (
-            "bucketd_bucket_max * on (sensor) group_left bucketd_bucket_min",
-            "group_left",
+            "bucketd_bucket_max * group_left bucketd_bucket_min",
+            "go after on (...) or ignoring",
+        ),
+        (
+            "bucketd_bucket_max and on (sensor) group_left bucketd_bucket_min",
+            "no group_left or group_right with a set operator",
         ),
         ("topk(bucketd_bucket_max)", "takes 2 argument"),
         (

@@ -358,6 +358,11 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"label_replace(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "metric", "", "sensor", "night")"#,
         r#"label_replace(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "x", "${1}!", "series", "(d.)y/.*")"#,
         r#"label_join(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "both", "-", "sensor", "metric")"#,
+        // Many to one (issue 77): an info-series join, and its mirror.
+        r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) * on (metric) group_left (sensor) max_over_time(bucketd_reading{sensor="day"}[1h])"#,
+        r#"max_over_time(bucketd_reading{sensor="night"}[1h]) - on (metric) group_right max_over_time(bucketd_reading{sensor=~"day|night"}[1h])"#,
+        r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) > ignoring (sensor, series) group_left min_over_time(bucketd_reading{sensor="night"}[1h])"#,
+        r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) / on (metric) group_left (series) label_replace(max_over_time(bucketd_reading{sensor="day"}[1h]), "series", "", "series", ".*")"#,
     ] {
         for grid in [&hours, &offset] {
             assert!(same(&prom, &ours, q, grid, 1e-9).await > 0, "{q}");

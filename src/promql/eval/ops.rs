@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Labels, Refusal, Series, Value, unnamed};
-use crate::promql::{AggOp, BinOp, Func, Grouping, Matching};
+use crate::promql::{AggOp, BinOp, Func, Group, Grouping, Matching};
 use crate::summary::Summary;
 
 /// A range function over the readings of a range, from their merged summary.
@@ -223,17 +223,17 @@ fn variance_over_time(values: &[f64]) -> f64 {
 
 /// What an aggregation keeps of a group at one time, as Prometheus's engine does: the sum from
 /// the first value on, the mean incrementally, the variance by Welford's method.
-struct Group {
+struct Members {
     count: f64,
     sum: f64,
     mean: f64,
     m2: f64,
 }
 
-impl Group {
-    fn of(values: &[f64]) -> Group {
+impl Members {
+    fn of(values: &[f64]) -> Members {
         let first = values.first().copied().unwrap_or(f64::NAN);
-        let mut g = Group {
+        let mut g = Members {
             count: 1.0,
             sum: first,
             mean: first,
@@ -357,11 +357,11 @@ pub(super) fn aggregate(
                 .into_iter()
                 .map(|(t, members)| {
                     let values: Vec<f64> = members.iter().map(|m| m.1).collect();
-                    let group = Group::of(&values);
+                    let group = Members::of(&values);
                     let var = group.m2 / group.count;
                     let v = match op {
                         AggOp::Sum => group.sum,
-                        AggOp::Avg => Group::avg(&values),
+                        AggOp::Avg => Members::avg(&values),
                         AggOp::Min => values.iter().copied().fold(f64::INFINITY, f64::min),
                         AggOp::Max => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                         AggOp::Count => group.count,
@@ -385,7 +385,7 @@ pub(super) fn aggregate(
 pub(super) fn binary(
     op: BinOp,
     bool_result: bool,
-    matching: &Matching,
+    (matching, group): (&Matching, Option<&Group>),
     lhs: Value,
     rhs: Value,
 ) -> Result<Value, Refusal> {
@@ -437,54 +437,103 @@ pub(super) fn binary(
             ))
         }
         (Value::Vector(l), Value::Vector(r)) => {
-            let key = |labels: &Labels| matched_labels(labels, matching);
-            let mut right: BTreeMap<BTreeMap<String, String>, &Series> = BTreeMap::new();
-            for s in &r {
-                if right.insert(key(&s.labels), s).is_some() {
-                    return Err(Refusal::Execution(format!(
-                        "many-to-many matching: several series on the right side have the \
-                         labels {:?}; match on fewer labels with on (..) or ignoring (..)",
-                        key(&s.labels)
-                    )));
-                }
-            }
-            let mut seen = BTreeSet::new();
-            let mut out = Vec::new();
-            for s in l {
-                let k = key(&s.labels);
-                if !seen.insert(k.clone()) {
-                    return Err(Refusal::Execution(format!(
-                        "many-to-many matching: several series on the left side have the \
-                         labels {k:?}; match on fewer labels with on (..) or ignoring (..)"
-                    )));
-                }
-                let Some(other) = right.get(&k) else {
-                    continue;
-                };
-                let theirs: BTreeMap<i64, f64> = other.points.iter().copied().collect();
-                let points = s
-                    .points
-                    .iter()
-                    .filter_map(|&(t, a)| Some((t, point(a, *theirs.get(&t)?, a)?)))
-                    .collect();
-                // Prometheus's rule for one-to-one matching, comparisons included: `on` keeps
-                // only its labels, `ignoring` drops its own; only a filtering comparison keeps
-                // `__name__` (issue 55: `a < on(sensor) b` answered the left side's labels).
-                let labels = match (filter, matching) {
-                    (_, Matching::On(_)) => k,
-                    (_, Matching::Ignoring(ignored)) => {
-                        let mut l = labels_of(s.labels);
-                        l.retain(|name, _| !ignored.contains(name));
-                        l
-                    }
-                    (true, Matching::All) => s.labels,
-                    (false, Matching::All) => unnamed(s.labels),
-                };
-                out.push(Series { labels, points });
-            }
-            Ok(Value::Vector(out))
+            vectors(op, filter, (matching, group), l, r).map(Value::Vector)
         }
     }
+}
+
+/// Two sets of series paired by `matching`: one to one, or with `group_left`/`group_right`
+/// many to one, as Prometheus pairs them. A filtering comparison keeps the left side's value;
+/// the result's labels are the (many) side's (`on` keeps only its labels and `ignoring` drops
+/// its own one to one; `__name__` only with a filtering comparison), then the labels
+/// `group_*` names copied from the one side (deleted where it has none).
+fn vectors(
+    op: BinOp,
+    filter: bool,
+    (matching, group): (&Matching, Option<&Group>),
+    l: Vec<Series>,
+    r: Vec<Series>,
+) -> Result<Vec<Series>, Refusal> {
+    let key = |labels: &Labels| matched_labels(labels, matching);
+    let right_many = group.is_some_and(|g| g.right);
+    let (many, one) = if right_many { (r, l) } else { (l, r) };
+    // Which side the one (or the many) is, for the errors.
+    let side = |is_one: bool| {
+        if is_one == right_many {
+            "left"
+        } else {
+            "right"
+        }
+    };
+    let mut ones: BTreeMap<Labels, &Series> = BTreeMap::new();
+    for s in &one {
+        if ones.insert(key(&s.labels), s).is_some() {
+            return Err(Refusal::Execution(format!(
+                "many-to-many matching: several series on the {} side have the labels {:?}; \
+                 match on fewer labels with on (..) or ignoring (..)",
+                side(true),
+                key(&s.labels)
+            )));
+        }
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for s in many {
+        let k = key(&s.labels);
+        if group.is_none() && !seen.insert(k.clone()) {
+            return Err(Refusal::Execution(format!(
+                "many-to-many matching: several series on the {} side have the labels {k:?}; \
+                 match on fewer labels with on (..) or ignoring (..), or name the many side \
+                 with group_left or group_right",
+                side(false)
+            )));
+        }
+        let Some(other) = ones.get(&k) else {
+            continue;
+        };
+        let theirs: BTreeMap<i64, f64> = other.points.iter().copied().collect();
+        let points = s
+            .points
+            .iter()
+            .filter_map(|&(t, v)| {
+                let o = *theirs.get(&t)?;
+                let (a, b) = if right_many { (o, v) } else { (v, o) };
+                let r = op.apply(a, b);
+                let value = if filter { (r == 1.0).then_some(a)? } else { r };
+                Some((t, value))
+            })
+            .collect();
+        let mut labels = match (filter, matching, group) {
+            (_, Matching::On(_), None) => k,
+            (_, Matching::Ignoring(ignored), None) => {
+                let mut l = if filter { s.labels } else { unnamed(s.labels) };
+                l.retain(|name, _| !ignored.contains(name));
+                l
+            }
+            (true, _, _) => s.labels,
+            (false, _, _) => unnamed(s.labels),
+        };
+        if let Some(g) = group {
+            for name in &g.include {
+                match other.labels.get(name) {
+                    Some(v) if !v.is_empty() => {
+                        labels.insert(name.clone(), v.clone());
+                    }
+                    _ => {
+                        labels.remove(name);
+                    }
+                }
+            }
+            if !seen.insert(labels.clone()) {
+                return Err(Refusal::Execution(format!(
+                    "multiple matches for the labels {labels:?}: the grouping labels must make \
+                     each result's labels unique"
+                )));
+            }
+        }
+        out.push(Series { labels, points });
+    }
+    Ok(out)
 }
 
 /// A number operand at each time: a constant, or `time()`'s kind by time.
