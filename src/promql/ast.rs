@@ -392,6 +392,10 @@ pub enum Func {
     Deriv,
     /// `predict_linear(v[r], seconds)`.
     PredictLinear,
+    /// `holt_winters(v[r], smoothing factor, trend factor)`.
+    HoltWinters,
+    /// `pi()`.
+    Pi,
     /// `label_replace(v, dst, replacement, src, regex)`.
     LabelReplace,
     /// `label_join(v, dst, separator, src...)`.
@@ -643,6 +647,8 @@ impl Func {
             "resets" => Func::Resets,
             "deriv" => Func::Deriv,
             "predict_linear" => Func::PredictLinear,
+            "holt_winters" => Func::HoltWinters,
+            "pi" => Func::Pi,
             "time" => Func::Time,
             "label_replace" => Func::LabelReplace,
             "label_join" => Func::LabelJoin,
@@ -657,6 +663,7 @@ impl Func {
         !matches!(
             self,
             Func::Absent
+                | Func::Pi
                 | Func::Map(_)
                 | Func::Time
                 | Func::Vector
@@ -703,6 +710,7 @@ impl Func {
                 | Func::Resets
                 | Func::Deriv
                 | Func::PredictLinear
+                | Func::HoltWinters
         )
     }
 }

@@ -741,6 +741,7 @@ impl<'a> Ctx<'a> {
                 "a string goes only in label_replace and label_join".into(),
             )),
             Expr::Call(f @ (Func::LabelReplace | Func::LabelJoin), args) => self.relabel(*f, args),
+            Expr::Call(Func::Pi, _) => Ok(Value::Scalar(std::f64::consts::PI)),
             Expr::Select(s) => Ok(Value::Vector(self.plain(s))),
             Expr::Call(Func::Absent, args) => {
                 let inner = self.vector(&args[0])?;
@@ -780,15 +781,15 @@ impl<'a> Ctx<'a> {
                         "a range function takes a range selector".into(),
                     ));
                 };
-                // quantile_over_time's φ, predict_linear's seconds.
-                let q = args.iter().find_map(Expr::number).unwrap_or(f64::NAN);
+                // quantile_over_time's φ, predict_linear's seconds, holt_winters' factors.
+                let params: Vec<f64> = args.iter().filter_map(Expr::number).collect();
                 if *func == Func::AbsentOverTime {
-                    let present = self.over_time(Func::PresentOverTime, q, s)?;
+                    let present = self.over_time(Func::PresentOverTime, &params, s)?;
                     return Ok(Value::Vector(vec![
                         self.absent(&present, s.selector.equal_labels()),
                     ]));
                 }
-                self.over_time(*func, q, s).map(Value::Vector)
+                self.over_time(*func, &params, s).map(Value::Vector)
             }
             Expr::Aggregate {
                 op,
@@ -1003,7 +1004,8 @@ impl<'a> Ctx<'a> {
 
     /// A range function over a range selector: per matched series, over the readings (merged)
     /// and over each field's bucket values (samples).
-    fn over_time(&self, func: Func, q: f64, s: &Select) -> Result<Vec<Series>, Refusal> {
+    fn over_time(&self, func: Func, params: &[f64], s: &Select) -> Result<Vec<Series>, Refusal> {
+        let q = params.first().copied().unwrap_or(f64::NAN);
         let shift = s.offset_secs.saturating_mul(1000);
         let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
         let w = self.width_ms;
@@ -1042,7 +1044,7 @@ impl<'a> Ctx<'a> {
                                 return None;
                             };
                             let window = (t0.saturating_sub(range), t0, range);
-                            return Some((t, of_timed(func, q, raw, t, window)?));
+                            return Some((t, of_timed(func, params, raw, t, window)?));
                         }
                         if let Some(raw) = raw {
                             values.clear();

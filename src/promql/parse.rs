@@ -72,15 +72,8 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
         Expr::Call(f @ (Func::Time | Func::Vector | Func::Scalar | Func::Date(_)), args) => {
             check_time_call(*f, args)
         }
-        Expr::Call(Func::PredictLinear, args) => {
-            if args.len() != 2 || args[1].number().is_none() {
-                return Err(
-                    "predict_linear takes a range selector and a number of seconds, like \
-                     predict_linear(bucketd_reading{series=\"tank/level\"}[6h], 86400)"
-                        .into(),
-                );
-            }
-            check(&args[0], true)
+        Expr::Call(f @ (Func::Pi | Func::HoltWinters | Func::PredictLinear), args) => {
+            check_numbered_call(*f, args)
         }
         Expr::Call(func, args) => {
             let want = if *func == Func::QuantileOverTime {
@@ -144,6 +137,40 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             check(rhs, false)
         }
         Expr::Negate(e) => check(e, false),
+    }
+}
+
+/// [`check`] of `pi()`, `holt_winters` and `predict_linear`: their numbers and their range.
+fn check_numbered_call(f: Func, args: &[Expr]) -> Result<(), String> {
+    match f {
+        Func::Pi => {
+            if args.is_empty() {
+                Ok(())
+            } else {
+                Err("pi() takes no argument".into())
+            }
+        }
+        Func::HoltWinters => {
+            let factor = |a: &Expr| a.number().is_some_and(|f| f > 0.0 && f < 1.0);
+            if args.len() != 3 || !factor(&args[1]) || !factor(&args[2]) {
+                return Err(
+                    "holt_winters takes a range selector, a smoothing factor and a trend factor, \
+                     each factor between 0 and 1 (exclusive)"
+                        .into(),
+                );
+            }
+            check(&args[0], true)
+        }
+        _ => {
+            if args.len() != 2 || args[1].number().is_none() {
+                return Err(
+                    "predict_linear takes a range selector and a number of seconds, like \
+                     predict_linear(bucketd_reading{series=\"tank/level\"}[6h], 86400)"
+                        .into(),
+                );
+            }
+            check(&args[0], true)
+        }
     }
 }
 

@@ -166,8 +166,8 @@ fn aggregations_parse_with_the_grouping_before_or_after() {
 fn what_is_not_supported_is_named_in_the_error() {
     for (text, names) in [
         (
-            "holt_winters(bucketd_reading[1h], 0.5, 0.5)",
-            "function `holt_winters`",
+            r#"count_values("v", bucketd_reading)"#,
+            "function `count_values`",
         ),
         ("bucketd_bucket_count[5m]", "inside a range function"),
         (

@@ -372,6 +372,9 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"predict_linear(bucketd_reading{sensor="day"}[2h], 3600)"#,
         r#"sum by (sensor) (increase(bucketd_reading{sensor=~"day|night"}[1h]))"#,
         r#"rate(bucketd_reading{sensor="night"}[1h] offset 1h) * 3600"#,
+        r#"holt_winters(bucketd_reading{sensor=~"day|night"}[2h], 0.3, 0.6)"#,
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) * pi()"#,
+        "pi()",
     ] {
         assert!(same(&prom, &ours, q, &offset, 1e-9).await > 0, "{q}");
     }

@@ -38,7 +38,7 @@ pub(super) fn of_readings(func: Func, q: f64, m: &Summary) -> Option<f64> {
 /// Prometheus gives no point (fewer than two readings, or two at the same time for `irate`).
 pub(super) fn of_timed(
     func: Func,
-    q: f64,
+    params: &[f64],
     raw: &[(i64, f64)],
     t: i64,
     (start, end, range_ms): (i64, i64, i64),
@@ -81,7 +81,22 @@ pub(super) fn of_timed(
         Func::Deriv => Some(linear_regression(raw, first_t).0),
         Func::PredictLinear => {
             let (slope, intercept) = linear_regression(raw, t);
-            Some(slope * q + intercept)
+            Some(slope * params.first()? + intercept)
+        }
+        Func::HoltWinters => {
+            // Double exponential smoothing, as Prometheus's holt_winters.
+            let (sf, tf) = (*params.first()?, *params.get(1)?);
+            let (mut s0, mut s1) = (0.0, raw[0].1);
+            let mut b = raw[1].1 - raw[0].1;
+            for (i, &(_, v)) in raw.iter().enumerate().skip(1) {
+                let x = sf * v;
+                if i > 1 {
+                    b = tf * (s1 - s0) + (1.0 - tf) * b;
+                }
+                let y = (1.0 - sf) * (s1 + b);
+                (s0, s1) = (s1, x + y);
+            }
+            Some(s1)
         }
         _ => {
             let counter = func != Func::Delta;
