@@ -396,6 +396,8 @@ pub enum Func {
     HoltWinters,
     /// `pi()`.
     Pi,
+    /// `histogram_quantile(φ, v)`: over the series that differ only in `le`.
+    HistogramQuantile,
     /// `label_replace(v, dst, replacement, src, regex)`.
     LabelReplace,
     /// `label_join(v, dst, separator, src...)`.
@@ -649,6 +651,7 @@ impl Func {
             "predict_linear" => Func::PredictLinear,
             "holt_winters" => Func::HoltWinters,
             "pi" => Func::Pi,
+            "histogram_quantile" => Func::HistogramQuantile,
             "time" => Func::Time,
             "label_replace" => Func::LabelReplace,
             "label_join" => Func::LabelJoin,
@@ -664,6 +667,7 @@ impl Func {
             self,
             Func::Absent
                 | Func::Pi
+                | Func::HistogramQuantile
                 | Func::Map(_)
                 | Func::Time
                 | Func::Vector

@@ -734,16 +734,16 @@ fn range_function_labels(func: Func, labels: Labels) -> Labels {
 }
 
 impl<'a> Ctx<'a> {
-    fn eval(&self, expr: &Expr) -> Result<Value, Refusal> {
-        match expr {
-            Expr::Number(n) => Ok(Value::Scalar(*n)),
-            Expr::Str(_) => Err(Refusal::Unsupported(
-                "a string goes only in label_replace and label_join".into(),
-            )),
-            Expr::Call(f @ (Func::LabelReplace | Func::LabelJoin), args) => self.relabel(*f, args),
-            Expr::Call(Func::Pi, _) => Ok(Value::Scalar(std::f64::consts::PI)),
-            Expr::Select(s) => Ok(Value::Vector(self.plain(s))),
-            Expr::Call(Func::Absent, args) => {
+    /// A function call: by what the function takes.
+    fn call(&self, func: Func, args: &[Expr]) -> Result<Value, Refusal> {
+        match func {
+            f @ (Func::LabelReplace | Func::LabelJoin) => self.relabel(f, args),
+            Func::Pi => Ok(Value::Scalar(std::f64::consts::PI)),
+            Func::HistogramQuantile => Ok(Value::Vector(ops::histogram_quantile(
+                args[0].number().unwrap_or(f64::NAN),
+                self.vector(&args[1])?,
+            ))),
+            Func::Absent => {
                 let inner = self.vector(&args[0])?;
                 let labels = match &args[0] {
                     Expr::Select(s) => s.selector.equal_labels(),
@@ -751,10 +751,8 @@ impl<'a> Ctx<'a> {
                 };
                 Ok(Value::Vector(vec![self.absent(&inner, labels)]))
             }
-            Expr::Call(f @ (Func::Time | Func::Vector | Func::Scalar | Func::Date(_)), args) => {
-                self.of_time(*f, args)
-            }
-            Expr::Call(Func::Map(m), args) => {
+            f @ (Func::Time | Func::Vector | Func::Scalar | Func::Date(_)) => self.of_time(f, args),
+            Func::Map(m) => {
                 let params: Vec<f64> = args[1..].iter().filter_map(Expr::number).collect();
                 let series = self.vector(&args[0])?;
                 Ok(Value::Vector(
@@ -772,7 +770,7 @@ impl<'a> Ctx<'a> {
                         .collect(),
                 ))
             }
-            Expr::Call(func, args) => {
+            func => {
                 let Some(s) = args.iter().find_map(|a| match a {
                     Expr::Select(s) => Some(s),
                     _ => None,
@@ -783,14 +781,25 @@ impl<'a> Ctx<'a> {
                 };
                 // quantile_over_time's φ, predict_linear's seconds, holt_winters' factors.
                 let params: Vec<f64> = args.iter().filter_map(Expr::number).collect();
-                if *func == Func::AbsentOverTime {
+                if func == Func::AbsentOverTime {
                     let present = self.over_time(Func::PresentOverTime, &params, s)?;
                     return Ok(Value::Vector(vec![
                         self.absent(&present, s.selector.equal_labels()),
                     ]));
                 }
-                self.over_time(*func, &params, s).map(Value::Vector)
+                self.over_time(func, &params, s).map(Value::Vector)
             }
+        }
+    }
+
+    fn eval(&self, expr: &Expr) -> Result<Value, Refusal> {
+        match expr {
+            Expr::Number(n) => Ok(Value::Scalar(*n)),
+            Expr::Str(_) => Err(Refusal::Unsupported(
+                "a string goes only in label_replace and label_join".into(),
+            )),
+            Expr::Select(s) => Ok(Value::Vector(self.plain(s))),
+            Expr::Call(func, args) => self.call(*func, args),
             Expr::Aggregate {
                 op,
                 parameter,

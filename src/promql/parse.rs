@@ -72,6 +72,14 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
         Expr::Call(f @ (Func::Time | Func::Vector | Func::Scalar | Func::Date(_)), args) => {
             check_time_call(*f, args)
         }
+        Expr::Call(Func::HistogramQuantile, args) => {
+            if args.len() != 2 || args[0].number().is_none() || args[1].number().is_some() {
+                return Err("histogram_quantile takes a number and series, like \
+                     histogram_quantile(0.9, sum by (le) (rate(x_bucket[5m])))"
+                    .into());
+            }
+            check(&args[1], false)
+        }
         Expr::Call(f @ (Func::Pi | Func::HoltWinters | Func::PredictLinear), args) => {
             check_numbered_call(*f, args)
         }

@@ -595,6 +595,104 @@ fn with_number(
         .collect()
 }
 
+/// `histogram_quantile(q, v)` as Prometheus 2.x: the series that differ only in `le` are one
+/// histogram (labels without `le` and `__name__`); at each time its buckets, by upper bound,
+/// equal bounds merged and counts made non-decreasing, give the q-quantile by linear
+/// interpolation inside the bucket that holds its rank. NaN without a `+Inf` bucket, with
+/// fewer than two buckets or no observations; a series whose `le` is no number is left out.
+pub(super) fn histogram_quantile(q: f64, series: Vec<Series>) -> Vec<Series> {
+    // Histograms of different metric names stay apart, as in Prometheus; the name is dropped.
+    let mut histograms: BTreeMap<(Labels, Option<String>), Buckets> = BTreeMap::new();
+    for s in series {
+        let Some(le) = s.labels.get("le").and_then(|v| parse_bound(v)) else {
+            continue;
+        };
+        let mut labels = s.labels;
+        labels.remove("le");
+        let name = labels.remove("__name__");
+        let at = histograms.entry((labels, name)).or_default();
+        for (t, count) in s.points {
+            at.entry(t).or_default().push((le, count));
+        }
+    }
+    histograms
+        .into_iter()
+        .map(|((labels, _), at)| Series {
+            labels,
+            points: at
+                .into_iter()
+                .map(|(t, buckets)| (t, bucket_quantile(q, buckets)))
+                .collect(),
+        })
+        .collect()
+}
+
+/// A histogram's buckets at each time: (upper bound, cumulative count).
+type Buckets = BTreeMap<i64, Vec<(f64, f64)>>;
+
+/// An `le` label's value as Go's `ParseFloat` reads it (`+Inf`, `1e3`).
+fn parse_bound(v: &str) -> Option<f64> {
+    match v.to_ascii_lowercase().as_str() {
+        "+inf" | "inf" | "infinity" | "+infinity" => Some(f64::INFINITY),
+        "-inf" | "-infinity" => Some(f64::NEG_INFINITY),
+        _ => v.parse().ok(),
+    }
+}
+
+/// Prometheus's `bucketQuantile` over (upper bound, cumulative count) buckets.
+fn bucket_quantile(q: f64, mut buckets: Vec<(f64, f64)>) -> f64 {
+    if q.is_nan() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    if buckets.last().is_none_or(|b| b.0 != f64::INFINITY) {
+        return f64::NAN;
+    }
+    let mut merged: Vec<(f64, f64)> = Vec::with_capacity(buckets.len());
+    for (le, count) in buckets {
+        match merged.last_mut() {
+            Some(last) if last.0 == le => last.1 += count,
+            _ => merged.push((le, count)),
+        }
+    }
+    let mut max = f64::NEG_INFINITY;
+    for b in &mut merged {
+        if b.1 > max {
+            max = b.1;
+        } else {
+            b.1 = max;
+        }
+    }
+    if merged.len() < 2 {
+        return f64::NAN;
+    }
+    let observations = merged[merged.len() - 1].1;
+    if observations == 0.0 {
+        return f64::NAN;
+    }
+    let mut rank = q * observations;
+    let b = merged[..merged.len() - 1].partition_point(|x| x.1 < rank);
+    if b == merged.len() - 1 {
+        return merged[merged.len() - 2].0;
+    }
+    if b == 0 && merged[0].0 <= 0.0 {
+        return merged[0].0;
+    }
+    let (mut start, end, mut count) = (0.0, merged[b].0, merged[b].1);
+    if b > 0 {
+        start = merged[b - 1].0;
+        count -= merged[b - 1].1;
+        rank -= merged[b - 1].1;
+    }
+    start + (end - start) * (rank / count)
+}
+
 /// `label_replace(v, dst, replacement, src, regex)` and `label_join(v, dst, sep, src...)`
 /// (`strings` after the series), as Prometheus: the regex anchored at both ends, the
 /// replacement expanded as Go's (`$1`, `${name}`), an empty result deleting the label; two
