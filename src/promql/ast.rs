@@ -330,6 +330,9 @@ pub enum AggOp {
     Bottomk,
     /// `group(v)`: 1 for each group that has a series at that time.
     Group,
+    /// `count_values("label", v)`: per group and value, how many series have it, the value
+    /// in `label`.
+    CountValues,
 }
 
 impl AggOp {
@@ -346,13 +349,17 @@ impl AggOp {
             "topk" => AggOp::Topk,
             "bottomk" => AggOp::Bottomk,
             "group" => AggOp::Group,
+            "count_values" => AggOp::CountValues,
             _ => return None,
         })
     }
 
     /// Whether it takes a number before the vector.
     pub(super) fn takes_parameter(self) -> bool {
-        matches!(self, AggOp::Quantile | AggOp::Topk | AggOp::Bottomk)
+        matches!(
+            self,
+            AggOp::Quantile | AggOp::Topk | AggOp::Bottomk | AggOp::CountValues
+        )
     }
 }
 

@@ -806,6 +806,15 @@ impl<'a> Ctx<'a> {
                 grouping,
                 inner,
             } => {
+                if let (crate::promql::AggOp::CountValues, Some(label)) =
+                    (op, parameter.as_deref().and_then(Expr::string))
+                {
+                    return Ok(Value::Vector(ops::count_values(
+                        label,
+                        grouping,
+                        self.vector(inner)?,
+                    )));
+                }
                 let param = parameter.as_ref().and_then(|p| p.number());
                 Ok(Value::Vector(aggregate(
                     *op,

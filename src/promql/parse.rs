@@ -113,8 +113,17 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
                 )
                 .to_lowercase());
             }
-            if parameter.as_ref().is_some_and(|p| p.number().is_none()) {
-                return Err("an aggregation's parameter must be a number".into());
+            match (op, parameter.as_deref()) {
+                (AggOp::CountValues, Some(Expr::Str(label))) => check_label_name(label)?,
+                (AggOp::CountValues, _) => {
+                    return Err(
+                        "count_values takes a label name, like count_values(\"value\", v)".into(),
+                    );
+                }
+                (_, Some(p)) if p.number().is_none() => {
+                    return Err("an aggregation's parameter must be a number".into());
+                }
+                _ => {}
             }
             if inner.number().is_some() {
                 return Err("an aggregation takes series, not a number".into());

@@ -165,10 +165,7 @@ fn aggregations_parse_with_the_grouping_before_or_after() {
 #[test]
 fn what_is_not_supported_is_named_in_the_error() {
     for (text, names) in [
-        (
-            r#"count_values("v", bucketd_reading)"#,
-            "function `count_values`",
-        ),
+        ("timestamp(bucketd_reading)", "function `timestamp`"),
         ("bucketd_bucket_count[5m]", "inside a range function"),
         (
             "avg_over_time(bucketd_bucket_count)",

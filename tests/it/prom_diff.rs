@@ -376,6 +376,8 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"holt_winters(bucketd_reading{sensor=~"day|night"}[2h], 0.3, 0.6)"#,
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) * pi()"#,
         "pi()",
+        r#"count_values("v", floor(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) / 10))"#,
+        r#"count_values by (metric) ("rounded", round(last_over_time(bucketd_reading{sensor=~"day|night"}[1h]), 5))"#,
         // histogram_quantile over le buckets made of the readings: two bounds per sensor.
         r#"histogram_quantile(0.5, sum by (le, sensor) (label_replace(label_replace(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "le", "25", "metric", "h"), "le", "+Inf", "metric", "t")))"#,
         r#"histogram_quantile(0.9, sum by (le) (label_replace(label_replace(count_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "le", "1e1", "metric", "h"), "le", "+Inf", "metric", "t")))"#,

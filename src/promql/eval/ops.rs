@@ -384,6 +384,7 @@ pub(super) fn aggregate(
                         AggOp::Stdvar => var,
                         AggOp::Quantile => type7(&values, param),
                         AggOp::Group => 1.0,
+                        AggOp::CountValues => unreachable!("count_values answers by itself"),
                         AggOp::Topk | AggOp::Bottomk => unreachable!("answered above"),
                     };
                     (t, v)
@@ -593,6 +594,54 @@ fn with_number(
             labels: labels_of(s.labels),
         })
         .collect()
+}
+
+/// `count_values("label", v)`: per group (by `grouping`, `__name__` dropped) and time, a
+/// series per distinct value with `label` set to the value as Go formats it, counting the
+/// series that have it then.
+pub(super) fn count_values(label: &str, grouping: &Grouping, series: Vec<Series>) -> Vec<Series> {
+    let mut out: BTreeMap<Labels, BTreeMap<i64, f64>> = BTreeMap::new();
+    for s in series {
+        let mut labels: Labels = s
+            .labels
+            .into_iter()
+            .filter(|(k, _)| {
+                k != "__name__"
+                    && match grouping {
+                        Grouping::By(keep) => keep.contains(k),
+                        Grouping::Without(drop) => !drop.contains(k),
+                    }
+            })
+            .collect();
+        for (t, v) in s.points {
+            labels.insert(label.to_owned(), go_float(v));
+            *out.entry(labels.clone())
+                .or_default()
+                .entry(t)
+                .or_insert(0.0) += 1.0;
+        }
+    }
+    out.into_iter()
+        .map(|(labels, at)| Series {
+            labels,
+            points: at.into_iter().collect(),
+        })
+        .collect()
+}
+
+/// `v` as Go's `strconv.FormatFloat(v, 'f', -1, 64)` writes it.
+fn go_float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
+    } else {
+        format!("{v}")
+    }
 }
 
 /// `histogram_quantile(q, v)` as Prometheus 2.x: the series that differ only in `le` are one
