@@ -740,32 +740,23 @@ fn range_functions_over_the_readings_merge_their_buckets() {
     // Over a field's samples (whole buckets), a range that is not a whole number of them is
     // refused, naming the rule; over the readings any range is answered (from the readings
     // where kept, else from the buckets with a warning: `an_answer_from_buckets...`).
-    let e = try_eval(
+    let at_3 = |q: &str| try_eval(q, &hourly_docs(), Grid::instant(at(3)));
+    let refused = |q: &str, says: &str| {
+        let e = at_3(q);
+        assert!(
+            matches!(&e, Err(EvalError::Refused(Refusal::Unsupported(m))) if m.contains(says)),
+            "{q}: {e:?}"
+        );
+    };
+    refused(
         r#"avg_over_time(bucketd_bucket_mean{series="a/t"}[90m])"#,
-        &hourly_docs(),
-        Grid::instant(at(3)),
+        "whole number of buckets",
     );
-    assert!(
-        matches!(&e, Err(EvalError::Refused(Refusal::Unsupported(m))) if m.contains("whole number of buckets")),
-        "{e:?}"
-    );
-    assert!(
-        try_eval(
-            r#"avg_over_time(bucketd_reading{series="a/t"}[90m])"#,
-            &hourly_docs(),
-            Grid::instant(at(3)),
-        )
-        .is_ok()
-    );
+    assert!(at_3(r#"avg_over_time(bucketd_reading{series="a/t"}[90m])"#).is_ok());
     // The counter functions need the readings' times, which a field's samples are not.
-    let e = try_eval(
+    refused(
         r#"rate(bucketd_bucket_count{series="a/t"}[2h])"#,
-        &hourly_docs(),
-        Grid::instant(at(3)),
-    );
-    assert!(
-        matches!(&e, Err(EvalError::Refused(Refusal::Unsupported(m))) if m.contains("take bucketd_reading")),
-        "{e:?}"
+        "take bucketd_reading",
     );
 }
 
