@@ -1168,6 +1168,15 @@ fn eval_kept(
     }
 }
 
+/// The readings whose raw pages are kept: hours 0-1 lost theirs, hours 2-5 kept.
+fn kept_from_hour_2(readings: &[(i64, f64)]) -> Vec<(i64, f64)> {
+    readings
+        .iter()
+        .copied()
+        .filter(|r| r.0 >= at(2) * 1_000_000)
+        .collect()
+}
+
 /// Issue 55: a range function over `bucketd_reading` answers from the raw readings with
 /// Prometheus's window `[t - r, t]` while every bucket the window touches holds all its raw
 /// readings, and from the buckets otherwise (raw pages past `store.raw_retention`), and when
@@ -1175,12 +1184,7 @@ fn eval_kept(
 #[test]
 fn range_functions_are_exact_where_the_raw_readings_are_kept() {
     let (readings, docs) = minute_readings();
-    // Hours 0-1 lost their raw pages; hours 2-5 kept.
-    let kept: Vec<(i64, f64)> = readings
-        .iter()
-        .copied()
-        .filter(|r| r.0 >= at(2) * 1_000_000)
-        .collect();
+    let kept = kept_from_hour_2(&readings);
     // Half past each hour from 1:30 to 5:30.
     let grid = Grid::range(at(1) + 1_800_000, at(5) + 1_800_000, HOUR * 1000).unwrap();
     let in_window = |t: i64, r: i64| -> Vec<f64> {
@@ -1443,11 +1447,7 @@ fn hexadecimal_and_octal_literals_parse_as_in_prometheus() {
 #[test]
 fn an_answer_from_buckets_where_readings_were_asked_for_says_so() {
     let (readings, docs) = minute_readings();
-    let kept: Vec<(i64, f64)> = readings
-        .iter()
-        .copied()
-        .filter(|r| r.0 >= at(2) * 1_000_000)
-        .collect();
+    let kept = kept_from_hour_2(&readings);
     let fine = Grid::range(at(4), at(5), 60_000).unwrap();
     let q = r#"count_over_time(bucketd_reading{series="a/t"}[2h])"#;
     let notes_at = |max_points: u64| -> Vec<String> {
