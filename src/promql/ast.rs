@@ -418,6 +418,12 @@ pub enum Func {
     /// The date functions of each value as seconds since the epoch, UTC (of `time()` without
     /// an argument).
     Date(DateFn),
+    /// `timestamp(v)`: the time of each sample (a reading's own for a plain `bucketd_reading`
+    /// selector, else the point's).
+    Timestamp,
+    /// `sort(v)`, `sort_desc(v)`: an instant answer ordered by value (NaN last).
+    Sort,
+    SortDesc,
 }
 
 /// `hour()` and the other date functions.
@@ -664,6 +670,9 @@ impl Func {
             "label_join" => Func::LabelJoin,
             "vector" => Func::Vector,
             "scalar" => Func::Scalar,
+            "timestamp" => Func::Timestamp,
+            "sort" => Func::Sort,
+            "sort_desc" => Func::SortDesc,
             _ => return None,
         })
     }
@@ -682,6 +691,9 @@ impl Func {
                 | Func::Date(_)
                 | Func::LabelReplace
                 | Func::LabelJoin
+                | Func::Timestamp
+                | Func::Sort
+                | Func::SortDesc
         )
     }
 
@@ -808,7 +820,55 @@ pub struct Select {
     pub selector: Selector,
     pub range_secs: Option<i64>,
     pub offset_secs: i64,
+    /// `@ t`: evaluated at that time (before the offset) whatever the point's time.
+    pub at: Option<At>,
 }
+
+impl Select {
+    /// The time (ms) the selector is taken at for the point at `t`: its `@` time, or `t`, moved
+    /// back by its offset. `@ start()` and `@ end()` are resolved before evaluating.
+    pub fn time(&self, t: i64) -> i64 {
+        let at = match self.at {
+            Some(At::Ms(ms)) => ms,
+            _ => t,
+        };
+        at.saturating_sub(self.offset_secs.saturating_mul(1000))
+    }
+}
+
+/// The time after `@`: a number of seconds (kept in ms), or the query's start or end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    Ms(i64),
+    Start,
+    End,
+}
+
+impl At {
+    /// Resolved against a query from `start` to `end` (ms).
+    #[must_use]
+    pub fn resolve(self, start: i64, end: i64) -> At {
+        match self {
+            At::Start => At::Ms(start),
+            At::End => At::Ms(end),
+            at @ At::Ms(_) => at,
+        }
+    }
+}
+
+/// A subquery, `inner[range:step]`: `inner` evaluated at every multiple of `step` (ms; the
+/// default evaluation interval when `None`) within each point's window, as a range selector.
+#[derive(Debug, Clone)]
+pub struct Subquery {
+    pub inner: Expr,
+    pub range_ms: i64,
+    pub step_ms: Option<i64>,
+    pub offset_secs: i64,
+    pub at: Option<At>,
+}
+
+/// A subquery's step when it names none: Prometheus's default `evaluation_interval`.
+pub const SUBQUERY_STEP_MS: i64 = 60_000;
 
 /// A parsed query.
 #[derive(Debug, Clone)]
@@ -834,6 +894,8 @@ pub enum Expr {
         rhs: Box<Expr>,
     },
     Negate(Box<Expr>),
+    /// Only as a range function's argument.
+    Subquery(Box<Subquery>),
 }
 
 impl Expr {
@@ -866,6 +928,33 @@ impl Expr {
                 rhs.walk(f);
             }
             Expr::Negate(e) => e.walk(f),
+            Expr::Subquery(q) => q.inner.walk(f),
+        }
+    }
+
+    /// `@ start()` and `@ end()` made the query's times (ms), everywhere in it.
+    pub fn resolve_at(&mut self, start: i64, end: i64) {
+        match self {
+            Expr::Number(_) | Expr::Str(_) => {}
+            Expr::Select(s) => s.at = s.at.map(|a| a.resolve(start, end)),
+            Expr::Call(_, args) => args.iter_mut().for_each(|a| a.resolve_at(start, end)),
+            Expr::Aggregate {
+                parameter, inner, ..
+            } => {
+                if let Some(p) = parameter {
+                    p.resolve_at(start, end);
+                }
+                inner.resolve_at(start, end);
+            }
+            Expr::Binary { lhs, rhs, .. } => {
+                lhs.resolve_at(start, end);
+                rhs.resolve_at(start, end);
+            }
+            Expr::Negate(e) => e.resolve_at(start, end),
+            Expr::Subquery(q) => {
+                q.at = q.at.map(|a| a.resolve(start, end));
+                q.inner.resolve_at(start, end);
+            }
         }
     }
 

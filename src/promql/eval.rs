@@ -16,7 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    Expr, Field, Func, LOOKBACK_MS, POINTS_PER_SERIES_MAX, READINGS, Select, SeriesLabels,
+    At, Expr, Field, Func, LOOKBACK_MS, POINTS_PER_SERIES_MAX, READINGS, SUBQUERY_STEP_MS, Select,
+    SeriesLabels, Subquery,
 };
 use crate::doc::BucketDoc;
 use crate::summary::Summary;
@@ -88,6 +89,63 @@ impl Grid {
             lookback_ms: ms,
             ..self
         }
+    }
+
+    /// What identifies it among a query's grids (its subqueries' and `@`'s).
+    fn key(&self) -> GridKey {
+        (self.start_ms, self.step_ms, self.count)
+    }
+
+    /// The grid a selector `s` is read at in this one: the same, or its `@` time alone.
+    fn of(&self, s: &Select) -> Grid {
+        match s.at {
+            Some(At::Ms(ms)) => Grid {
+                start_ms: ms,
+                count: 1,
+                ..*self
+            },
+            _ => *self,
+        }
+    }
+
+    /// The grid a subquery's expression is evaluated at for the points of this one: from the
+    /// first multiple of its step at or after the first point's window start to the last
+    /// point (each moved by its offset, or its `@` time), as Prometheus aligns it. Refused
+    /// past `max_points` times.
+    fn of_subquery(&self, q: &Subquery, max_points: u64) -> Result<Grid, Refusal> {
+        let (first, last) = match q.at {
+            Some(At::Ms(ms)) => (ms, ms),
+            _ => (self.start_ms, self.last_ms()),
+        };
+        let shift = q.offset_secs.saturating_mul(1000);
+        let step = q.step_ms.unwrap_or(SUBQUERY_STEP_MS);
+        let lo = first.saturating_sub(shift).saturating_sub(q.range_ms);
+        let mut start = lo.div_euclid(step).saturating_mul(step);
+        if start < lo {
+            start = start.saturating_add(step);
+        }
+        let end = last.saturating_sub(shift);
+        let count = if end < start {
+            0
+        } else {
+            u64::try_from((i128::from(end) - i128::from(start)) / i128::from(step) + 1)
+                .unwrap_or(u64::MAX)
+        };
+        if count > max_points {
+            return Err(Refusal::TooLarge(format!(
+                "a subquery evaluates its expression at {count} times: more than \
+                 http.max_points_per_query ({max_points}); use a coarser step ([{}:1h]) or a \
+                 shorter range",
+                format_ms(q.range_ms)
+            )));
+        }
+        Ok(Grid {
+            start_ms: start,
+            step_ms: step,
+            count,
+            look_back: false,
+            lookback_ms: self.lookback_ms,
+        })
     }
 
     /// Its times, in order (ms).
@@ -229,20 +287,95 @@ impl Budget {
     }
 }
 
+/// An evaluation at one grid: the query's, or a subquery's (which shares what was read).
+#[derive(Clone, Copy)]
 struct Ctx<'a> {
     budget: &'a Budget,
     grid: Grid,
     width_ms: i64,
-    window_ms: i64,
+    /// What a plain selector's point merges at this grid ([`window_ms`]); `None` where the
+    /// step is not whole buckets (then the query has no plain field selector here: refused
+    /// when planned).
+    window_ms: Option<i64>,
     names: &'a [SeriesLabels<'a>],
-    data: BTreeMap<String, Stored>,
+    data: &'a BTreeMap<String, Stored>,
     /// Raw readings of the series a plain `bucketd_reading` selector matched.
-    raw: RawReadings,
-    /// Raw readings of the series a range function over `bucketd_reading` matched, by series,
-    /// offset and range (ms), for windows answered exactly.
-    exact: ExactReadings,
-    /// Readings the exact windows may still visit (summed over every point's window).
-    work_left: std::cell::Cell<u64>,
+    raw: &'a RawReadings,
+    /// Raw readings of the series a range function over `bucketd_reading` matched, for
+    /// windows answered exactly.
+    exact: &'a ExactReadings,
+    /// Readings the exact windows (and subqueries' windows) may still visit (summed over
+    /// every point's window).
+    work_left: &'a std::cell::Cell<u64>,
+}
+
+/// A grid's identity: start, step, count (ms).
+type GridKey = (i64, i64, u64);
+
+/// A selector of the query with the grid it is read at (the query's, a subquery's, or its `@`
+/// time alone) and what a plain selector's point merges there ([`window_ms`]).
+#[derive(Clone, Copy)]
+struct Placed<'e> {
+    s: &'e Select,
+    grid: Grid,
+    window_ms: i64,
+}
+
+/// Every selector of `expr` evaluated at `grid`, placed ([`Placed`]); refused where a
+/// subquery's grid is too large or a plain field selector is at a step that is not whole
+/// buckets.
+fn place<'e>(
+    expr: &'e Expr,
+    grid: Grid,
+    width_secs: i64,
+    max_points: u64,
+    out: &mut Vec<Placed<'e>>,
+) -> Result<(), Refusal> {
+    let inner =
+        |e: &'e Expr, out: &mut Vec<Placed<'e>>| place(e, grid, width_secs, max_points, out);
+    match expr {
+        Expr::Number(_) | Expr::Str(_) => {}
+        Expr::Select(s) => {
+            let window = window_ms(grid.step_ms, width_secs);
+            let window_ms = match window {
+                Ok(w) => w,
+                Err(e) if s.range_secs.is_none() && !s.selector.fields().is_empty() => {
+                    return Err(e);
+                }
+                Err(_) => width_secs.saturating_mul(1000),
+            };
+            out.push(Placed {
+                s,
+                grid: grid.of(s),
+                window_ms,
+            });
+        }
+        Expr::Subquery(q) => {
+            let at = grid.of_subquery(q, max_points)?;
+            place(&q.inner, at, width_secs, max_points, out)?;
+        }
+        Expr::Call(_, args) => {
+            for a in args {
+                inner(a, out)?;
+            }
+        }
+        Expr::Aggregate {
+            parameter,
+            inner: e,
+            ..
+        } => {
+            if let Some(p) = parameter {
+                inner(p, out)?;
+            }
+            inner(e, out)?;
+        }
+        Expr::Binary { lhs, rhs, .. } => {
+            inner(lhs, out)?;
+            inner(rhs, out)?;
+        }
+        Expr::Negate(e) => inner(e, out)?,
+    }
+    Ok(())
 }
 
 /// The start (ms) of the bucket of width `w` (ms) holding `t`, saturating at the ends of an
@@ -300,21 +433,14 @@ pub fn evaluate<E>(
     mut raw: impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<Value, EvalError<E>> {
     let width_ms = width_secs.saturating_mul(1000);
-    let window_ms = window_ms(grid.step_ms, width_secs).map_err(EvalError::Refused)?;
-    let selects = expr.selects();
-    let (wanted, from, to) = plan(
-        &selects,
-        names,
-        grid,
-        Widths {
-            width_ms,
-            window_ms,
-        },
-        budget,
-    )
-    .map_err(EvalError::Refused)?;
+    // `@ start()` and `@ end()` are the query's own times, inside subqueries too.
+    let mut expr = expr.clone();
+    expr.resolve_at(grid.start_ms, grid.last_ms());
+    let mut placed = Vec::new();
+    place(&expr, grid, width_secs, budget.max_points, &mut placed).map_err(EvalError::Refused)?;
+    let (wanted, from, to) = plan(&placed, names, width_ms, budget).map_err(EvalError::Refused)?;
     let mut raw_left = budget.max_points;
-    let plain = read_raw(&selects, names, grid, &mut raw_left, &mut raw)?;
+    let plain = read_raw(&placed, names, &mut raw_left, &mut raw)?;
     let mut data = BTreeMap::new();
     if !wanted.is_empty() {
         let read = fetch(
@@ -333,24 +459,24 @@ pub fn evaluate<E>(
     }
     let work = budget.max_points.saturating_mul(EXACT_WORK_PER_POINT);
     let stored = Read {
-        grid,
         width_ms,
         data: &data,
         work,
     };
-    let exact = read_exact(&selects, names, &stored, budget, &mut raw_left, &mut raw)?;
+    let exact = read_exact(&placed, names, &stored, budget, &mut raw_left, &mut raw)?;
+    let work_left = std::cell::Cell::new(work);
     let ctx = Ctx {
         budget,
         grid,
         width_ms,
-        window_ms,
+        window_ms: window_ms(grid.step_ms, width_secs).ok(),
         names,
-        data,
-        raw: plain,
-        exact,
-        work_left: std::cell::Cell::new(work),
+        data: &data,
+        raw: &plain,
+        exact: &exact,
+        work_left: &work_left,
     };
-    let value = ctx.eval(expr);
+    let value = ctx.eval(&expr);
     if budget.cancelled() {
         return Err(EvalError::Cancelled);
     }
@@ -366,18 +492,9 @@ pub fn evaluate<E>(
     })
 }
 
-/// A query's widths (ms): a bucket's, and the window a plain selector's point merges
-/// ([`window_ms`]).
-#[derive(Debug, Clone, Copy)]
-struct Widths {
-    width_ms: i64,
-    window_ms: i64,
-}
-
-/// The buckets read for a query: at `grid`, of `width_ms`, by series name; and how many raw
-/// readings its exact windows may visit ([`EXACT_WORK_PER_POINT`]).
+/// The buckets read for a query, of `width_ms`, by series name; and how many raw readings its
+/// exact windows may visit ([`EXACT_WORK_PER_POINT`]).
 struct Read<'d> {
-    grid: Grid,
     width_ms: i64,
     data: &'d BTreeMap<String, Stored>,
     work: u64,
@@ -387,20 +504,15 @@ struct Read<'d> {
 /// starts (ms, `[from, to)`) they need; refused when that, or its answer, is larger than the
 /// budget, or a selector is one bucketd cannot answer (the text says why).
 fn plan<'n>(
-    selects: &[&Select],
+    placed: &[Placed<'_>],
     names: &[SeriesLabels<'n>],
-    grid: Grid,
-    widths: Widths,
+    width_ms: i64,
     budget: &Budget,
 ) -> Result<(Vec<&'n str>, i64, i64), Refusal> {
-    let Widths {
-        width_ms,
-        window_ms,
-    } = widths;
     let mut wanted: BTreeSet<&str> = BTreeSet::new();
     let (mut from, mut to) = (i64::MAX, i64::MIN);
     let mut points: u64 = 0;
-    for s in selects {
+    for &Placed { s, grid, window_ms } in placed {
         // Any range over the readings (exact from them where they are kept, else from the
         // buckets with a warning); a field's samples are whole buckets.
         let readings_only = s.selector.selects_readings() && s.selector.fields().is_empty();
@@ -459,28 +571,27 @@ fn plan<'n>(
 type Labels = BTreeMap<String, String>;
 
 /// Raw readings for exact windows, by series, selector offset (seconds) and range (ms).
-type ExactReadings = BTreeMap<(String, i64, i64), Exact>;
+type ExactReadings = BTreeMap<(String, i64, i64, GridKey), Exact>;
 
 /// Raw readings (ns, value), in time order, by series and selector offset (seconds): the
 /// offset decides the time range read, the grid being the query's.
-type RawReadings = BTreeMap<(String, i64), Vec<(i64, f64)>>;
+type RawReadings = BTreeMap<(String, i64, GridKey), Vec<(i64, f64)>>;
 
 /// The raw readings the plain `bucketd_reading` selectors of a query need: per matched series,
 /// those from the look-back before the grid's first time to its last. At most `left`
 /// readings in all (`http.max_points_per_query`, shared with [`read_exact`]): past that the
 /// query is refused, naming the bound.
 fn read_raw<E>(
-    selects: &[&Select],
+    placed: &[Placed<'_>],
     names: &[SeriesLabels<'_>],
-    grid: Grid,
     left: &mut u64,
     raw: &mut impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<RawReadings, EvalError<E>> {
     let mut out = RawReadings::new();
     let max = *left;
-    for s in selects
+    for &Placed { s, grid, .. } in placed
         .iter()
-        .filter(|s| s.range_secs.is_none() && s.selector.names_readings())
+        .filter(|p| p.s.range_secs.is_none() && p.s.selector.names_readings())
     {
         let shift = s.offset_secs.saturating_mul(1000);
         let first = grid
@@ -497,7 +608,7 @@ fn read_raw<E>(
             .filter(|l| s.selector.matches_series(l))
             .map(|l| l.series)
         {
-            let key = (name.to_owned(), s.offset_secs);
+            let key = (name.to_owned(), s.offset_secs, grid.key());
             if out.contains_key(&key) {
                 continue; // another selector of the query read the same range
             }
@@ -609,18 +720,18 @@ fn estimated_note(name: &str, max_points: u64) -> String {
 /// counts, before reading), or a source that keeps no raw readings, is answered from its
 /// buckets.
 fn read_exact<E>(
-    selects: &[&Select],
+    placed: &[Placed<'_>],
     names: &[SeriesLabels<'_>],
     stored: &Read<'_>,
     budget: &Budget,
     left: &mut u64,
     raw: &mut impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
 ) -> Result<ExactReadings, EvalError<E>> {
-    let (grid, width, data, work) = (stored.grid, stored.width_ms, stored.data, stored.work);
+    let (width, data, work) = (stored.width_ms, stored.data, stored.work);
     let mut out = BTreeMap::new();
-    for s in selects
+    for &Placed { s, grid, .. } in placed
         .iter()
-        .filter(|s| s.range_secs.is_some() && s.selector.selects_readings())
+        .filter(|p| p.s.range_secs.is_some() && p.s.selector.selects_readings())
     {
         let shift = s.offset_secs.saturating_mul(1000);
         let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
@@ -637,7 +748,7 @@ fn read_exact<E>(
             .filter(|l| s.selector.matches_series(l))
             .map(|l| l.series)
         {
-            let key = (name.to_owned(), s.offset_secs, range);
+            let key = (name.to_owned(), s.offset_secs, range, grid.key());
             let Some(stored) = data.get(name) else {
                 continue; // no buckets: no readings
             };
@@ -770,17 +881,29 @@ impl<'a> Ctx<'a> {
                         .collect(),
                 ))
             }
+            Func::Timestamp => Ok(Value::Vector(self.timestamps(&args[0])?)),
+            f @ (Func::Sort | Func::SortDesc) => {
+                let mut series = self.vector(&args[0])?;
+                ops::sort_by_value(&mut series, f == Func::SortDesc);
+                Ok(Value::Vector(series))
+            }
             func => {
+                // quantile_over_time's φ, predict_linear's seconds, holt_winters' factors.
+                let params: Vec<f64> = args.iter().filter_map(Expr::number).collect();
+                if let Some(q) = args.iter().find_map(|a| match a {
+                    Expr::Subquery(q) => Some(q),
+                    _ => None,
+                }) {
+                    return self.over_subquery(func, &params, q);
+                }
                 let Some(s) = args.iter().find_map(|a| match a {
                     Expr::Select(s) => Some(s),
                     _ => None,
                 }) else {
                     return Err(Refusal::Unsupported(
-                        "a range function takes a range selector".into(),
+                        "a range function takes a range selector or a subquery".into(),
                     ));
                 };
-                // quantile_over_time's φ, predict_linear's seconds, holt_winters' factors.
-                let params: Vec<f64> = args.iter().filter_map(Expr::number).collect();
                 if func == Func::AbsentOverTime {
                     let present = self.over_time(Func::PresentOverTime, &params, s)?;
                     return Ok(Value::Vector(vec![
@@ -837,6 +960,9 @@ impl<'a> Ctx<'a> {
                 self.eval(lhs)?,
                 self.eval(rhs)?,
             ),
+            Expr::Subquery(_) => Err(Refusal::Unsupported(
+                "a subquery goes inside a range function".into(),
+            )),
             Expr::Negate(e) => Ok(match self.eval(e)? {
                 Value::Scalar(n) => Value::Scalar(-n),
                 Value::Timed(points) => {
@@ -948,17 +1074,18 @@ impl<'a> Ctx<'a> {
 
     /// A plain selector: each matched series' fields at each time.
     fn plain(&self, s: &Select) -> Vec<Series> {
-        let shift = s.offset_secs.saturating_mul(1000);
         let w = self.width_ms;
-        let mut out = self.last_readings(s);
+        // Whole buckets here, else the query was refused when planned (`place`).
+        let window_ms = self.window_ms.unwrap_or(w);
+        let mut out = self.last_readings(s, false);
         let fields = s.selector.fields();
         for (labels, stored) in self.matched(s) {
             let at: Vec<(i64, Option<Summary>)> = self
                 .grid
                 .times()
                 .map(|t| {
-                    let t0 = t.saturating_sub(shift);
-                    let summary = if self.window_ms == w {
+                    let t0 = s.time(t);
+                    let summary = if window_ms == w {
                         let start = bucket_of(t0, w);
                         stored.merged(start, start.saturating_add(w)).or_else(|| {
                             self.grid
@@ -967,7 +1094,7 @@ impl<'a> Ctx<'a> {
                                 .flatten()
                         })
                     } else {
-                        stored.merged(t0, t0.saturating_add(self.window_ms))
+                        stored.merged(t0, t0.saturating_add(window_ms))
                     };
                     (t, summary)
                 })
@@ -988,15 +1115,17 @@ impl<'a> Ctx<'a> {
 
     /// A plain `bucketd_reading` selector, as Prometheus answers an instant vector selector: at
     /// each time `t`, each matched series' last raw reading in `[t - 5m, t]` (Prometheus 2.42's
-    /// look-back; found by `.ci/heldout/promdiff`, a reading exactly 5 minutes back).
-    fn last_readings(&self, s: &Select) -> Vec<Series> {
+    /// look-back; found by `.ci/heldout/promdiff`, a reading exactly 5 minutes back). With
+    /// `times`, the reading's time (seconds, to the millisecond as Prometheus keeps it) for
+    /// its value: `timestamp(bucketd_reading{..})`.
+    fn last_readings(&self, s: &Select, times: bool) -> Vec<Series> {
         if !s.selector.names_readings() {
             return Vec::new();
         }
-        let shift = s.offset_secs.saturating_mul(1000);
+        let key = |series: &str| (series.to_owned(), s.offset_secs, self.grid.of(s).key());
         let mut out = Vec::new();
         for labels in self.names.iter().filter(|l| s.selector.matches_series(l)) {
-            let Some(readings) = self.raw.get(&(labels.series.to_owned(), s.offset_secs)) else {
+            let Some(readings) = self.raw.get(&key(labels.series)) else {
                 continue;
             };
             let points: Vec<(i64, f64)> = self
@@ -1004,11 +1133,16 @@ impl<'a> Ctx<'a> {
                 .times()
                 .take_while(|_| !self.budget.cancelled())
                 .filter_map(|t| {
-                    let t0 = t.saturating_sub(shift).saturating_mul(1_000_000);
+                    let t0 = s.time(t).saturating_mul(1_000_000);
                     let after = t0.saturating_sub(self.grid.lookback_ms.saturating_mul(1_000_000));
                     // The last reading at or before t0.
                     let at = readings.partition_point(|r| r.0 <= t0);
                     let &(ts, value) = readings.get(at.checked_sub(1)?)?;
+                    let value = if times {
+                        ts.div_euclid(1_000_000) as f64 / 1000.0
+                    } else {
+                        value
+                    };
                     // Prometheus 2.42's look-back includes its start (3.0 made it left-open).
                     (ts >= after).then_some((t, value))
                 })
@@ -1024,14 +1158,13 @@ impl<'a> Ctx<'a> {
     /// and over each field's bucket values (samples).
     fn over_time(&self, func: Func, params: &[f64], s: &Select) -> Result<Vec<Series>, Refusal> {
         let q = params.first().copied().unwrap_or(f64::NAN);
-        let shift = s.offset_secs.saturating_mul(1000);
         let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
         let w = self.width_ms;
         let (fields, readings) = what_a_range_function_takes(func, s)?;
         let mut out = Vec::new();
         for (labels, stored) in self.matched(s) {
             let in_range = |t: i64| {
-                let t0 = t.saturating_sub(shift);
+                let t0 = s.time(t);
                 // Buckets overlapping [t0 - range, t0): starting after t0 - range - width.
                 stored.span(
                     t0.saturating_sub(range).saturating_sub(w).saturating_add(1),
@@ -1053,7 +1186,7 @@ impl<'a> Ctx<'a> {
                     .times()
                     .take_while(|_| !self.budget.cancelled())
                     .filter_map(|t| {
-                        let t0 = t.saturating_sub(shift);
+                        let t0 = s.time(t);
                         let raw = exact.and_then(|e| e.window(t0.saturating_sub(range), t0));
                         if func.needs_times() {
                             let Some(raw) = raw else {
@@ -1124,13 +1257,15 @@ impl<'a> Ctx<'a> {
 
     /// The raw readings for the exact windows of `s` over `name`, if they were read and
     /// visiting every point's window stays within the query's work bound (which it then uses).
-    fn exact_for(&self, name: &str, s: &Select) -> Option<&Exact> {
-        let shift = s.offset_secs.saturating_mul(1000);
+    fn exact_for(&self, name: &str, s: &Select) -> Option<&'a Exact> {
         let range = s.range_secs.unwrap_or(0).saturating_mul(1000);
-        let exact = self.exact.get(&(name.to_owned(), s.offset_secs, range))?;
+        let grid = self.grid.of(s);
+        let exact = self
+            .exact
+            .get(&(name.to_owned(), s.offset_secs, range, grid.key()))?;
         let mut visits: u64 = 0;
-        for t in self.grid.times() {
-            let t0 = t.saturating_sub(shift);
+        for t in grid.times() {
+            let t0 = s.time(t);
             let lo = exact
                 .readings
                 .partition_point(|r| r.0 < t0.saturating_sub(range));
@@ -1145,6 +1280,116 @@ impl<'a> Ctx<'a> {
         }
         self.work_left.set(left - visits);
         Some(exact)
+    }
+
+    /// `timestamp(v)`: a plain `bucketd_reading` selector's readings' own times, as
+    /// Prometheus gives a vector selector's samples' times; of anything else (a bucket
+    /// field's point too), the point's time.
+    fn timestamps(&self, arg: &Expr) -> Result<Vec<Series>, Refusal> {
+        let series = match arg {
+            Expr::Select(s) if s.selector.names_readings() => {
+                let mut series = self.last_readings(s, true);
+                let fields = self
+                    .plain(s)
+                    .into_iter()
+                    .filter(|f| f.labels.get("__name__").map(String::as_str) != Some(READINGS));
+                series.extend(fields.map(|f| {
+                    Series {
+                        points: f
+                            .points
+                            .iter()
+                            .map(|&(t, _)| (t, t as f64 / 1000.0))
+                            .collect(),
+                        ..f
+                    }
+                }));
+                series
+            }
+            _ => self
+                .vector(arg)?
+                .into_iter()
+                .map(|f| Series {
+                    points: f
+                        .points
+                        .iter()
+                        .map(|&(t, _)| (t, t as f64 / 1000.0))
+                        .collect(),
+                    ..f
+                })
+                .collect(),
+        };
+        Ok(series
+            .into_iter()
+            .map(|f| Series {
+                labels: unnamed(f.labels),
+                ..f
+            })
+            .collect())
+    }
+
+    /// A range function over a subquery: its expression evaluated once at the subquery's grid
+    /// (shared by every point), then each point's window `[t - range, t]` (moved by its offset,
+    /// or at its `@` time) of those values, as over a range selector's samples.
+    fn over_subquery(&self, func: Func, params: &[f64], q: &Subquery) -> Result<Value, Refusal> {
+        let grid = self.grid.of_subquery(q, self.budget.max_points)?;
+        let inner = Ctx {
+            grid,
+            window_ms: window_ms(grid.step_ms, self.width_ms / 1000).ok(),
+            ..*self
+        };
+        let series = inner.vector(&q.inner)?;
+        let shift = q.offset_secs.saturating_mul(1000);
+        let time = |t: i64| match q.at {
+            Some(At::Ms(ms)) => ms,
+            _ => t,
+        };
+        let quantile = params.first().copied().unwrap_or(f64::NAN);
+        let absent = func == Func::AbsentOverTime;
+        let func = if absent { Func::PresentOverTime } else { func };
+        let mut out = Vec::with_capacity(series.len());
+        let mut values = Vec::new();
+        for s in series {
+            let mut points = Vec::new();
+            for t in self.grid.times() {
+                if self.budget.cancelled() {
+                    break;
+                }
+                let t0 = time(t).saturating_sub(shift);
+                let from = t0.saturating_sub(q.range_ms);
+                let lo = s.points.partition_point(|p| p.0 < from);
+                let hi = s.points.partition_point(|p| p.0 <= t0);
+                let window = &s.points[lo..hi.max(lo)];
+                // Each point's window is visited: bounded as the exact windows are.
+                let left = self.work_left.get();
+                if window.len() as u64 > left {
+                    return Err(Refusal::TooLarge(format!(
+                        "the subquery's windows visit more than {} values in all \
+                         (http.max_points_per_query x {EXACT_WORK_PER_POINT}); use a coarser \
+                         subquery step or a coarser query step",
+                        self.budget.max_points.saturating_mul(EXACT_WORK_PER_POINT)
+                    )));
+                }
+                self.work_left.set(left - window.len() as u64);
+                let value = if func.needs_times() {
+                    of_timed(func, params, window, t, (from, t0, q.range_ms))
+                } else {
+                    values.clear();
+                    values.extend(window.iter().map(|p| p.1));
+                    of_samples(func, quantile, &values)
+                };
+                if let Some(v) = value {
+                    points.push((t, v));
+                }
+            }
+            out.push(Series {
+                labels: range_function_labels(func, s.labels),
+                points,
+            });
+        }
+        if absent {
+            return Ok(Value::Vector(vec![self.absent(&out, BTreeMap::new())]));
+        }
+        Ok(Value::Vector(out))
     }
 
     /// 1 at each time no series of `present` has a point, with `labels`.

@@ -32,6 +32,8 @@ pub(super) enum Token {
     Slash,
     Percent,
     Caret,
+    /// `@`, a selector's or subquery's evaluation time.
+    At,
     /// Anything else PromQL has (`@`, `:` in a subquery, ...): not supported here.
     Unsupported(String),
 }
@@ -71,6 +73,7 @@ impl Token {
             Token::Slash => "/",
             Token::Percent => "%",
             Token::Caret => "^",
+            Token::At => "@",
             _ => "",
         }
     }
@@ -124,6 +127,7 @@ pub(super) fn lex(text: &str) -> Result<Vec<Token>, String> {
             '/' => (Token::Slash, 1),
             '%' => (Token::Percent, 1),
             '^' => (Token::Caret, 1),
+            '@' => (Token::At, 1),
             '=' if next == Some('~') => (Token::ReMatch, 2),
             '=' if next == Some('=') => (Token::EqEq, 2),
             '=' => (Token::Eq, 1),

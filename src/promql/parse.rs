@@ -2,7 +2,8 @@
 //! bounds checked as it goes, and what the evaluator cannot take refused after.
 
 use super::ast::{
-    AggOp, BinOp, Expr, Func, Group, Grouping, MatchOp, Matcher, Matching, MathFn, Select, Selector,
+    AggOp, At, BinOp, Expr, Func, Group, Grouping, MatchOp, Matcher, Matching, MathFn, Select,
+    Selector, Subquery,
 };
 use super::lex::{Token, lex};
 use super::{MATCHERS_MAX, NESTING_MAX, QUERY_BYTES_MAX};
@@ -27,6 +28,7 @@ pub fn parse_series_selector(text: &str) -> Result<Selector, String> {
                 selector,
                 range_secs: None,
                 offset_secs: 0,
+                at: None,
             }),
             None,
         ) => Ok(selector),
@@ -66,6 +68,7 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
             (false, true) => Err("this function takes a range selector, like x[1h]".into()),
             _ => Ok(()),
         },
+        Expr::Subquery(q) => check_subquery(q, range_allowed),
         Expr::Call(Func::Map(m), args) => check_map(*m, args),
         Expr::Str(_) => Err("a string goes only in label_replace and label_join".into()),
         Expr::Call(f @ (Func::LabelReplace | Func::LabelJoin), args) => check_relabel(*f, args),
@@ -155,6 +158,19 @@ pub(super) fn check(expr: &Expr, range_allowed: bool) -> Result<(), String> {
         }
         Expr::Negate(e) => check(e, false),
     }
+}
+
+/// [`check`] of a subquery: only as a range function's argument, of series.
+fn check_subquery(q: &Subquery, range_allowed: bool) -> Result<(), String> {
+    if !range_allowed {
+        return Err("a subquery ([1d:1h]) goes inside a range function, like \
+             max_over_time(rate(bucketd_reading{series=\"meter/kwh\"}[5m])[1d:1h])"
+            .into());
+    }
+    if q.inner.number().is_some() {
+        return Err("a subquery is of series, not of a number".into());
+    }
+    check(&q.inner, false)
 }
 
 /// [`check`] of `pi()`, `holt_winters` and `predict_linear`: their numbers and their range.
@@ -277,6 +293,14 @@ fn check_map(m: MathFn, args: &[Expr]) -> Result<(), String> {
         return Err("this function takes series, not a number".into());
     }
     check(&args[0], false)
+}
+
+/// What `[..]` holds after its range.
+enum Bracket {
+    /// Nothing more: a range selector's range.
+    Range,
+    /// A subquery's step (ms), `None` for the default.
+    Subquery(Option<i64>),
 }
 
 pub(super) struct Parser {
@@ -445,14 +469,15 @@ impl Parser {
         operand
     }
 
-    /// A primary expression with a range (`[1h]`) and an offset (`offset 1d`) after it.
+    /// A primary expression with a range (`[1h]`) or a subquery's (`[1d:1h]`), then an offset
+    /// (`offset 1d`) and an evaluation time (`@ 1700000000`, `@ end()`) in either order.
     pub(super) fn postfix(&mut self) -> Result<Expr, String> {
         let mut expr = self.primary()?;
         if matches!(self.peek(), Some(Token::LBracket)) {
             self.at += 1;
             let ms = match self.next() {
                 Some(Token::Duration(ms)) => ms,
-                Some(Token::Number(n)) => (n * 1000.0) as i64,
+                Some(Token::Number(n)) if n.is_finite() => (n * 1000.0) as i64,
                 other => {
                     return Err(format!(
                         "expected a duration like 1h in [..], found {}",
@@ -460,47 +485,143 @@ impl Parser {
                     ));
                 }
             };
-            if matches!(self.peek(), Some(Token::Ident(s)) if s.starts_with(':')) {
-                return Err("subqueries ([1h:5m]) are not supported".into());
-            }
+            let step = self.subquery_step()?;
             self.expect(&Token::RBracket)?;
-            let Expr::Select(s) = &mut expr else {
-                return Err("a range ([1h]) goes after a series selector".into());
-            };
-            if ms <= 0 || ms % 1000 != 0 {
-                return Err("a range must be a positive whole number of seconds".into());
+            if ms <= 0 {
+                return Err("a range must be positive".into());
             }
-            s.range_secs = Some(ms / 1000);
-        }
-        if self.peek_ident("offset") {
-            self.at += 1;
-            let sign = if matches!(self.peek(), Some(Token::Minus)) {
-                self.at += 1;
-                -1
+            if let Bracket::Subquery(step_ms) = step {
+                expr = Expr::Subquery(Box::new(Subquery {
+                    inner: expr,
+                    range_ms: ms,
+                    step_ms,
+                    offset_secs: 0,
+                    at: None,
+                }));
             } else {
-                1
-            };
-            let ms = match self.next() {
-                Some(Token::Duration(ms)) => ms,
-                other => {
-                    return Err(format!(
-                        "expected a duration after offset, found {}",
-                        other.map_or("the end".into(), |t| t.describe())
-                    ));
+                let Expr::Select(s) = &mut expr else {
+                    return Err("a range ([1h]) goes after a series selector; a subquery \
+                         ([1h:5m]) after an expression"
+                        .into());
+                };
+                if ms % 1000 != 0 {
+                    return Err("a range must be a positive whole number of seconds".into());
                 }
-            };
-            let Expr::Select(s) = &mut expr else {
-                return Err("offset goes after a series selector".into());
-            };
-            if ms % 1000 != 0 {
-                return Err("an offset must be a whole number of seconds".into());
+                s.range_secs = Some(ms / 1000);
             }
-            s.offset_secs = sign * ms / 1000;
+        }
+        let (mut offset, mut at) = (false, false);
+        loop {
+            if self.peek_ident("offset") && !offset {
+                self.at += 1;
+                let secs = self.offset()?;
+                *Self::modified(&mut expr, "offset")?.0 = secs;
+                offset = true;
+            } else if matches!(self.peek(), Some(Token::At)) && !at {
+                self.at += 1;
+                let time = self.at_time()?;
+                *Self::modified(&mut expr, "@")?.1 = Some(time);
+                at = true;
+            } else {
+                break;
+            }
         }
         if let Some(t @ Token::Unsupported(_)) = self.peek() {
             return Err(format!("{} is not supported here", t.describe()));
         }
         Ok(expr)
+    }
+
+    /// After the range in `[..]`: a subquery's `:` and step, or nothing (a range selector).
+    /// The lexer reads `:5m` as one word, and `: 5m` as two.
+    fn subquery_step(&mut self) -> Result<Bracket, String> {
+        let Some(Token::Ident(word)) = self.peek() else {
+            return Ok(Bracket::Range);
+        };
+        let Some(rest) = word.strip_prefix(':') else {
+            return Err(format!("expected `]` or `:`, found `{word}`"));
+        };
+        let rest = rest.to_owned();
+        self.at += 1;
+        let step = if rest.is_empty() {
+            match self.peek() {
+                Some(Token::Duration(ms)) => {
+                    let ms = *ms;
+                    self.at += 1;
+                    Some(ms)
+                }
+                _ => None,
+            }
+        } else {
+            Some(super::parse_duration(&rest).map_err(|e| format!("a subquery's step: {e}"))?)
+        };
+        if step.is_some_and(|ms| ms <= 0) {
+            return Err("a subquery's step must be positive".into());
+        }
+        Ok(Bracket::Subquery(step))
+    }
+
+    /// The duration after `offset` (whole seconds, maybe negative).
+    fn offset(&mut self) -> Result<i64, String> {
+        let sign = if matches!(self.peek(), Some(Token::Minus)) {
+            self.at += 1;
+            -1
+        } else {
+            1
+        };
+        let ms = match self.next() {
+            Some(Token::Duration(ms)) => ms,
+            other => {
+                return Err(format!(
+                    "expected a duration after offset, found {}",
+                    other.map_or("the end".into(), |t| t.describe())
+                ));
+            }
+        };
+        if ms % 1000 != 0 {
+            return Err("an offset must be a whole number of seconds".into());
+        }
+        Ok(sign * ms / 1000)
+    }
+
+    /// The time after `@`: seconds since the epoch, `start()` or `end()`.
+    fn at_time(&mut self) -> Result<At, String> {
+        let sign = if matches!(self.peek(), Some(Token::Minus)) {
+            self.at += 1;
+            -1.0
+        } else {
+            1.0
+        };
+        match self.next() {
+            Some(Token::Number(n)) if n.is_finite() && (n * 1000.0).abs() < 9.2e18 => {
+                Ok(At::Ms((sign * n * 1000.0).round() as i64))
+            }
+            Some(Token::Ident(name))
+                if sign > 0.0
+                    && (name == "start" || name == "end")
+                    && matches!(self.peek(), Some(Token::LParen)) =>
+            {
+                self.at += 1;
+                self.expect(&Token::RParen)?;
+                Ok(if name == "start" { At::Start } else { At::End })
+            }
+            other => Err(format!(
+                "expected a time after @ (seconds since the epoch, start() or end()), found {}",
+                other.map_or("the end".into(), |t| t.describe())
+            )),
+        }
+    }
+
+    /// The offset and `@` of a selector or a subquery, for `what` after it.
+    fn modified<'e>(
+        expr: &'e mut Expr,
+        what: &str,
+    ) -> Result<(&'e mut i64, &'e mut Option<At>), String> {
+        match expr {
+            Expr::Select(s) => Ok((&mut s.offset_secs, &mut s.at)),
+            Expr::Subquery(q) => Ok((&mut q.offset_secs, &mut q.at)),
+            _ => Err(format!("{what} goes after a series selector or a subquery")),
+        }
     }
 
     pub(super) fn primary(&mut self) -> Result<Expr, String> {
@@ -532,11 +653,8 @@ impl Parser {
         if matches!(self.peek(), Some(Token::LParen)) {
             let Some(func) = Func::of(&name) else {
                 return Err(format!(
-                    "the function `{name}` is not supported: bucketd answers the *_over_time \
-                     functions (avg, min, max, sum, count, last, quantile, stddev, stdvar, \
-                     present, absent), absent, and the math functions (abs, ceil, floor, round, \
-                     clamp, clamp_min, clamp_max, exp, ln, log2, log10, sqrt, sgn, deg, rad and \
-                     the trigonometric ones) (docs/PROMETHEUS.md)"
+                    "the function `{name}` is not supported: bucketd answers Prometheus 2.x's \
+                     functions but the native-histogram ones (docs/PROMETHEUS.md lists them)"
                 ));
             };
             self.at += 1;
@@ -722,6 +840,7 @@ pub(super) fn select(selector: Selector) -> Expr {
         selector,
         range_secs: None,
         offset_secs: 0,
+        at: None,
     })
 }
 

@@ -165,14 +165,23 @@ fn aggregations_parse_with_the_grouping_before_or_after() {
 #[test]
 fn what_is_not_supported_is_named_in_the_error() {
     for (text, names) in [
-        ("timestamp(bucketd_reading)", "function `timestamp`"),
+        ("sort_by_label(bucketd_reading)", "function `sort_by_label`"),
         ("bucketd_bucket_count[5m]", "inside a range function"),
         (
             "avg_over_time(bucketd_bucket_count)",
             "takes a range selector",
         ),
-        ("avg_over_time(bucketd_reading[1h:5m])", "subqueries"),
-        ("bucketd_bucket_count @ 100", "`@`"),
+        ("bucketd_reading[1h:5m]", "goes inside a range function"),
+        ("avg_over_time(1[1h:5m])", "not of a number"),
+        (
+            "sum(bucketd_bucket_count) @ 100",
+            "@ goes after a series selector",
+        ),
+        ("bucketd_bucket_count @ now()", "expected a time after @"),
+        (
+            "avg_over_time(bucketd_reading[1h:0s])",
+            "step must be positive",
+        ),
         ("1 == 1", "bool modifier"),
         ("bucketd_bucket_max + bool 1", "only after a comparison"),
         (
@@ -636,6 +645,46 @@ fn one(text: &str, t: i64) -> Option<f64> {
     out.first().and_then(|s| s.points.first()).map(|p| p.1)
 }
 
+/// Issue 77: a subquery evaluates its expression at the multiples of its step in each point's
+/// window `[t - range, t]`, both ends in; `@` fixes the time whatever the point's.
+#[test]
+fn subqueries_and_at_take_the_times_they_name() {
+    // a/t's hourly maximum is its hour (hourly_docs): the bucket maxima of hours 2..=5.
+    let q = |f: &str| format!(r#"{f}(bucketd_bucket_max{{series="a/t"}}[3h:1h])"#);
+    assert_eq!(one(&q("max_over_time"), at(5)), Some(5.0));
+    assert_eq!(one(&q("min_over_time"), at(5)), Some(2.0));
+    assert_eq!(one(&q("count_over_time"), at(5)), Some(4.0));
+    // Half past: the multiples 3h..=5h of the step, three of them.
+    assert_eq!(one(&q("count_over_time"), at(5) + 1_800_000), Some(3.0));
+    // With an offset, and at a fixed time.
+    let q = r#"min_over_time(bucketd_bucket_max{series="a/t"}[2h:1h] offset 1h)"#;
+    assert_eq!(one(q, at(9)), Some(6.0));
+    for t in [at(1), at(20)] {
+        let q = format!(
+            r#"sum_over_time(bucketd_bucket_max{{series="a/t"}}[2h:1h] @ {})"#,
+            at(9) / 1000
+        );
+        assert_eq!(one(&q, t), Some(7.0 + 8.0 + 9.0));
+        assert_eq!(
+            one(r#"bucketd_bucket_max{series="a/t"} @ end()"#, t),
+            Some(((t - at(0)) / 3_600_000) as f64)
+        );
+    }
+    // Nested: the largest of three hourly 2-hour means.
+    let q = r#"max_over_time(avg_over_time(bucketd_bucket_max{series="a/t"}[1h:1h])[2h:1h])"#;
+    assert_eq!(one(q, at(10)), Some(9.5));
+    // A subquery's times are bounded before anything is evaluated.
+    let e = try_eval(
+        r#"max_over_time(bucketd_bucket_max{series="a/t"}[1000d:1s])"#,
+        &hourly_docs(),
+        Grid::instant(at(5)),
+    );
+    let Err(EvalError::Refused(Refusal::TooLarge(m))) = e else {
+        panic!("not refused: {e:?}")
+    };
+    assert!(m.contains("subquery"), "{m}");
+}
+
 /// Issue 44: Grafana aligns a range's start to the step in the browser's time zone; windows
 /// follow the query's own grid (`[t, t + step)`), not UTC midnights. Here UTC-2's midnights.
 #[test]
@@ -995,6 +1044,11 @@ fn huge_offsets_and_ranges_saturate() {
         r#"bucketd_bucket_max{series="a/t"} offset -106751991167d"#,
         r#"max_over_time(bucketd_reading{series="a/t"}[106751991167d])"#,
         r#"max_over_time(bucketd_reading{series="a/t"}[1h] offset 106751991167d)"#,
+        r#"max_over_time(bucketd_bucket_max{series="a/t"}[106751991167d:1h])"#,
+        r#"max_over_time(bucketd_bucket_max{series="a/t"}[1h:1h] offset -106751991167d)"#,
+        r#"bucketd_bucket_max{series="a/t"} @ 9000000000000000"#,
+        r#"max_over_time(bucketd_reading{series="a/t"}[1h:1h] @ -9000000000000000)"#,
+        r#"max_over_time(bucketd_bucket_max{series="a/t"}[1h] @ 9000000000000000 offset -106751991167d)"#,
     ] {
         for grid in [
             Grid::instant(at(3)),

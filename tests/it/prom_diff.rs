@@ -179,6 +179,17 @@ async fn same(
     theirs.len()
 }
 
+/// An instant answer's values in the order given.
+fn in_order(body: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["value"][1].to_string())
+        .collect()
+}
+
 /// Asks both the same label or series request; compares the data as sets.
 async fn same_listing(prom: &Prometheus, bucketd: &str, path: &str) {
     let (_, theirs) = http(
@@ -383,6 +394,67 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"histogram_quantile(0.9, sum by (le) (label_replace(label_replace(count_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "le", "1e1", "metric", "h"), "le", "+Inf", "metric", "t")))"#,
     ] {
         assert!(same(&prom, &ours, q, &offset, 1e-9).await > 0, "{q}");
+    }
+    // timestamp(), sort and sort_desc, `@` and subqueries (issue 77).
+    let minutes = [
+        ("start", t(hour(8))),
+        ("end", t(hour(10))),
+        ("step", "60".to_owned()),
+    ];
+    // `near`: 2 min 53 s after a reading, within the look-back.
+    let (noon, near, two) = (hour(12) + 1234, hour(12) + 900, hour(14));
+    for q in [
+        r#"timestamp(bucketd_reading{sensor=~"day|night"})"#.to_owned(),
+        r#"timestamp(bucketd_reading{sensor="day"} * 1)"#.to_owned(),
+        r#"timestamp(-bucketd_reading{sensor="day"})"#.to_owned(),
+        format!(r#"bucketd_reading{{sensor="day"}} @ {near}"#),
+        format!(r#"bucketd_reading{{sensor="day"}} offset 1h @ {near}"#),
+        r#"last_over_time(bucketd_reading{sensor="night"}[20m] @ end())"#.to_owned(),
+        format!(r#"max_over_time(bucketd_reading{{sensor=~"day|night"}}[1h] @ {two})"#),
+        r#"rate(bucketd_reading{sensor="day"}[1h] @ start())"#.to_owned(),
+        r#"avg_over_time(bucketd_reading{sensor="day"}[30m] @ end() offset 10m)"#.to_owned(),
+        r#"max_over_time(bucketd_reading{sensor="day"}[1h]) - max_over_time(bucketd_reading{sensor="day"}[1h] @ start())"#.to_owned(),
+        r#"count_over_time(bucketd_reading{sensor="day"}[1h:1m])"#.to_owned(),
+        r#"max_over_time(deriv(bucketd_reading{sensor="day"}[1h])[6h:30m])"#.to_owned(),
+        r#"avg_over_time(max_over_time(bucketd_reading{sensor=~"day|night"}[1h])[3h:])"#.to_owned(),
+        r#"rate(sum_over_time(bucketd_reading{sensor="day"}[1h])[2h:10m])"#.to_owned(),
+        r#"max_over_time(bucketd_reading{sensor="night"}[2h:5m] offset 1h)"#.to_owned(),
+        format!(r#"min_over_time(rate(bucketd_reading{{sensor="day"}}[30m])[4h:15m] @ {two})"#),
+        r#"max_over_time(avg_over_time(bucketd_reading{sensor="day"}[1h:10m])[3h:30m])"#.to_owned(),
+        r#"quantile_over_time(0.75, last_over_time(bucketd_reading{sensor="day"}[20m])[5h:7m])"#.to_owned(),
+        r#"stddev_over_time((bucketd_reading{sensor=~"day|night"} * 2)[90m:90s])"#.to_owned(),
+        r#"sum by (metric) (increase(max_over_time(bucketd_reading{sensor=~"day|night"}[1h])[1d:1h]))"#.to_owned(),
+        r#"last_over_time(bucketd_reading{sensor="day"}[1h:5m])"#.to_owned(),
+    ] {
+        // Equal on every grid, and not empty on all (a plain selector has no reading
+        // within the look-back of the hours).
+        let mut answered = same(&prom, &ours, &q, &[("time", t(noon))], 1e-9).await;
+        for grid in [&hours, &offset, &minutes] {
+            answered += same(&prom, &ours, &q, grid, 1e-9).await;
+        }
+        assert!(answered > 0, "{q}");
+    }
+    // An alert's absent_over_time over a subquery: nothing where the readings are, 1 where not.
+    for at in [noon, hour(30)] {
+        let q = r#"absent_over_time(bucketd_reading{sensor="day"}[1h:5m])"#;
+        same(&prom, &ours, q, &[("time", t(at))], 0.0).await;
+    }
+    // sort and sort_desc order an instant answer by value, as Prometheus does.
+    for q in [
+        r#"sort(max_over_time(bucketd_reading{sensor=~"day|night"}[3h]))"#,
+        r#"sort_desc(max_over_time(bucketd_reading{sensor=~"day|night"}[3h]))"#,
+        r#"sort_desc(sum by (sensor) (count_over_time(bucketd_reading{sensor=~"day|night"}[5h])))"#,
+    ] {
+        let at = [("time", t(noon))];
+        assert!(same(&prom, &ours, q, &at, 1e-9).await > 1, "{q}");
+        let params = serde_urlencoded::to_string([("query", q), ("time", &t(noon))]).unwrap();
+        let (_, theirs) = http(
+            "GET",
+            format!("http://127.0.0.1:{}/api/v1/query?{params}", prom.port),
+        )
+        .await;
+        let (_, ours_body) = http("GET", format!("http://{ours}/prom/api/v1/query?{params}")).await;
+        assert_eq!(in_order(&ours_body), in_order(&theirs), "order of {q}");
     }
     // The readings counted by hand in [t - 1h, t], so that both answers are checked against
     // the readings, not only against each other.

@@ -177,8 +177,13 @@ pub(super) fn of_samples(func: Func, q: f64, values: &[f64]) -> Option<f64> {
     let (&last, n) = (values.last()?, values.len() as f64);
     Some(match func {
         Func::AvgOverTime => mean_over_time(values),
-        Func::MinOverTime => values.iter().copied().fold(f64::INFINITY, f64::min),
-        Func::MaxOverTime => values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        // Prometheus's rule: a NaN is passed over unless every value is NaN.
+        Func::MinOverTime => values
+            .iter()
+            .fold(values[0], |m, &v| if v < m || m.is_nan() { v } else { m }),
+        Func::MaxOverTime => values
+            .iter()
+            .fold(values[0], |m, &v| if v > m || m.is_nan() { v } else { m }),
         Func::SumOverTime => compensated_sum(values),
         Func::CountOverTime => n,
         Func::LastOverTime => last,
@@ -877,3 +882,19 @@ fn set(op: BinOp, matching: &Matching, l: Vec<Series>, r: Vec<Series>) -> Vec<Se
 
 #[cfg(test)]
 mod tests;
+
+/// `sort` (ascending) and `sort_desc`: series by the value of their point (an instant query's
+/// one), NaN last either way, as Prometheus orders them.
+pub(super) fn sort_by_value(series: &mut [Series], descending: bool) {
+    let value = |s: &Series| s.points.first().map_or(f64::NAN, |p| p.1);
+    series.sort_by(|a, b| {
+        let (x, y) = (value(a), value(b));
+        match (x.is_nan(), y.is_nan()) {
+            (true, true) => std::cmp::Ordering::Equal,
+            (true, false) => std::cmp::Ordering::Greater,
+            (false, true) => std::cmp::Ordering::Less,
+            _ if descending => y.total_cmp(&x),
+            _ => x.total_cmp(&y),
+        }
+    });
+}
