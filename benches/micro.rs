@@ -204,7 +204,121 @@ fn bench_promql(c: &mut Criterion) {
         });
     });
     bench_exact_windows(&mut g);
+    bench_counters(&mut g);
     g.finish();
+}
+
+/// A meter read every `every` seconds for `days` days (reset once a week): its hourly buckets
+/// and its raw readings (ns, value).
+#[cfg(feature = "ui")]
+fn meter(days: i64, every: i64) -> (Vec<bucketd::doc::BucketDoc>, Vec<(i64, f64)>) {
+    let first = NOW_S - days * 86_400;
+    let readings: Vec<(i64, f64)> = (0..days * 86_400 / every)
+        .map(|i| {
+            let since_reset = (i * every) % (7 * 86_400);
+            let ts = (first + i * every) * 1_000_000_000;
+            (
+                ts,
+                since_reset as f64 * 0.01 + ((i * 7919) % 13) as f64 / 100.0,
+            )
+        })
+        .collect();
+    let docs = readings
+        .chunks((3600 / every) as usize)
+        .map(|hour| {
+            let mut s = Summary::of(hour[0].0, hour[0].1);
+            for &(ts, v) in &hour[1..] {
+                s.push(ts, v);
+            }
+            bucketd::doc::BucketDoc::new("m/kwh", hour[0].0 / 1_000_000_000, 3600, &s)
+        })
+        .collect();
+    (docs, readings)
+}
+
+/// Issue 77: a counter ([`meter`]) as dashboards chart it, `increase` over a month at step 1h and `rate(x[5m])` over a day at step 15s, each
+/// against its `*_over_time` equivalent on the same windows and grid in the same run
+/// (`max_over_time`, `avg_over_time`): what the counter functions cost over the raw readings.
+#[cfg(feature = "ui")]
+fn bench_counters(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    use bucketd::promql::{Budget, Grid, Raw, SeriesLabels, Value, evaluate, parse};
+    let names = vec!["m/kwh".to_owned()];
+    let labels = SeriesLabels::all(&names, false);
+    let month = meter(31, 60);
+    let day = meter(1, 10);
+    let cases = [
+        (
+            "month_increase_1h_step_1h",
+            "increase",
+            "[1h]",
+            30 * 24,
+            3_600_000,
+            &month,
+        ),
+        (
+            "month_max_over_time_1h_step_1h",
+            "max_over_time",
+            "[1h]",
+            30 * 24,
+            3_600_000,
+            &month,
+        ),
+        (
+            "day_rate_5m_step_15s",
+            "rate",
+            "[5m]",
+            23 * 240,
+            15_000,
+            &day,
+        ),
+        (
+            "day_avg_over_time_5m_step_15s",
+            "avg_over_time",
+            "[5m]",
+            23 * 240,
+            15_000,
+            &day,
+        ),
+    ];
+    for (id, f, range, steps, step_ms, (docs, readings)) in cases {
+        let expr = parse(&format!("{f}(bucketd_reading{{sensor=\"m\"}}{range})")).unwrap();
+        let end = NOW_S * 1000 - 1000;
+        let grid = Grid::range(end - steps * step_ms, end, step_ms).unwrap();
+        g.bench_function(id, |b| {
+            b.iter(|| {
+                let value = evaluate(
+                    &expr,
+                    &labels,
+                    grid,
+                    3600,
+                    &Budget {
+                        max_points: 100_000,
+                        cancel: None,
+                        notes: None,
+                    },
+                    |_, from, to| {
+                        let docs = docs.iter().filter(|d| (from..to).contains(&d.start));
+                        Ok::<_, std::convert::Infallible>(
+                            [("m/kwh".to_owned(), docs.cloned().collect())]
+                                .into_iter()
+                                .collect(),
+                        )
+                    },
+                    |_, from, to, _| {
+                        let r = readings.iter().filter(|r| (from..to).contains(&r.0));
+                        Ok(Raw::Readings(r.copied().collect()))
+                    },
+                )
+                .unwrap();
+                let Value::Vector(series) = value else {
+                    panic!("a vector")
+                };
+                // Every point answered, from the readings.
+                assert_eq!(series[0].points.len() as i64, steps + 1, "{id}");
+                series
+            });
+        });
+    }
 }
 
 /// Issue 55: a day's Grafana panel of `max_over_time(bucketd_reading[1h])` at a one-minute step
