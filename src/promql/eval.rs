@@ -307,6 +307,9 @@ struct Ctx<'a> {
     /// Readings the exact windows (and subqueries' windows) may still visit (summed over
     /// every point's window).
     work_left: &'a std::cell::Cell<u64>,
+    /// Where the raw readings are when the source keeps none (a query node): what its notes
+    /// say of a function that needs them.
+    raw_elsewhere: Option<&'static str>,
 }
 
 /// A grid's identity: start, step, count (ms).
@@ -463,7 +466,8 @@ pub fn evaluate<E>(
         data: &data,
         work,
     };
-    let exact = read_exact(&placed, names, &stored, budget, &mut raw_left, &mut raw)?;
+    let (exact, raw_elsewhere) =
+        read_exact(&placed, names, &stored, budget, &mut raw_left, &mut raw)?;
     let work_left = std::cell::Cell::new(work);
     let ctx = Ctx {
         budget,
@@ -475,6 +479,7 @@ pub fn evaluate<E>(
         raw: &plain,
         exact: &exact,
         work_left: &work_left,
+        raw_elsewhere,
     };
     let value = ctx.eval(&expr);
     if budget.cancelled() {
@@ -693,7 +698,15 @@ fn from_buckets_note(name: &str, width_ms: i64) -> String {
 
 /// What an answer says of a series a counter or trend function has no point for at some times:
 /// their windows' raw readings are not all kept (or were over the budget).
-fn needs_readings_note(name: &str, func: Func) -> String {
+fn needs_readings_note(name: &str, func: Func, elsewhere: Option<&str>) -> String {
+    if let Some(why) = elsewhere {
+        // A query node: the readings are on the gateway.
+        return format!(
+            "{name}: {}() needs the raw readings of each window, with their times, and {why}: \
+             it has no point here; ask the gateway's own /prom for it",
+            func.name()
+        );
+    }
     format!(
         "{name}: {}() needs the raw readings of each window, with their times; where they are \
          not all kept (past store.raw_retention, store_raw = false, a central's or a query \
@@ -726,7 +739,7 @@ fn read_exact<E>(
     budget: &Budget,
     left: &mut u64,
     raw: &mut impl FnMut(&str, i64, i64, u64) -> Result<Raw, E>,
-) -> Result<ExactReadings, EvalError<E>> {
+) -> Result<(ExactReadings, Option<&'static str>), EvalError<E>> {
     let (width, data, work) = (stored.width_ms, stored.data, stored.work);
     let mut out = BTreeMap::new();
     for &Placed { s, grid, .. } in placed
@@ -792,7 +805,7 @@ fn read_exact<E>(
                     budget.note(|| estimated_note(name, budget.max_points));
                     continue;
                 }
-                Raw::NotKept(_) => return Ok(out),
+                Raw::NotKept(why) => return Ok((out, Some(why))),
             };
             *left = left.saturating_sub(readings.len() as u64);
             let readings: Vec<(i64, f64)> = readings
@@ -825,7 +838,7 @@ fn read_exact<E>(
             out.insert(key, exact);
         }
     }
-    Ok(out)
+    Ok((out, None))
 }
 
 /// Labels without `__name__`.
@@ -1190,8 +1203,9 @@ impl<'a> Ctx<'a> {
                         let raw = exact.and_then(|e| e.window(t0.saturating_sub(range), t0));
                         if func.needs_times() {
                             let Some(raw) = raw else {
-                                self.budget
-                                    .note(|| needs_readings_note(labels.series, func));
+                                self.budget.note(|| {
+                                    needs_readings_note(labels.series, func, self.raw_elsewhere)
+                                });
                                 return None;
                             };
                             let window = (t0.saturating_sub(range), t0, range);

@@ -412,6 +412,33 @@ async fn gateway_labels(
         error.contains(r#"gateway="qn-a", sensor="boiler""#),
         "{refused}"
     );
+    // A counter function needs raw readings, which stay on the gateways: no point, and the
+    // answer's warnings say where to ask (issue 77); a gauge function over whole buckets is
+    // answered from them.
+    let q = r#"rate(bucketd_reading{gateway="qn-b", sensor="boiler"}[1h])"#;
+    let answer = get(addr, &range(q), 200).await;
+    assert_eq!(answer["data"]["result"], serde_json::json!([]), "{answer}");
+    let warnings = answer["warnings"].to_string();
+    assert!(
+        warnings.contains("rate() needs the raw readings")
+            && warnings.contains("ask the gateway's own /prom"),
+        "{answer}"
+    );
+    let q = r#"count_over_time(bucketd_reading{gateway="qn-b", sensor="boiler"}[1h])"#;
+    let answer = get(addr, &range(q), 200).await;
+    assert!(answer.get("warnings").is_none(), "{answer}");
+    let at_next_hour = &answer["data"]["result"][0]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p[0].as_f64() == Some((from + HOUR) as f64))
+        .unwrap_or_else(|| panic!("a point at the end of the first hour: {answer}"))[1];
+    let want = truth[&("qn-b:boiler/temp".to_owned(), from)].len();
+    assert_eq!(
+        at_next_hour,
+        &serde_json::json!(want.to_string()),
+        "{answer}"
+    );
 }
 
 async fn admin_drop_role(role: &str) {
