@@ -745,6 +745,8 @@ pub enum BinOp {
     Mul,
     Div,
     Mod,
+    /// `a atan2 b`: Go's `math.Atan2(a, b)`, at the precedence of `*`.
+    Atan2,
     Add,
     Sub,
     Eq,
@@ -781,6 +783,7 @@ impl BinOp {
             BinOp::Mul => a * b,
             BinOp::Div => a / b,
             BinOp::Mod => a % b,
+            BinOp::Atan2 => a.atan2(b),
             BinOp::Add => a + b,
             BinOp::Sub => a - b,
             BinOp::Eq => truth(a == b),

@@ -96,6 +96,7 @@ impl Token {
             Token::Ident(w) if w.eq_ignore_ascii_case("and") => BinOp::And,
             Token::Ident(w) if w.eq_ignore_ascii_case("or") => BinOp::Or,
             Token::Ident(w) if w.eq_ignore_ascii_case("unless") => BinOp::Unless,
+            Token::Ident(w) if w.eq_ignore_ascii_case("atan2") => BinOp::Atan2,
             _ => return None,
         })
     }

@@ -325,7 +325,7 @@ pub(super) const LEVELS: [&[BinOp]; 6] = [
         BinOp::Ge,
     ],
     &[BinOp::Add, BinOp::Sub],
-    &[BinOp::Mul, BinOp::Div, BinOp::Mod],
+    &[BinOp::Mul, BinOp::Div, BinOp::Mod, BinOp::Atan2],
     &[BinOp::Pow],
 ];
 

@@ -303,6 +303,8 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"floor(max_over_time(bucketd_reading{sensor="night"}[1h])) - ceil(min_over_time(bucketd_reading{sensor="night"}[1h]))"#,
         r#"sgn(max_over_time(bucketd_reading{sensor="day"}[1h]) - 20)"#,
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) * 0x10 / 010"#,
+        r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) atan2 min_over_time(bucketd_reading{sensor=~"day|night"}[1h]) * 2"#,
+        r#"-3 atan2 max_over_time(bucketd_reading{sensor="day"}[1h])"#,
         // Set operators, time by time (issue 77).
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) > 20 and on (metric) max_over_time(bucketd_reading{sensor="night"}[1h]) > 15"#,
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) > 20 or on (metric) min_over_time(bucketd_reading{sensor="night"}[1h])"#,
