@@ -2,7 +2,7 @@
 //! in a compact binary form. The store's `log` table holds one record per commit, under the
 //! commit's sequence number, until a checkpoint folds it into the bucket documents. Pure.
 //!
-//! Record (version 2; version 1 records are read too): a version byte (2); the sketch settings
+//! Record (version 3; versions 1 and 2 are read too): a version byte (3); the sketch settings
 //! of its reading-form entries (`alpha` as f64 little-endian, varint `max_bins`); the record's
 //! reading codes: a time unit byte (0: ns, 1: us, 2: ms, 3: s; the largest dividing every
 //! reading's time since the base time below) and a decimals byte (`k` in 0..=6 when every
@@ -34,16 +34,21 @@
 //!
 //! Summary: varint count; `sum`, `sum_comp`, `min`, `max`, `mean`, `m2`, `first.value`,
 //! `last.value` as f64 little-endian; zigzag varints of `first.ts` and `last.ts` minus the
-//! bucket start in ns; varint sketch length; the sketch ([`Sketch::encode`]).
+//! bucket start in ns; varint sketch length; the sketch ([`Sketch::encode`]); from version 3,
+//! the counter increase ([`Summary::inc`]): a byte 0 (unknown) or 1 and the f64. Version 2 is
+//! version 3 without it (its summaries read with the increase unknown): a release before
+//! version 3 cannot read a version 3 record, so a downgrade wants `bucketd compact` (which
+//! folds the log) first.
 //!
 //! Every difference is taken with wrapping arithmetic, so any i64 round-trips.
 
 use crate::sketch::{Sketch, SketchParams, get_varint, put_varint, unzigzag, zigzag};
 use crate::summary::{Point, Summary};
 
-/// Record format versions, the first byte of every record: 2 is written, both are read.
+/// Record format versions, the first byte of every record: 3 is written, all are read.
 pub const RECORD_V1: u8 = 1;
 pub const RECORD_V2: u8 = 2;
+pub const RECORD_V3: u8 = 3;
 
 const KIND_READINGS: u8 = 0;
 const KIND_SUMMARY: u8 = 1;
@@ -66,6 +71,8 @@ struct Codes {
     base: Option<i64>,
     /// Series ids are stored as differences from the previous entry's (version 2).
     id_deltas: bool,
+    /// Summaries end with the counter increase (version 3).
+    inc: bool,
 }
 
 impl Codes {
@@ -75,6 +82,7 @@ impl Codes {
         decimals: None,
         base: None,
         id_deltas: false,
+        inc: false,
     };
 
     /// Where a bucket's first reading time is counted from.
@@ -133,7 +141,7 @@ fn base_ns(start: i64) -> i64 {
 pub fn encode(entries: &[EntryIn<'_>], params: SketchParams, out: &mut Vec<u8>) {
     let kinds: Vec<u8> = entries.iter().map(|e| kind_of(e, params)).collect();
     let codes = codes_for(entries, &kinds);
-    out.push(RECORD_V2);
+    out.push(RECORD_V3);
     out.extend_from_slice(&params.alpha.to_le_bytes());
     put_varint(out, u64::from(params.max_bins));
     let unit_code = crate::page::UNITS
@@ -168,12 +176,12 @@ pub fn encode(entries: &[EntryIn<'_>], params: SketchParams, out: &mut Vec<u8>) 
             }
             KIND_SUMMARY_RAW => {
                 body.clear();
-                put_summary(&mut body, e.start, e.summary);
+                put_summary(&mut body, e.start, e.summary, codes);
                 put_readings(&mut body, e.start, e.raw.unwrap_or_default(), codes);
             }
             _ => {
                 body.clear();
-                put_summary(&mut body, e.start, e.summary);
+                put_summary(&mut body, e.start, e.summary, codes);
             }
         }
         put_varint(out, body.len() as u64);
@@ -236,6 +244,7 @@ fn codes_for(entries: &[EntryIn<'_>], kinds: &[u8]) -> Codes {
         decimals: crate::page::decimal_scale(&readings),
         base: Some(base),
         id_deltas: true,
+        inc: true,
     }
 }
 
@@ -253,7 +262,7 @@ fn put_readings(out: &mut Vec<u8>, start: i64, raw: &[(i64, f64)], codes: Codes)
     }
 }
 
-fn put_summary(out: &mut Vec<u8>, start: i64, s: &Summary) {
+fn put_summary(out: &mut Vec<u8>, start: i64, s: &Summary, codes: Codes) {
     put_varint(out, s.count);
     for v in [
         s.sum,
@@ -272,6 +281,15 @@ fn put_summary(out: &mut Vec<u8>, start: i64, s: &Summary) {
     let sketch = s.sketch.encode();
     put_varint(out, sketch.len() as u64);
     out.extend_from_slice(&sketch);
+    if codes.inc {
+        match s.inc {
+            Some(inc) => {
+                out.push(1);
+                put_f64(out, inc);
+            }
+            None => out.push(0),
+        }
+    }
 }
 
 fn get_f64(r: &mut &[u8]) -> Option<f64> {
@@ -294,7 +312,7 @@ pub struct Record<'a> {
 impl<'a> Record<'a> {
     pub fn parse(bytes: &'a [u8]) -> Result<Record<'a>, Corrupt> {
         let (&version, mut r) = bytes.split_first().ok_or(Corrupt)?;
-        if version != RECORD_V1 && version != RECORD_V2 {
+        if !(RECORD_V1..=RECORD_V3).contains(&version) {
             return Err(Corrupt);
         }
         let alpha = get_f64(&mut r).ok_or(Corrupt)?;
@@ -326,13 +344,14 @@ impl<'a> Record<'a> {
                 decimals,
                 base: Some(base),
                 id_deltas: true,
+                inc: version >= RECORD_V3,
             }
         };
         let count = get_varint(&mut r).ok_or(Corrupt)?;
         Ok(Record {
             params: SketchParams { alpha, max_bins },
             codes,
-            v2: version == RECORD_V2,
+            v2: version >= RECORD_V2,
             count,
             entries: r,
         })
@@ -532,7 +551,7 @@ impl Entry<'_> {
             })?;
             return out.ok_or(Corrupt);
         }
-        get_summary(&mut r, self.start).ok_or(Corrupt)
+        get_summary(&mut r, self.start, self.codes).ok_or(Corrupt)
     }
 
     /// Merges the delta into `s`: `s.merge(&self.summary()?)`, bit for bit, without building a
@@ -571,7 +590,7 @@ impl Entry<'_> {
                 return Ok(());
             }
             KIND_SUMMARY_RAW => {
-                get_summary(&mut r, self.start).ok_or(Corrupt)?;
+                get_summary(&mut r, self.start, self.codes).ok_or(Corrupt)?;
             }
             _ => {}
         }
@@ -604,7 +623,7 @@ impl Entry<'_> {
     }
 }
 
-fn get_summary(r: &mut &[u8], start: i64) -> Option<Summary> {
+fn get_summary(r: &mut &[u8], start: i64, codes: Codes) -> Option<Summary> {
     let count = get_varint(r)?;
     let mut f = [0f64; 8];
     for v in &mut f {
@@ -620,6 +639,17 @@ fn get_summary(r: &mut &[u8], start: i64) -> Option<Summary> {
     let (sketch, rest) = r.split_at(len);
     *r = rest;
     let sketch = Sketch::decode(sketch)?;
+    let inc = if codes.inc {
+        let (&known, rest) = r.split_first()?;
+        *r = rest;
+        match known {
+            0 => None,
+            1 => Some(get_f64(r)?).filter(|i| i.is_finite()),
+            _ => return None,
+        }
+    } else {
+        None
+    };
     // What `Summary::merge` relies on; anything else is damage. (A sum may be infinite: the
     // sum of finite readings near f64::MAX is.)
     let sane = count > 0 && min <= max && first_value.is_finite() && last_value.is_finite();
@@ -640,6 +670,7 @@ fn get_summary(r: &mut &[u8], start: i64) -> Option<Summary> {
         mean,
         m2,
         sketch,
+        inc,
     })
 }
 

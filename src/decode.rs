@@ -462,7 +462,8 @@ fn delta_bucket(b: &crate::doc::BucketDoc) -> Option<(i64, crate::summary::Summa
         && within(b.last.value)
         && span.contains(&b.first.ts)
         && span.contains(&b.last.ts)
-        && b.first.ts <= b.last.ts;
+        && b.first.ts <= b.last.ts
+        && b.inc.is_none_or(|inc| inc_possible(inc, b));
     if !sane {
         return None;
     }
@@ -479,6 +480,15 @@ fn delta_bucket(b: &crate::doc::BucketDoc) -> Option<(i64, crate::summary::Summa
         && limits::SKETCH_MAX_BINS.contains(&params.max_bins)
         && i64::try_from(sketch.count()).is_ok_and(|n| n == b.count);
     ok.then(|| (width, b.summary_with(sketch)))
+}
+
+/// Whether `inc` can be a counter increase of `b`'s readings: each of the `count - 1` steps
+/// between them is a rise (at most `max - min`) or a reset (to a reading), so each is at most
+/// twice the largest magnitude.
+fn inc_possible(inc: f64, b: &crate::doc::BucketDoc) -> bool {
+    let largest = b.min.abs().max(b.max.abs());
+    let bound = (b.count.saturating_sub(1) as f64) * 2.0 * largest;
+    inc.is_finite() && inc.abs() <= bound * (1.0 + 1e-9) + f64::MIN_POSITIVE
 }
 
 fn decode_value(payload: &[u8]) -> Result<f64, DecodeError> {

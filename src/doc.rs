@@ -10,7 +10,9 @@ use crate::summary::{Point, Summary};
 
 /// Version of the bucket document, in every document's `schema_version`. Version 1 had no
 /// `sketch`; such documents read with an empty sketch, and their quantiles are unknown.
-pub const SCHEMA_VERSION: i32 = 2;
+/// Version 2 had no `inc` (a counter's increase, issue 77); such documents read with it
+/// unknown. A release before version 3 reads a version 3 document, ignoring `inc`.
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The stored page document (schema version 1): a [`crate::page::EncodedPage`] plus its time
 /// range, so that a reader can skip pages without decoding them.
@@ -143,6 +145,10 @@ pub struct BucketDoc {
     /// The quantile sketch ([`Sketch::encode`]), as BSON binary. Absent in version 1.
     #[serde(default, with = "serde_bytes")]
     pub sketch: Vec<u8>,
+    /// The readings' increase as a counter's ([`Summary::inc`]); absent where unknown (and in
+    /// versions 1 and 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inc: Option<f64>,
 }
 
 impl BucketDoc {
@@ -173,6 +179,7 @@ impl BucketDoc {
             m2: s.m2,
             pages: 0,
             sketch: s.sketch.encode(),
+            inc: s.inc,
         }
     }
 
@@ -203,6 +210,7 @@ impl BucketDoc {
             mean: self.mean,
             m2: self.m2,
             sketch,
+            inc: self.inc.filter(|i| i.is_finite()),
         }
     }
 

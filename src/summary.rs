@@ -11,6 +11,11 @@
 //! - `mean` and `m2` (sum of squared deviations) merge with Chan et al.'s parallel formula;
 //!   they are within a relative 1e-9 across merge orders.
 //! - `sketch` (quantiles) merges exactly while it is under its bin bound (see [`Sketch`]).
+//! - `inc`, a counter's increase over the readings in time order with resets counted (issue
+//!   77), joins two summaries whose readings follow one another in time (one's first not before
+//!   the other's last): the increases plus the step between them. Merged otherwise (readings
+//!   interleaved in time: a late reading, two gateways' series) it is unknown (`None`) for good,
+//!   as it is for a bucket stored before it existed; the merge stays commutative.
 
 use crate::sketch::{Sketch, SketchParams};
 
@@ -35,6 +40,15 @@ pub struct Summary {
     pub mean: f64,
     pub m2: f64,
     pub sketch: Sketch,
+    /// The increase of the readings as a counter's, in time order, each decrease a reset
+    /// ([`counter_step`]); `None` where it cannot be known (see the module's notes).
+    pub inc: Option<f64>,
+}
+
+/// A counter's increase from a reading `a` to the next one `b`, as Prometheus counts it: a
+/// decrease is a reset, after which the counter counted from 0 to `b`.
+pub fn counter_step(a: f64, b: f64) -> f64 {
+    if b < a { b } else { b - a }
 }
 
 impl Summary {
@@ -60,6 +74,7 @@ impl Summary {
             mean: value,
             m2: 0.0,
             sketch,
+            inc: Some(0.0),
         }
     }
 
@@ -77,6 +92,7 @@ impl Summary {
             last: point,
             mean: value,
             m2: 0.0,
+            inc: Some(0.0),
         };
         self.merge_scalars(&one);
         self.sketch.add(value);
@@ -94,6 +110,7 @@ impl Summary {
             last: other.last,
             mean: other.mean,
             m2: other.m2,
+            inc: other.inc,
         });
         self.sketch.merge(&other.sketch);
     }
@@ -119,6 +136,17 @@ impl Summary {
 
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);
+        // Joined where one's readings all follow the other's (before first and last move).
+        self.inc = match (self.inc, other.inc) {
+            (Some(a), Some(b)) if !earlier(&other.first, &self.last) => {
+                Some(a + b + counter_step(self.last.value, other.first.value))
+            }
+            (Some(a), Some(b)) if !earlier(&self.first, &other.last) => {
+                Some(a + b + counter_step(other.last.value, self.first.value))
+            }
+            _ => None,
+        }
+        .filter(|i| i.is_finite());
         if earlier(&other.first, &self.first) {
             self.first = other.first;
         }
@@ -176,6 +204,7 @@ struct Scalars {
     last: Point,
     mean: f64,
     m2: f64,
+    inc: Option<f64>,
 }
 
 /// Total order on points: by timestamp, then by value (`total_cmp`).

@@ -78,6 +78,11 @@ CREATE TABLE IF NOT EXISTS bucketd_buckets (
     p50         double precision,
     p90         double precision,
     p99         double precision,
+    -- A counter's increase over the row's readings in time order, resets counted (issue 77),
+    -- and the count it is the increase of: valid only while inc_count = count (a gateway of a
+    -- release before it adds a delta without it, and the row's increase is then unknown).
+    inc         double precision,
+    inc_count   bigint,
     PRIMARY KEY (gateway_id, series, start)
 ) PARTITION BY RANGE (start);
 -- Changes to a table that exists are made only when missing: ALTER TABLE and CREATE INDEX lock
@@ -90,6 +95,11 @@ BEGIN
         ALTER TABLE bucketd_buckets ADD COLUMN IF NOT EXISTS p50 double precision,
                                     ADD COLUMN IF NOT EXISTS p90 double precision,
                                     ADD COLUMN IF NOT EXISTS p99 double precision;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = 'bucketd_buckets'::regclass AND attname = 'inc') THEN
+        ALTER TABLE bucketd_buckets ADD COLUMN IF NOT EXISTS inc double precision,
+                                    ADD COLUMN IF NOT EXISTS inc_count bigint;
     END IF;
     -- A gateway's series over a range.
     IF to_regclass('bucketd_buckets_gateway') IS NULL THEN
@@ -117,6 +127,11 @@ CREATE UNLOGGED TABLE IF NOT EXISTS bucketd_staging (
 -- gateway's drain into Citus slowed from 61,000 to 40,000 deltas/s from one run to the next).
 DO $$
 BEGIN
+    IF NOT EXISTS (SELECT FROM pg_attribute
+                   WHERE attrelid = 'bucketd_staging'::regclass AND attname = 'inc') THEN
+        ALTER TABLE bucketd_staging ADD COLUMN IF NOT EXISTS inc double precision,
+                                    ADD COLUMN IF NOT EXISTS inc_count bigint;
+    END IF;
     IF to_regclass('bucketd_staging_batch') IS NULL THEN
         CREATE INDEX IF NOT EXISTS bucketd_staging_batch ON bucketd_staging (gateway_id, batch);
     END IF;

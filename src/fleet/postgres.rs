@@ -23,7 +23,7 @@ const SCHEMA_LOCK: i64 = 0x0062_7563_6b65_7464; // "bucketd" in ASCII
 
 /// The columns a bucket row is written with, `gateway_id` third, each with its type: the upsert
 /// names them and casts each parameter ([`upsert_text`]).
-const COLUMNS: [(&str, &str); 21] = [
+const COLUMNS: [(&str, &str); 23] = [
     ("series", "text"),
     ("start", "timestamptz"),
     ("gateway_id", "text"),
@@ -45,10 +45,14 @@ const COLUMNS: [(&str, &str); 21] = [
     ("p50", "float8"),
     ("p90", "float8"),
     ("p99", "float8"),
+    ("inc", "float8"),
+    ("inc_count", "int8"),
 ];
 
 /// How a conflicting row takes a delta: counts and sums added, extremes and first/last
-/// compared, mean and M2 combined (Chan), the sketch and quantiles as the forwarder merged them.
+/// compared, mean and M2 combined (Chan), the sketch and quantiles as the forwarder merged them,
+/// the counter increase joined where one's readings follow the other's in time (else NULL:
+/// unknown, as `Summary::merge`), its count added while the row's was whole.
 const ADD_DELTA: &str = "
     count = t.count + excluded.count,
     sum = t.sum + excluded.sum,
@@ -70,7 +74,16 @@ const ADD_DELTA: &str = "
     sketch = excluded.sketch,
     p50 = excluded.p50,
     p90 = excluded.p90,
-    p99 = excluded.p99";
+    p99 = excluded.p99,
+    inc = CASE
+        WHEN (excluded.first_ts_ns, excluded.first_value) >= (t.last_ts_ns, t.last_value)
+        THEN t.inc + excluded.inc + CASE WHEN excluded.first_value < t.last_value
+            THEN excluded.first_value ELSE excluded.first_value - t.last_value END
+        WHEN (t.first_ts_ns, t.first_value) >= (excluded.last_ts_ns, excluded.last_value)
+        THEN t.inc + excluded.inc + CASE WHEN t.first_value < excluded.last_value
+            THEN t.first_value ELSE t.first_value - excluded.last_value END
+        END,
+    inc_count = CASE WHEN t.inc_count = t.count THEN t.inc_count + excluded.inc_count END";
 
 /// A batch's rows into the staging table (`schema.sql`), binary: the batch's token, then
 /// [`COLUMNS`] in order.
@@ -83,7 +96,7 @@ fn copy_text() -> String {
 }
 
 /// The types of the batch's token and [`COLUMNS`], for the binary copy.
-const COLUMN_TYPES: [tokio_postgres::types::Type; 22] = {
+const COLUMN_TYPES: [tokio_postgres::types::Type; COLUMNS.len() + 1] = {
     use tokio_postgres::types::Type;
     [
         Type::INT8,
@@ -108,6 +121,8 @@ const COLUMN_TYPES: [tokio_postgres::types::Type; 22] = {
         Type::FLOAT8,
         Type::FLOAT8,
         Type::FLOAT8,
+        Type::FLOAT8,
+        Type::INT8,
     ]
 };
 
@@ -140,11 +155,11 @@ SELECT coalesce(has_table_privilege(to_regclass('bucketd_staging'), 'INSERT, DEL
 /// Rows per upsert statement, where rows cannot be staged: a batch is written by statements of these sizes (the largest
 /// that fit first), pipelined. A multi-row `VALUES` whose rows all have one `gateway_id` is
 /// what Citus routes to the one shard holding that gateway; an `INSERT ... SELECT FROM
-/// unnest(...)` it pulls to the coordinator first (issue 57: 4.8x slower). 256 rows are 5,121
+/// unnest(...)` it pulls to the coordinator first (issue 57: 4.8x slower). 256 rows are 5,633
 /// parameters, within PostgreSQL's 65,535.
 const UPSERT_ROWS: [usize; 9] = [256, 128, 64, 32, 16, 8, 4, 2, 1];
 
-/// The upsert of `rows` rows: `$1` the gateway, then each row's other 20 columns in
+/// The upsert of `rows` rows: `$1` the gateway, then each row's other 22 columns in
 /// [`COLUMNS`] order; a conflict on `key` adds the delta to the row ([`ADD_DELTA`]).
 fn upsert_text(key: Key, rows: usize) -> String {
     use std::fmt::Write as _;
@@ -178,9 +193,9 @@ fn upsert_text(key: Key, rows: usize) -> String {
 }
 
 /// The upsert of `rows` rows as a gateway's batch sends it to a table keyed by gateway: `$1`
-/// the gateway, then 20 parameters a row (`series`, `start`, `sensor`, `metric`, `width_secs`,
+/// the gateway, then 22 parameters a row (`series`, `start`, `sensor`, `metric`, `width_secs`,
 /// `count`, `sum`, `sum_comp`, `min`, `max`, `first_ts_ns`, `first_value`, `last_ts_ns`,
-/// `last_value`, `mean`, `m2`, `sketch`, `p50`, `p90`, `p99`). For `EXPLAIN`: the Citus test
+/// `last_value`, `mean`, `m2`, `sketch`, `p50`, `p90`, `p99`, `inc`, `inc_count`). For `EXPLAIN`: the Citus test
 /// checks that Citus routes it to one shard.
 pub fn upsert_statement(rows: usize) -> String {
     upsert_text(Key::Gateway, rows)
@@ -637,7 +652,7 @@ async fn write(
         let mut writer = std::pin::pin!(writer);
         for i in 0..rows.series.len() {
             let row = rows.row(&gateway, i);
-            let mut values: [&(dyn ToSql + Sync); 22] = [&token; 22];
+            let mut values: [&(dyn ToSql + Sync); COLUMNS.len() + 1] = [&token; COLUMNS.len() + 1];
             values[1..].copy_from_slice(&row);
             writer.as_mut().write(&values).await?;
         }
@@ -707,6 +722,8 @@ struct Rows<'a> {
     m2: Vec<f64>,
     sketch: Vec<Vec<u8>>,
     quantiles: [Vec<Option<f64>>; 3],
+    inc: Vec<Option<f64>>,
+    inc_count: Vec<Option<i64>>,
 }
 
 impl<'a> Rows<'a> {
@@ -755,12 +772,14 @@ impl<'a> Rows<'a> {
                 out.push(whole.quantile(q));
             }
             rows.sketch.push(whole.sketch.encode());
+            rows.inc.push(delta.inc);
+            rows.inc_count.push(delta.inc.map(|_| count));
         }
         Ok(rows)
     }
 
     /// Row `i`'s values but the gateway: [`COLUMNS`] in order without `gateway_id`.
-    fn values(&self, i: usize) -> [&(dyn ToSql + Sync); 20] {
+    fn values(&self, i: usize) -> [&(dyn ToSql + Sync); COLUMNS.len() - 1] {
         [
             &self.series[i],
             &self.start[i],
@@ -782,13 +801,19 @@ impl<'a> Rows<'a> {
             &self.quantiles[0][i],
             &self.quantiles[1][i],
             &self.quantiles[2][i],
+            &self.inc[i],
+            &self.inc_count[i],
         ]
     }
 
     /// Row `i` in [`COLUMNS`] order, for the binary copy.
-    fn row<'p>(&'p self, gateway: &'p &'p str, i: usize) -> [&'p (dyn ToSql + Sync); 21] {
+    fn row<'p>(
+        &'p self,
+        gateway: &'p &'p str,
+        i: usize,
+    ) -> [&'p (dyn ToSql + Sync); COLUMNS.len()] {
         let v = self.values(i);
-        let mut row: [&(dyn ToSql + Sync); 21] = [gateway; 21];
+        let mut row: [&(dyn ToSql + Sync); COLUMNS.len()] = [gateway; COLUMNS.len()];
         row[..2].copy_from_slice(&v[..2]);
         row[3..].copy_from_slice(&v[2..]);
         row
@@ -801,7 +826,8 @@ impl<'a> Rows<'a> {
         gateway: &'p &'p str,
         rows: std::ops::Range<usize>,
     ) -> Vec<&'p (dyn ToSql + Sync)> {
-        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(1 + 20 * rows.len());
+        let mut params: Vec<&(dyn ToSql + Sync)> =
+            Vec::with_capacity(1 + (COLUMNS.len() - 1) * rows.len());
         params.push(gateway);
         for i in rows {
             params.extend(self.values(i));

@@ -28,7 +28,8 @@ pub const FLEET_PREFIX: &str = "*:";
 const BUCKETS: &str = "
 SELECT b.series, b.start, b.count, b.sum, b.sum_comp, b.min, b.max, b.first_ts_ns,
     b.first_value, b.last_ts_ns, b.last_value, b.mean, b.m2,
-    CASE WHEN octet_length(b.sketch) <= $6 THEN b.sketch END
+    CASE WHEN octet_length(b.sketch) <= $6 THEN b.sketch END,
+    CASE WHEN b.inc_count = b.count THEN b.inc END
 FROM unnest($1::text[], $7::text[]) AS k(series, gateway_id)
 JOIN bucketd_buckets b ON b.gateway_id = k.gateway_id AND b.series = k.series
 WHERE b.gateway_id = ANY($7) AND b.start >= $2 AND b.start < $3 AND b.width_secs = $4
@@ -466,6 +467,8 @@ fn decode_row(row: &tokio_postgres::Row) -> Result<(String, i64, Summary), ReadE
         mean: row.get(11),
         m2: row.get(12),
         sketch,
+        // Known while every delta of the row carried it (`schema.sql`).
+        inc: row.get::<_, Option<f64>>(14).filter(|i| i.is_finite()),
     };
     Ok((series, start, summary))
 }

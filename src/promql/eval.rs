@@ -697,21 +697,40 @@ fn from_buckets_note(name: &str, width_ms: i64) -> String {
 }
 
 /// What an answer says of a series a counter or trend function has no point for at some times:
-/// their windows' raw readings are not all kept (or were over the budget).
-fn needs_readings_note(name: &str, func: Func, elsewhere: Option<&str>) -> String {
+/// their windows' raw readings are not all kept (or were over the budget), and, for `rate`,
+/// `increase` and `delta` over whole buckets (`whole_buckets`), a bucket's counter increase is
+/// not known either. `elsewhere`: where the raw readings are, on a query node.
+fn needs_readings_note(
+    name: &str,
+    func: Func,
+    (whole_buckets, elsewhere): (bool, Option<&str>),
+) -> String {
+    let f = func.name();
+    let but = if whole_buckets {
+        format!(
+            ", and some of its buckets do not know their counter increase (stored before \
+             bucketd kept it, or merged from readings out of time order), from which {f}() \
+             answers whole-bucket windows"
+        )
+    } else if matches!(func, Func::Rate | Func::Increase | Func::Delta) {
+        format!(
+            "; from the buckets, {f}() answers windows of whole buckets ([1h], [1d] at times \
+             on bucket boundaries)"
+        )
+    } else {
+        String::new()
+    };
     if let Some(why) = elsewhere {
         // A query node: the readings are on the gateway.
         return format!(
-            "{name}: {}() needs the raw readings of each window, with their times, and {why}: \
-             it has no point here; ask the gateway's own /prom for it",
-            func.name()
+            "{name}: {f}() needs the raw readings of each window, with their times, and {why}\
+             {but}: it has no point there; ask the gateway's own /prom for it"
         );
     }
     format!(
-        "{name}: {}() needs the raw readings of each window, with their times; where they are \
+        "{name}: {f}() needs the raw readings of each window, with their times; where they are \
          not all kept (past store.raw_retention, store_raw = false, a central's or a query \
-         node's buckets) or are over http.max_points_per_query, it has no point",
-        func.name()
+         node's buckets) or are over http.max_points_per_query, it has no point{but}"
     )
 }
 
@@ -1202,13 +1221,13 @@ impl<'a> Ctx<'a> {
                         let t0 = s.time(t);
                         let raw = exact.and_then(|e| e.window(t0.saturating_sub(range), t0));
                         if func.needs_times() {
-                            let Some(raw) = raw else {
-                                self.budget.note(|| {
-                                    needs_readings_note(labels.series, func, self.raw_elsewhere)
-                                });
-                                return None;
-                            };
                             let window = (t0.saturating_sub(range), t0, range);
+                            let Some(raw) = raw else {
+                                let whole = t0 % w == 0 && range % w == 0;
+                                let span = whole.then(|| in_range(t));
+                                let v = self.counter_of_buckets(func, labels, stored, span, window);
+                                return Some((t, v?));
+                            };
                             return Some((t, of_timed(func, params, raw, t, window)?));
                         }
                         if let Some(raw) = raw {
@@ -1267,6 +1286,34 @@ impl<'a> Ctx<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// `rate`, `increase` or `delta` of a window whose raw readings are not all there, from its
+    /// buckets where it is whole buckets (`span`, their indexes) and they know what it takes
+    /// (a counter's increase); else no point, and the answer's warnings say why.
+    fn counter_of_buckets(
+        &self,
+        func: Func,
+        labels: &SeriesLabels<'_>,
+        stored: &Stored,
+        span: Option<(usize, usize)>,
+        window: (i64, i64, i64),
+    ) -> Option<f64> {
+        let answers = matches!(func, Func::Rate | Func::Increase | Func::Delta);
+        let from_buckets = span
+            .filter(|_| answers)
+            .map(|(a, b)| ops::counter_of_buckets(func, &stored.summaries[a..b], window));
+        if let Some(Ok(v)) = from_buckets {
+            return v;
+        }
+        self.budget.note(|| {
+            needs_readings_note(
+                labels.series,
+                func,
+                (span.is_some() && answers, self.raw_elsewhere),
+            )
+        });
+        None
     }
 
     /// The raw readings for the exact windows of `s` over `name`, if they were read and

@@ -138,3 +138,96 @@ fn counts_from_untrusted_deltas_saturate_instead_of_panicking() {
     assert_eq!(doc.count, i64::MAX);
     assert_eq!(doc.end, i64::MAX);
 }
+
+/// A counter's increase as Prometheus 2.x computes it over readings in time order
+/// (`extrapolatedRate`: last minus first, plus the value before each decrease).
+fn prometheus_increase(sorted: &[(i64, f64)]) -> f64 {
+    let mut result = sorted[sorted.len() - 1].1 - sorted[0].1;
+    let mut previous = sorted[0].1;
+    for &(_, v) in &sorted[1..] {
+        if v < previous {
+            result += previous;
+        }
+        previous = v;
+    }
+    result
+}
+
+/// A meter's readings: distinct, rising times; values that mostly climb and now and then reset.
+fn meter() -> impl Strategy<Value = Vec<(i64, f64)>> {
+    prop::collection::vec((1i64..1000, 0.0f64..50.0, prop::bool::weighted(0.1)), 1..60).prop_map(
+        |steps| {
+            let (mut t, mut v) = (0, 0.0);
+            steps
+                .into_iter()
+                .map(|(dt, dv, reset)| {
+                    t += dt;
+                    v = if reset { dv } else { v + dv };
+                    (t, v)
+                })
+                .collect()
+        },
+    )
+}
+
+proptest! {
+    /// Issue 77: the counter increase of readings in time order, folded one by one or in
+    /// consecutive parts merged in any order, is Prometheus's over the readings.
+    #[test]
+    fn the_counter_increase_of_consecutive_parts_is_prometheus_increase(
+        readings in meter(),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..4),
+        reversed in any::<bool>(),
+    ) {
+        let want = prometheus_increase(&readings);
+        let whole = summary_of(&readings).unwrap();
+        prop_assert!(close(whole.inc.unwrap(), want, 1e-9), "{:?} vs {want}", whole.inc);
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(readings.len())).collect();
+        at.extend([0, readings.len()]);
+        at.sort_unstable();
+        at.dedup();
+        let mut parts: Vec<Summary> = at.windows(2).filter_map(|w| summary_of(&readings[w[0]..w[1]])).collect();
+        if reversed {
+            parts.reverse();
+        }
+        let mut m = parts[0].clone();
+        for p in &parts[1..] {
+            m.merge(p);
+        }
+        prop_assert!(close(m.inc.unwrap(), want, 1e-9), "{:?} vs {want}", m.inc);
+    }
+
+    /// Merged in either order, the increase is the same, known or not.
+    #[test]
+    fn the_counter_increase_merges_commutatively(a in meter(), b in meter(), shift in 0i64..60_000) {
+        let b: Vec<_> = b.iter().map(|&(t, v)| (t + shift, v)).collect();
+        let (x, y) = (summary_of(&a).unwrap(), summary_of(&b).unwrap());
+        let (xy, yx) = (merged(&x, &y).inc, merged(&y, &x).inc);
+        prop_assert_eq!(xy.is_some(), yx.is_some());
+        if let (Some(p), Some(q)) = (xy, yx) {
+            prop_assert!(close(p, q, 1e-12));
+        }
+    }
+}
+
+/// A reading between two others already summarised cannot be placed: the increase becomes
+/// unknown, for good (never a wrong number); before the first or after the last it joins.
+#[test]
+fn a_reading_out_of_time_order_makes_the_increase_unknown() {
+    let mut s = summary_of(&[(10, 1.0), (30, 5.0)]).unwrap();
+    assert_eq!(s.inc, Some(4.0));
+    s.push(40, 2.0); // a reset after 5: the counter counted from 0 to 2
+    assert_eq!(s.inc, Some(6.0));
+    s.push(5, 0.5); // before the first
+    assert_eq!(s.inc, Some(6.5));
+    s.push(20, 3.0); // between 10 and 30
+    assert_eq!(s.inc, None);
+    s.push(50, 9.0);
+    assert_eq!(s.inc, None);
+    // Merging interleaved summaries (two gateways' counters) is unknown too.
+    let (a, b) = (
+        summary_of(&[(1, 1.0), (3, 2.0)]).unwrap(),
+        summary_of(&[(2, 7.0)]).unwrap(),
+    );
+    assert_eq!(merged(&a, &b).inc, None);
+}

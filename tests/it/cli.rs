@@ -308,6 +308,8 @@ pub fn doc_from_export(v: &serde_json::Value) -> bucketd::doc::BucketDoc {
         m2: v["m2"].as_f64().unwrap(),
         // Quantiles are checked from the exported p50/p90/p99 below, not rebuilt.
         sketch: bucketd::sketch::Sketch::new(bucketd::sketch::SketchParams::DEFAULT),
+        // Not exported.
+        inc: None,
     };
     for q in ["p50", "p90", "p99"] {
         let p = v[q].as_f64().unwrap_or_else(|| panic!("{q} in {v}"));

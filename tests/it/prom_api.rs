@@ -58,10 +58,22 @@ fn two_sensors(topics: &Topics) -> (i64, Workload) {
 
 /// A daemon with the workload ingested, and an API token if `token`.
 pub async fn daemon_with_data(token: bool) -> (tempfile::TempDir, RunningDaemon, i64, Workload) {
+    daemon_keeping(token, true).await
+}
+
+/// [`daemon_with_data`], keeping the raw readings (`store_raw`) or not (as past
+/// `store.raw_retention`).
+pub async fn daemon_keeping(
+    token: bool,
+    store_raw: bool,
+) -> (tempfile::TempDir, RunningDaemon, i64, Workload) {
     let broker = Broker::hermetic();
     let dir = tempfile::tempdir().unwrap();
     let topics = Topics::new();
     let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics);
+    for sub in &mut raw.subscriptions {
+        sub.store_raw = store_raw;
+    }
     if token {
         let file = dir.path().join("token");
         std::fs::write(&file, TOKEN).unwrap();

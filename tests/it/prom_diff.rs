@@ -18,7 +18,8 @@ use std::process::{Child, Command};
 
 use serde_json::Value;
 
-use crate::prom_api::daemon_with_data;
+use crate::prom_api::{daemon_keeping, daemon_with_data};
+use crate::support::Workload;
 use crate::support::{WAIT, eventually_async, http};
 
 /// A Prometheus serving a TSDB backfilled from `OpenMetrics` text.
@@ -215,9 +216,8 @@ async fn same_listing(prom: &Prometheus, bucketd: &str, path: &str) {
     assert_eq!(data(&ours), theirs, "{path}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
-    let (_dir, d, day, work) = daemon_with_data(false).await;
+/// The workload's readings as `OpenMetrics` text, for `promtool` to backfill.
+fn openmetrics(work: &Workload) -> String {
     let mut om = String::from("# TYPE bucketd_reading gauge\n");
     let mut by_series: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
     for r in &work.readings {
@@ -238,7 +238,13 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         }
     }
     om.push_str("# EOF\n");
-    let Some(prom) = Prometheus::start(&om).await else {
+    om
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
+    let (_dir, d, day, work) = daemon_with_data(false).await;
+    let Some(prom) = Prometheus::start(&openmetrics(&work)).await else {
         return;
     };
     let ours = d.http_addr.to_string();
@@ -502,5 +508,65 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
     ] {
         same_listing(&prom, &ours, &path).await;
     }
+    d.stop().await.unwrap();
+}
+
+/// Issue 77: where no raw reading is kept (`store_raw = false`, as past `store.raw_retention`),
+/// `rate`, `increase` and `delta` over windows of whole buckets are answered from what each
+/// bucket keeps (its first and last readings, its count and its counter increase with resets,
+/// joined bucket to bucket) as Prometheus answers them from the readings: `h` resets every few
+/// readings, and night's has a missing hour. A window that is not whole buckets has no point,
+/// and the answer's warnings say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_past_the_raw_readings_answer_from_buckets_as_prometheus_does() {
+    let (_dir, d, day, work) = daemon_keeping(false, false).await;
+    let Some(prom) = Prometheus::start(&openmetrics(&work)).await else {
+        return;
+    };
+    let ours = d.http_addr.to_string();
+    let t = |s: i64| format!("{s}");
+    let hour = |h: i64| day + h * 3600;
+    let hours = [
+        ("start", t(hour(1))),
+        ("end", t(hour(26))),
+        ("step", "3600".to_owned()),
+    ];
+    for f in ["rate", "increase", "delta"] {
+        for r in ["1h", "3h", "1d"] {
+            let q = format!(r#"{f}(bucketd_reading{{sensor=~"day|night"}}[{r}])"#);
+            assert_eq!(same(&prom, &ours, &q, &hours, 1e-9).await, 4, "{q}");
+            let at = [("time", t(hour(12)))];
+            assert_eq!(same(&prom, &ours, &q, &at, 1e-9).await, 4, "{q}");
+        }
+    }
+    for q in [
+        r#"sum by (metric) (increase(bucketd_reading{sensor=~"day|night"}[2h]))"#,
+        r#"rate(bucketd_reading{series="night/h"}[1h] offset 1h) * 3600"#,
+        r#"max_over_time(increase(bucketd_reading{series="day/h"}[1h])[6h:1h])"#,
+    ] {
+        assert!(same(&prom, &ours, q, &hours, 1e-9).await > 0, "{q}");
+    }
+    // Not whole buckets: no point, and the warnings say what answers.
+    let q = r#"increase(bucketd_reading{series="day/h"}[30m])"#;
+    let params = serde_urlencoded::to_string([
+        ("query", q),
+        ("start", &t(hour(2) + 1234)),
+        ("end", &t(hour(5) + 1234)),
+        ("step", "900"),
+    ])
+    .unwrap();
+    let (_, body) = http(
+        "GET",
+        format!("http://{ours}/prom/api/v1/query_range?{params}"),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"]["result"], serde_json::json!([]), "{body}");
+    assert!(
+        v["warnings"]
+            .to_string()
+            .contains("answers windows of whole buckets"),
+        "{body}"
+    );
     d.stop().await.unwrap();
 }

@@ -110,35 +110,102 @@ pub(super) fn of_timed(
                     previous = v;
                 }
             }
-            let mut to_start = secs(first_t - start);
-            let to_end = secs(end - last_t);
-            let sampled = secs(last_t - first_t);
-            let average = sampled / (raw.len() - 1) as f64;
-            if counter && result > 0.0 && first >= 0.0 {
-                // Not past the counter's zero.
-                to_start = to_start.min(sampled * (first / result));
-            }
-            let threshold = average * 1.1;
-            let mut interval = sampled;
-            interval += if to_start < threshold {
-                to_start
-            } else {
-                average / 2.0
-            };
-            interval += if to_end < threshold {
-                to_end
-            } else {
-                average / 2.0
-            };
-            let extrapolated = result * (interval / sampled);
-            Some(if func == Func::Rate {
-                extrapolated / secs(range_ms)
-            } else {
-                extrapolated
-            })
+            Some(extrapolated(
+                func,
+                result,
+                ((first_t, first), (last_t, last), raw.len() as u64),
+                (start, end, range_ms),
+            ))
         }
     }
 }
+
+/// `rate`, `increase` or `delta` of a window from its readings' `result` (the increase, resets
+/// counted, or the difference), as Prometheus 2.x extrapolates it to the window's edges (by at
+/// most half the average spacing past the first and last reading `(ms, value)`, of `n`
+/// readings in all; never below a counter's zero).
+fn extrapolated(
+    func: Func,
+    result: f64,
+    ((first_t, first), (last_t, _), n): ((i64, f64), (i64, f64), u64),
+    (start, end, range_ms): (i64, i64, i64),
+) -> f64 {
+    let secs = |ms: i64| ms as f64 / 1000.0;
+    let counter = func != Func::Delta;
+    let mut to_start = secs(first_t - start);
+    let to_end = secs(end - last_t);
+    let sampled = secs(last_t - first_t);
+    let average = sampled / n.saturating_sub(1) as f64;
+    if counter && result > 0.0 && first >= 0.0 {
+        // Not past the counter's zero.
+        to_start = to_start.min(sampled * (first / result));
+    }
+    let threshold = average * 1.1;
+    let mut interval = sampled;
+    interval += if to_start < threshold {
+        to_start
+    } else {
+        average / 2.0
+    };
+    interval += if to_end < threshold {
+        to_end
+    } else {
+        average / 2.0
+    };
+    let extrapolated = result * (interval / sampled);
+    if func == Func::Rate {
+        extrapolated / secs(range_ms)
+    } else {
+        extrapolated
+    }
+}
+
+/// `rate`, `increase` or `delta` of a window of whole buckets (`buckets`, in time order) from
+/// what each keeps: first and last readings, counts, and for a counter its increase
+/// ([`Summary::inc`]) joined bucket to bucket as the readings would be. As Prometheus computes
+/// it from the readings they hold; `Err` where a bucket's increase is unknown, `Ok(None)` where
+/// Prometheus gives no point (fewer than two readings).
+pub(super) fn counter_of_buckets(
+    func: Func,
+    buckets: &[Summary],
+    window: (i64, i64, i64),
+) -> Result<Option<f64>, UnknownIncrease> {
+    let (Some(a), Some(b)) = (buckets.first(), buckets.last()) else {
+        return Ok(None);
+    };
+    let n: u64 = buckets.iter().map(|s| s.count).sum();
+    let ms = |ts: i64| ts.div_euclid(1_000_000);
+    let result = if func == Func::Delta {
+        b.last.value - a.first.value
+    } else {
+        let mut result = 0.0;
+        for (k, s) in buckets.iter().enumerate() {
+            result += s.inc.ok_or(UnknownIncrease)?;
+            if k > 0 {
+                result += crate::summary::counter_step(buckets[k - 1].last.value, s.first.value);
+            }
+        }
+        result
+    };
+    if n < 2 {
+        return Ok(None);
+    }
+    Ok(Some(extrapolated(
+        func,
+        result,
+        (
+            (ms(a.first.ts), a.first.value),
+            (ms(b.last.ts), b.last.value),
+            n,
+        ),
+        window,
+    )))
+}
+
+/// A bucket of a counter window whose increase is not known: stored before bucketd kept it,
+/// or merged from readings out of time order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UnknownIncrease;
 
 /// Least squares of `raw`'s values against their times in seconds from `intercept_at` (ms):
 /// (slope, value at `intercept_at`), sums compensated; a constant series has slope 0.

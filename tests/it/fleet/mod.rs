@@ -361,7 +361,8 @@ mod pg {
         let rows = pg
             .query(
                 "SELECT series, start, width_secs, count, sum, sum_comp, min, max, first_ts_ns,
-                        first_value, last_ts_ns, last_value, mean, m2, sketch, sensor, metric
+                        first_value, last_ts_ns, last_value, mean, m2, sketch, sensor, metric,
+                        CASE WHEN inc_count = count THEN inc END
                  FROM bucketd_buckets WHERE gateway_id = $1",
                 &[&gateway],
             )
@@ -401,6 +402,7 @@ mod pg {
                     m2: r.get(13),
                     pages: 0,
                     sketch: r.get(14),
+                    inc: r.get(17),
                 }
             })
             .collect()

@@ -415,7 +415,7 @@ async fn gateway_labels(
     // A counter function needs raw readings, which stay on the gateways: no point, and the
     // answer's warnings say where to ask (issue 77); a gauge function over whole buckets is
     // answered from them.
-    let q = r#"rate(bucketd_reading{gateway="qn-b", sensor="boiler"}[1h])"#;
+    let q = r#"rate(bucketd_reading{gateway="qn-b", sensor="boiler"}[30m])"#;
     let answer = get(addr, &range(q), 200).await;
     assert_eq!(answer["data"]["result"], serde_json::json!([]), "{answer}");
     let warnings = answer["warnings"].to_string();
@@ -423,6 +423,31 @@ async fn gateway_labels(
         warnings.contains("rate() needs the raw readings")
             && warnings.contains("ask the gateway's own /prom"),
         "{answer}"
+    );
+    // Over whole buckets, from each row's counter increase (checked against Prometheus in
+    // prom_diff): a point at every hour with the hour before it.
+    let q = r#"increase(bucketd_reading{gateway="qn-b", sensor="boiler"}[1h])"#;
+    let answer = get(addr, &range(q), 200).await;
+    assert!(answer.get("warnings").is_none(), "{answer}");
+    let got = per_hour(&answer);
+    assert_eq!(got.len(), 2, "{answer}");
+    // The first: hour `from`'s readings, a minute apart from its start, as Prometheus takes
+    // them (last minus first plus the value before each reset), extrapolated by half a spacing
+    // past the last one (the window's end is far from it) and not before the first (at the
+    // window's start).
+    let values = &truth[&("qn-b:boiler/temp".to_owned(), from)];
+    let mut increase = values[values.len() - 1] - values[0];
+    for w in values.windows(2) {
+        if w[1] < w[0] {
+            increase += w[0];
+        }
+    }
+    let sampled = (values.len() - 1) as f64 * 60.0;
+    let want = increase * (sampled + 30.0) / sampled;
+    assert!(
+        (got[0] - want).abs() <= 1e-9 * want.abs(),
+        "{} vs {want}: {answer}",
+        got[0]
     );
     let q = r#"count_over_time(bucketd_reading{gateway="qn-b", sensor="boiler"}[1h])"#;
     let answer = get(addr, &range(q), 200).await;

@@ -26,6 +26,10 @@ pub struct Truth {
     pub last: Option<(i64, f64)>,
     /// The values in ascending order, for exact quantiles.
     pub sorted: Vec<f64>,
+    /// A counter's increase over the readings in time order, as Prometheus computes it (last
+    /// minus first plus the value before each decrease); `None` without device times or with
+    /// two readings at one time (no one order).
+    pub increase: Option<f64>,
 }
 
 impl Truth {
@@ -81,6 +85,20 @@ pub fn truth(readings: &[Expected], width_secs: i64) -> BTreeMap<TruthKey, Truth
                 .filter_map(|(ts, v)| ts.map(|ts| (ts, *v)))
                 .collect();
             let order = |a: &(i64, f64), b: &(i64, f64)| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1));
+            let increase = {
+                let mut sorted = timed.clone();
+                sorted.sort_by(order);
+                let distinct = sorted.windows(2).all(|w| w[0].0 < w[1].0);
+                (timed.len() == values.len() && distinct).then(|| {
+                    let mut result = sorted[sorted.len() - 1].1 - sorted[0].1;
+                    for w in sorted.windows(2) {
+                        if w[1].1 < w[0].1 {
+                            result += w[0].1;
+                        }
+                    }
+                    result
+                })
+            };
             let t = Truth {
                 count: values.len() as i64,
                 sum,
@@ -95,6 +113,7 @@ pub fn truth(readings: &[Expected], width_secs: i64) -> BTreeMap<TruthKey, Truth
                     v.sort_by(f64::total_cmp);
                     v
                 },
+                increase,
             };
             (key, t)
         })
@@ -144,6 +163,12 @@ fn check_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>, quantiles:
         assert_extremes_exact(&got, want, &ctx);
         assert!(close(got.total(), want.sum, 1e-9), "sum {ctx}");
         assert!(close(got.mean, want.mean, 1e-9), "mean {ctx}");
+        // Issue 77: a bucket's counter increase, where it knows one, is the readings' (it may
+        // not know: readings merged out of time order).
+        if let (Some(inc), Some(truth)) = (got.inc, want.increase) {
+            let scale = truth.abs() + want.count as f64 * want.min.abs().max(want.max.abs());
+            assert!((inc - truth).abs() <= 1e-12 * scale, "increase {ctx}");
+        }
         for q in [0.0, 0.5, 0.9, 0.99, 1.0].into_iter().filter(|_| quantiles) {
             let p = got.quantile(q).expect("the sketch covers the bucket");
             assert_quantile(p, want, q, &ctx);
