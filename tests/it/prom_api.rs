@@ -282,11 +282,11 @@ async fn promtool_reads_the_buckets_through_the_prometheus_api() {
     assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["day", "night"]);
 
     // What is not supported is a bad_data error naming it; no token, no answer.
-    let err = promtool(&d, &["instant", "timestamp(bucketd_reading)"], false)
+    let err = promtool(&d, &["instant", "histogram_count(bucketd_reading)"], false)
         .unwrap()
         .unwrap_err();
     assert!(
-        err.contains("bad_data") && err.contains("function `timestamp` is not supported"),
+        err.contains("bad_data") && err.contains("function `histogram_count` is not supported"),
         "{err}"
     );
     d.stop().await.unwrap();
