@@ -37,8 +37,7 @@
 //! bucket start in ns; varint sketch length; the sketch ([`Sketch::encode`]); from version 3,
 //! the counter increase ([`Summary::inc`]): a byte 0 (unknown) or 1 and the f64. Version 2 is
 //! version 3 without it (its summaries read with the increase unknown): a release before
-//! version 3 cannot read a version 3 record, so a downgrade wants `bucketd compact` (which
-//! folds the log) first.
+//! version 3 cannot read a version 3 record (docs/STORAGE.md: stop cleanly before a downgrade).
 //!
 //! Every difference is taken with wrapping arithmetic, so any i64 round-trips.
 
