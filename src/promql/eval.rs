@@ -1300,9 +1300,25 @@ impl<'a> Ctx<'a> {
         window: (i64, i64, i64),
     ) -> Option<f64> {
         let answers = matches!(func, Func::Rate | Func::Increase | Func::Delta);
-        let from_buckets = span
-            .filter(|_| answers)
-            .map(|(a, b)| ops::counter_of_buckets(func, &stored.summaries[a..b], window));
+        // Each point visits its window's buckets: within the query's work bound, as the exact
+        // windows' readings are (past it, no point, and the warning says why).
+        let left = self.work_left.get();
+        if span.is_some_and(|(a, b)| (b - a) as u64 > left) {
+            self.budget.note(|| {
+                format!(
+                    "{}: {}() over its buckets would visit more than {EXACT_WORK_PER_POINT} x \
+                     http.max_points_per_query buckets in all; it has no point past that: use \
+                     a coarser step or a shorter range",
+                    labels.series,
+                    func.name()
+                )
+            });
+            return None;
+        }
+        let from_buckets = span.filter(|_| answers).map(|(a, b)| {
+            self.work_left.set(left - (b - a) as u64);
+            ops::counter_of_buckets(func, &stored.summaries[a..b], window)
+        });
         if let Some(Ok(v)) = from_buckets {
             return v;
         }

@@ -1606,3 +1606,52 @@ fn relabelling_functions_check_their_strings() {
         "{e:?}"
     );
 }
+
+/// Issue 77: past the raw readings, `increase` over whole buckets answers from each bucket's
+/// counter increase, each point visiting its window's buckets within the query's work bound
+/// (16 x `http.max_points_per_query`); past it, no point, and the answer says why.
+#[test]
+fn a_counter_from_buckets_visits_its_windows_within_the_work_bound() {
+    // A meter rising 1 a second in each of 150 hours (three readings an hour).
+    let docs: Vec<BucketDoc> = (0..150)
+        .map(|h| {
+            let v = h as f64 * 10.0;
+            doc("m/kwh", DAY0 + h * HOUR, &[v, v + 1.0, v + 2.0])
+        })
+        .collect();
+    let grid = Grid::range(at(75), at(149), HOUR * 1000).unwrap();
+    let run = |q: &str, max_points: u64| {
+        let notes = Notes::default();
+        let budget = Budget {
+            max_points,
+            cancel: None,
+            notes: Some(notes.clone()),
+        };
+        let out = evaluate(
+            &parse(q).unwrap(),
+            &SeriesLabels::all(&["m/kwh".to_owned()], false),
+            grid,
+            HOUR,
+            &budget,
+            |wanted, from, to| Ok::<_, ()>(fetch(&docs, wanted, from, to)),
+            no_raw,
+        )
+        .unwrap();
+        let Value::Vector(series) = out else {
+            panic!("{q}: {out:?}")
+        };
+        let said: Vec<String> = notes.lock().unwrap().iter().cloned().collect();
+        (series.first().map_or(0, |s| s.points.len()), said)
+    };
+    // 75 points of 70-bucket windows: 5,250 visits, within 16 x 1,000; not within 16 x 200.
+    let q = r#"increase(bucketd_reading{series="m/kwh"}[70h])"#;
+    let (points, said) = run(q, 1_000);
+    assert_eq!((points, said.len()), (75, 0), "{said:?}");
+    let (points, said) = run(q, 200);
+    assert!(points < 75, "{points}");
+    assert!(
+        said.iter()
+            .any(|n| n.contains("would visit more than 16 x")),
+        "{said:?}"
+    );
+}
