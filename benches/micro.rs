@@ -138,7 +138,7 @@ fn bench_merge(c: &mut Criterion) {
 #[cfg(feature = "ui")]
 fn bench_promql(c: &mut Criterion) {
     use bucketd::doc::BucketDoc;
-    use bucketd::promql::{Budget, Grid, Raw, SeriesLabels, Value, evaluate, parse};
+    use bucketd::promql::{Grid, SeriesLabels, Value, parse};
     let wide_hour = |seed: u64, start: i64| {
         let mut x = seed | 1;
         let mut s = Summary::of(start * 1_000_000_000, 50.0);
@@ -168,24 +168,8 @@ fn bench_promql(c: &mut Criterion) {
     g.sample_size(10);
     g.bench_function("range_700h_step_1s", |b| {
         b.iter(|| {
-            let value = evaluate(
-                &expr,
-                &SeriesLabels::all(&names, false),
-                grid,
-                3600,
-                &Budget {
-                    max_points: 100_000,
-                    cancel: None,
-                    notes: None,
-                },
-                |_, _, _| {
-                    Ok::<_, std::convert::Infallible>(
-                        [("s/t".to_owned(), docs.clone())].into_iter().collect(),
-                    )
-                },
-                |_, _, _, _| Ok(Raw::Readings(Vec::new())),
-            )
-            .unwrap();
+            let labels = SeriesLabels::all(&names, false);
+            let value = in_memory(&expr, &labels, grid, &docs, &[]).unwrap();
             let Value::Vector(series) = value else {
                 panic!("a vector")
             };
@@ -206,6 +190,39 @@ fn bench_promql(c: &mut Criterion) {
     bench_exact_windows(&mut g);
     bench_counters(&mut g);
     g.finish();
+}
+
+/// `expr` evaluated at `grid` over one series' buckets `docs` (`docs[0]`'s series) and its raw
+/// readings `readings` (ns), at the default budget, as the Prometheus API evaluates it.
+#[cfg(feature = "ui")]
+fn in_memory(
+    expr: &bucketd::promql::Expr,
+    labels: &[bucketd::promql::SeriesLabels<'_>],
+    grid: bucketd::promql::Grid,
+    docs: &[bucketd::doc::BucketDoc],
+    readings: &[(i64, f64)],
+) -> Result<bucketd::promql::Value, bucketd::promql::EvalError<std::convert::Infallible>> {
+    use bucketd::promql::{Budget, Raw, evaluate};
+    let name = docs[0].series.clone();
+    evaluate(
+        expr,
+        labels,
+        grid,
+        3600,
+        &Budget {
+            max_points: 100_000,
+            cancel: None,
+            notes: None,
+        },
+        |_, from, to| {
+            let docs = docs.iter().filter(|d| (from..to).contains(&d.start));
+            Ok([(name, docs.cloned().collect())].into_iter().collect())
+        },
+        |_, from, to, _| {
+            let r = readings.iter().filter(|r| (from..to).contains(&r.0));
+            Ok(Raw::Readings(r.copied().collect()))
+        },
+    )
 }
 
 /// A meter read every `every` seconds for `days` days (reset once a week): its hourly buckets
@@ -241,7 +258,7 @@ fn meter(days: i64, every: i64) -> (Vec<bucketd::doc::BucketDoc>, Vec<(i64, f64)
 /// (`max_over_time`, `avg_over_time`): what the counter functions cost over the raw readings.
 #[cfg(feature = "ui")]
 fn bench_counters(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
-    use bucketd::promql::{Budget, Grid, Raw, SeriesLabels, Value, evaluate, parse};
+    use bucketd::promql::{Grid, SeriesLabels, Value, parse};
     let names = vec!["m/kwh".to_owned()];
     let labels = SeriesLabels::all(&names, false);
     let month = meter(31, 60);
@@ -298,30 +315,7 @@ fn bench_counters(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::
         let grid = Grid::range(end - steps * step_ms, end, step_ms).unwrap();
         g.bench_function(id, |b| {
             b.iter(|| {
-                let value = evaluate(
-                    &expr,
-                    &labels,
-                    grid,
-                    3600,
-                    &Budget {
-                        max_points: 100_000,
-                        cancel: None,
-                        notes: None,
-                    },
-                    |_, from, to| {
-                        let docs = docs.iter().filter(|d| (from..to).contains(&d.start));
-                        Ok::<_, std::convert::Infallible>(
-                            [("m/kwh".to_owned(), docs.cloned().collect())]
-                                .into_iter()
-                                .collect(),
-                        )
-                    },
-                    |_, from, to, _| {
-                        let r = readings.iter().filter(|r| (from..to).contains(&r.0));
-                        Ok(Raw::Readings(r.copied().collect()))
-                    },
-                )
-                .unwrap();
+                let value = in_memory(&expr, &labels, grid, docs, readings).unwrap();
                 let Value::Vector(series) = value else {
                     panic!("a vector")
                 };
@@ -340,7 +334,7 @@ fn bench_counters(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::
 #[cfg(feature = "ui")]
 fn bench_exact_windows(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
     use bucketd::doc::BucketDoc;
-    use bucketd::promql::{Budget, Grid, Raw, SeriesLabels, evaluate, parse};
+    use bucketd::promql::{Grid, SeriesLabels, parse};
     let first = NOW_S - 25 * 3600;
     let readings: Vec<(i64, f64)> = (0..25 * 360)
         .map(|i| {
@@ -368,32 +362,8 @@ fn bench_exact_windows(g: &mut criterion::BenchmarkGroup<'_, criterion::measurem
     ] {
         g.bench_function(id, |b| {
             b.iter(|| {
-                evaluate(
-                    &expr,
-                    &labels,
-                    grid,
-                    3600,
-                    &Budget {
-                        max_points: 100_000,
-                        cancel: None,
-                        notes: None,
-                    },
-                    |_, from, to| {
-                        let docs = docs.iter().filter(|d| (from..to).contains(&d.start));
-                        Ok::<_, std::convert::Infallible>(
-                            [("s/t".to_owned(), docs.cloned().collect())]
-                                .into_iter()
-                                .collect(),
-                        )
-                    },
-                    |_, from, to, _| {
-                        let r = readings
-                            .iter()
-                            .filter(|r| kept && (from..to).contains(&r.0));
-                        Ok(Raw::Readings(r.copied().collect()))
-                    },
-                )
-                .unwrap()
+                let readings: &[(i64, f64)] = if kept { &readings } else { &[] };
+                in_memory(&expr, &labels, grid, &docs, readings).unwrap()
             });
         });
     }

@@ -1363,45 +1363,29 @@ impl<'a> Ctx<'a> {
     /// Prometheus gives a vector selector's samples' times; of anything else (a bucket
     /// field's point too), the point's time.
     fn timestamps(&self, arg: &Expr) -> Result<Vec<Series>, Refusal> {
-        let series = match arg {
+        // A point's own time for its value, without the metric name.
+        let at_its_time = |f: Series| Series {
+            points: f
+                .points
+                .iter()
+                .map(|&(t, _)| (t, t as f64 / 1000.0))
+                .collect(),
+            labels: unnamed(f.labels),
+        };
+        Ok(match arg {
             Expr::Select(s) if s.selector.names_readings() => {
-                let mut series = self.last_readings(s, true);
                 let fields = self
                     .plain(s)
                     .into_iter()
                     .filter(|f| f.labels.get("__name__").map(String::as_str) != Some(READINGS));
-                series.extend(fields.map(|f| {
-                    Series {
-                        points: f
-                            .points
-                            .iter()
-                            .map(|&(t, _)| (t, t as f64 / 1000.0))
-                            .collect(),
-                        ..f
-                    }
-                }));
-                series
+                let readings = self.last_readings(s, true).into_iter().map(|r| Series {
+                    labels: unnamed(r.labels),
+                    ..r
+                });
+                readings.chain(fields.map(at_its_time)).collect()
             }
-            _ => self
-                .vector(arg)?
-                .into_iter()
-                .map(|f| Series {
-                    points: f
-                        .points
-                        .iter()
-                        .map(|&(t, _)| (t, t as f64 / 1000.0))
-                        .collect(),
-                    ..f
-                })
-                .collect(),
-        };
-        Ok(series
-            .into_iter()
-            .map(|f| Series {
-                labels: unnamed(f.labels),
-                ..f
-            })
-            .collect())
+            _ => self.vector(arg)?.into_iter().map(at_its_time).collect(),
+        })
     }
 
     /// A range function over a subquery: its expression evaluated once at the subquery's grid
