@@ -326,6 +326,10 @@ impl Reader {
                         }
                         std::collections::btree_map::Entry::Occupied(mut o) => {
                             o.get_mut().merge(&summary);
+                            // Different gateways' counters: their readings would join as one
+                            // counter's where one's came before the other's. Unknown; a fleet
+                            // total is the sum of the gateways' increases.
+                            o.get_mut().inc = None;
                         }
                     }
                 } else {

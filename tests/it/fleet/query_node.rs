@@ -449,6 +449,19 @@ async fn gateway_labels(
         "{} vs {want}: {answer}",
         got[0]
     );
+    // A fleet-wide series merges different gateways' counters: no increase from its buckets
+    // (the warning says so); the fleet's total is the sum of the gateways'.
+    let q = r#"increase(bucketd_reading{series="*:boiler/temp"}[1h])"#;
+    let answer = get(addr, &range(q), 200).await;
+    assert_eq!(answer["data"]["result"], serde_json::json!([]), "{answer}");
+    assert!(
+        answer["warnings"]
+            .to_string()
+            .contains("do not know their counter increase"),
+        "{answer}"
+    );
+    let q = r#"sum(increase(bucketd_reading{sensor="boiler", metric="temp"}[1h]))"#;
+    assert_eq!(per_hour(&get(addr, &range(q), 200).await).len(), 2);
     let q = r#"count_over_time(bucketd_reading{gateway="qn-b", sensor="boiler"}[1h])"#;
     let answer = get(addr, &range(q), 200).await;
     assert!(answer.get("warnings").is_none(), "{answer}");
