@@ -433,6 +433,9 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"stddev_over_time((bucketd_reading{sensor=~"day|night"} * 2)[90m:90s])"#.to_owned(),
         r#"sum by (metric) (increase(max_over_time(bucketd_reading{sensor=~"day|night"}[1h])[1d:1h]))"#.to_owned(),
         r#"last_over_time(bucketd_reading{sensor="day"}[1h:5m])"#.to_owned(),
+        // atan2 keeps the metric name in Prometheus 2.42 (found by .ci/heldout/promdiff).
+        r#"bucketd_reading{sensor="day"} atan2 bucketd_reading{sensor="day"} offset 10m"#.to_owned(),
+        r#"bucketd_reading{sensor="night"} atan2 2"#.to_owned(),
     ] {
         // Equal on every grid, and not empty on all (a plain selector has no reading
         // within the look-back of the hours).

@@ -495,8 +495,11 @@ pub(super) fn binary(
             Some(r)
         }
     };
+    // Prometheus 2.42 drops the metric name for arithmetic and `bool`, not for a filtering
+    // comparison, nor for `atan2` (its `shouldDropMetricName` leaves it out).
+    let keep_name = filter || op == BinOp::Atan2;
     let labels_of = |labels: BTreeMap<String, String>| {
-        if filter { labels } else { unnamed(labels) }
+        if keep_name { labels } else { unnamed(labels) }
     };
     match (lhs, rhs) {
         (Value::Vector(v), n @ (Value::Scalar(_) | Value::Timed(_))) => Ok(Value::Vector(
@@ -591,10 +594,16 @@ fn vectors(
                 Some((t, value))
             })
             .collect();
-        let mut labels = match (filter, matching, group) {
+        // Prometheus 2.42 keeps the metric name for a filtering comparison and for `atan2`.
+        let keep_name = filter || op == BinOp::Atan2;
+        let mut labels = match (keep_name, matching, group) {
             (_, Matching::On(_), None) => k,
             (_, Matching::Ignoring(ignored), None) => {
-                let mut l = if filter { s.labels } else { unnamed(s.labels) };
+                let mut l = if keep_name {
+                    s.labels
+                } else {
+                    unnamed(s.labels)
+                };
                 l.retain(|name, _| !ignored.contains(name));
                 l
             }
