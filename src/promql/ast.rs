@@ -902,39 +902,6 @@ pub enum Expr {
 }
 
 impl Expr {
-    /// The selectors in the query, in order.
-    pub fn selects(&self) -> Vec<&Select> {
-        let mut out = Vec::new();
-        self.walk(&mut |e| {
-            if let Expr::Select(s) = e {
-                out.push(s);
-            }
-        });
-        out
-    }
-
-    pub(super) fn walk<'a>(&'a self, f: &mut impl FnMut(&'a Expr)) {
-        f(self);
-        match self {
-            Expr::Number(_) | Expr::Str(_) | Expr::Select(_) => {}
-            Expr::Call(_, args) => args.iter().for_each(|a| a.walk(f)),
-            Expr::Aggregate {
-                parameter, inner, ..
-            } => {
-                if let Some(p) = parameter {
-                    p.walk(f);
-                }
-                inner.walk(f);
-            }
-            Expr::Binary { lhs, rhs, .. } => {
-                lhs.walk(f);
-                rhs.walk(f);
-            }
-            Expr::Negate(e) => e.walk(f),
-            Expr::Subquery(q) => q.inner.walk(f),
-        }
-    }
-
     /// `@ start()` and `@ end()` made the query's times (ms), everywhere in it.
     pub fn resolve_at(&mut self, start: i64, end: i64) {
         match self {
