@@ -11,7 +11,9 @@
 //!   they merge (so `quantile_over_time(0.99, bucketd_reading[1d])` is the day's p99 of the
 //!   readings, interpolated as Prometheus does); over a field each bucket is one sample.
 //!
-//! `offset d` moves `t` back by `d`.
+//! `offset d` moves `t` back by `d`; `@ t` fixes it. A subquery's expression is evaluated at a
+//! grid of its own (the multiples of its step its windows need), and each selector is read at
+//! the grid it is evaluated at ([`place`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
