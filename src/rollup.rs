@@ -133,6 +133,45 @@ mod tests {
         assert_eq!(json["count"], serde_json::json!(u64::MAX));
     }
 
+    /// Issue 77: a day's rollup of a meter's hours is the day's increase, resets counted: the
+    /// readings 1 to 20 (two an hour), a reset to 5 at hour 10, then 6 to 32 increase by 19,
+    /// then 5 (the reset: the counter counted from 0), then 27.
+    #[test]
+    fn a_daily_rollup_of_a_meter_is_its_increase() {
+        let day = 1_763_683_200;
+        let mut v = 0.0;
+        let docs: Vec<BucketDoc> = (0..24)
+            .map(|h| {
+                let mut values = Vec::new();
+                for _ in 0..2 {
+                    v = if h == 10 && values.is_empty() {
+                        5.0
+                    } else {
+                        v + 1.0
+                    };
+                    values.push(v);
+                }
+                doc(day + h * 3600, &values)
+            })
+            .collect();
+        // The readings' steps: each rise, and at the reset the value it reset to.
+        let readings: Vec<f64> = docs
+            .iter()
+            .flat_map(|d| [d.first.value, d.last.value])
+            .collect();
+        let want: f64 = readings
+            .windows(2)
+            .map(|w| if w[1] < w[0] { w[1] } else { w[1] - w[0] })
+            .sum();
+        assert_eq!(want, 19.0 + 5.0 + 27.0);
+        let windows = rollup(&docs, 86_400);
+        assert_eq!(windows.len(), 1);
+        assert_eq!(windows[0].summary.inc, Some(want));
+        let json =
+            crate::export::summary_json(windows[0].start, windows[0].end, &windows[0].summary);
+        assert_eq!(json["increase"], serde_json::json!(want));
+    }
+
     #[test]
     fn a_daily_rollup_merges_the_hours_of_each_day() {
         let day = 1_763_683_200;
