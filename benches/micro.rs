@@ -253,7 +253,7 @@ fn meter(days: i64, every: i64) -> (Vec<bucketd::doc::BucketDoc>, Vec<(i64, f64)
     (docs, readings)
 }
 
-/// Issue 77: a counter ([`meter`]) as dashboards chart it, `increase` over a month at step 1h and `rate(x[5m])` over a day at step 15s, each
+/// A counter ([`meter`]) as dashboards chart it, `increase` over a month at step 1h and `rate(x[5m])` over a day at step 15s, each
 /// against its `*_over_time` equivalent on the same windows and grid in the same run
 /// (`max_over_time`, `avg_over_time`): what the counter functions cost over the raw readings.
 #[cfg(feature = "ui")]

@@ -10,7 +10,7 @@ use crate::summary::{Point, Summary};
 
 /// Version of the bucket document, in every document's `schema_version`. Version 1 had no
 /// `sketch`; such documents read with an empty sketch, and their quantiles are unknown.
-/// Version 2 had no `inc` (a counter's increase, issue 77); such documents read with it
+/// Version 2 had no `inc` (a counter's increase); such documents read with it
 /// unknown. A release before version 3 reads a version 3 document, ignoring `inc`.
 pub const SCHEMA_VERSION: i32 = 3;
 

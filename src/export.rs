@@ -37,7 +37,7 @@ pub fn summary_json(
         "p50": s.quantile(0.5),
         "p90": s.quantile(0.9),
         "p99": s.quantile(0.99),
-        // A counter's increase over the readings, resets counted (issue 77); null where the
+        // A counter's increase over the readings, resets counted; null where the
         // bucket does not know it. A rollup's joins its buckets': a meter's kWh per day.
         "increase": s.inc,
     });

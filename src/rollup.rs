@@ -133,7 +133,7 @@ mod tests {
         assert_eq!(json["count"], serde_json::json!(u64::MAX));
     }
 
-    /// Issue 77: a day's rollup of a meter's hours is the day's increase, resets counted: the
+    /// A day's rollup of a meter's hours is the day's increase, resets counted: the
     /// readings 1 to 20 (two an hour), a reset to 5 at hour 10, then 6 to 32 increase by 19,
     /// then 5 (the reset: the counter counted from 0), then 27.
     #[test]

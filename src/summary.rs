@@ -11,8 +11,8 @@
 //! - `mean` and `m2` (sum of squared deviations) merge with Chan et al.'s parallel formula;
 //!   they are within a relative 1e-9 across merge orders.
 //! - `sketch` (quantiles) merges exactly while it is under its bin bound (see [`Sketch`]).
-//! - `inc`, a counter's increase over the readings in time order with resets counted (issue
-//!   77), joins two summaries whose readings follow one another in time (one's first not before
+//! - `inc`, a counter's increase over the readings in time order with resets counted, joins
+//!   two summaries whose readings follow one another in time (one's first not before
 //!   the other's last): the increases plus the step between them. Merged otherwise (readings
 //!   interleaved in time: a late reading, two gateways' series) it is unknown (`None`) for good,
 //!   as it is for a bucket stored before it existed; the merge stays commutative.

@@ -773,7 +773,28 @@ fn a_forged_or_damaged_delta_message_is_refused_with_its_reason() {
             bucket(&|b| std::mem::swap(&mut b.first.ts, &mut b.last.ts)),
             DecodeError::InvalidDelta,
         ),
+        // A counter's increase: each step between readings 1.5 and 4 rises at most 2.5 or
+        // resets to one of them, so two readings cannot increase by more than 8 either way.
+        (
+            "a NaN counter increase",
+            bucket(&|b| b.inc = Some(nan)),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a counter increase its readings cannot reach",
+            bucket(&|b| b.inc = Some(8.5)),
+            DecodeError::InvalidDelta,
+        ),
+        (
+            "a counter decrease its readings cannot reach",
+            bucket(&|b| b.inc = Some(-9.0)),
+            DecodeError::InvalidDelta,
+        ),
     ];
+    // The honest increase, and none (a gateway of a release before it), pass.
+    assert_eq!(good.buckets[0].inc, Some(2.5));
+    let unknown = message(&|m| m.buckets[0].inc = None);
+    assert!(run(&sub, topic, &bytes(&unknown)).is_ok());
     // Without its forged `max_bins`, the 40-bin bucket is what a gateway sends.
     let honest = message(&|m| m.buckets[0] = BucketDoc::new("d0/t", NOW_S, 3600, &forty));
     assert!(run(&sub, topic, &bytes(&honest)).is_ok());

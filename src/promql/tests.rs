@@ -645,7 +645,7 @@ fn one(text: &str, t: i64) -> Option<f64> {
     out.first().and_then(|s| s.points.first()).map(|p| p.1)
 }
 
-/// Issue 77: a subquery evaluates its expression at the multiples of its step in each point's
+/// A subquery evaluates its expression at the multiples of its step in each point's
 /// window `[t - range, t]`, both ends in; `@` fixes the time whatever the point's.
 #[test]
 fn subqueries_and_at_take_the_times_they_name() {
@@ -1607,7 +1607,7 @@ fn relabelling_functions_check_their_strings() {
     );
 }
 
-/// Issue 77: past the raw readings, `increase` over whole buckets answers from each bucket's
+/// Past the raw readings, `increase` over whole buckets answers from each bucket's
 /// counter increase, each point visiting its window's buckets within the query's work bound
 /// (16 x `http.max_points_per_query`); past it, no point, and the answer says why.
 #[test]

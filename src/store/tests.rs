@@ -687,7 +687,7 @@ fn a_format_1_file_opens_migrated_with_everything_it_held() {
     assert_eq!(fps_in(&store), fps);
     let (buckets, mut raw) = seen(&store.reader());
     raw.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-    // A format-1 file's buckets and summaries know no counter increase (issue 77): unknown, or
+    // A format-1 file's buckets and summaries know no counter increase: unknown, or
     // what its readings give where the log kept them; never another number. The model takes
     // what the file knows.
     for (key, m) in &mut model {

@@ -171,7 +171,7 @@ fn meter() -> impl Strategy<Value = Vec<(i64, f64)>> {
 }
 
 proptest! {
-    /// Issue 77: the counter increase of readings in time order, folded one by one or in
+    /// The counter increase of readings in time order, folded one by one or in
     /// consecutive parts merged in any order, is Prometheus's over the readings.
     #[test]
     fn the_counter_increase_of_consecutive_parts_is_prometheus_increase(

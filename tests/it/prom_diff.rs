@@ -297,7 +297,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"count(last_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
         r#"topk(1, max_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
         r#"min_over_time(bucketd_reading{sensor="day"}[1h]) * 1.8 + 32"#,
-        // Math functions of each value (issue 77).
+        // Math functions of each value.
         r#"abs(min_over_time(bucketd_reading{sensor=~"day|night"}[1h]) - 20)"#,
         r#"round(avg_over_time(bucketd_reading{sensor=~"day|night"}[1h]), 0.5)"#,
         r#"round(avg_over_time(bucketd_reading{sensor=~"day|night"}[1h]))"#,
@@ -311,7 +311,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) * 0x10 / 010"#,
         r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) atan2 min_over_time(bucketd_reading{sensor=~"day|night"}[1h]) * 2"#,
         r#"-3 atan2 max_over_time(bucketd_reading{sensor="day"}[1h])"#,
-        // Set operators, time by time (issue 77).
+        // Set operators, time by time.
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) > 20 and on (metric) max_over_time(bucketd_reading{sensor="night"}[1h]) > 15"#,
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) > 20 or on (metric) min_over_time(bucketd_reading{sensor="night"}[1h])"#,
         r#"max_over_time(bucketd_reading{sensor="day"}[1h]) unless on (metric) max_over_time(bucketd_reading{sensor="night"}[1h]) > 18"#,
@@ -334,7 +334,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
     }
     let q = r#"quantile_over_time(0.9, bucketd_reading{sensor="day"}[1h])"#;
     assert_eq!(same(&prom, &ours, q, &offset, 1e-12).await, 2, "{q}");
-    // Counter and trend functions of the readings with their times (issue 77): Prometheus's
+    // Counter and trend functions of the readings with their times: Prometheus's
     // extrapolation to the window's edges, resets, least squares; on both grids, over one
     // and two hours.
     for f in [
@@ -345,15 +345,14 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
             assert!(same(&prom, &ours, &q, grid, 1e-9).await > 0, "{q}");
         }
     }
-    // Any range over the readings, exact from them (issue 77: refused before unless whole
-    // buckets).
+    // Any range over the readings, exact from them, not only whole buckets.
     for f in OVER_TIME {
         for r in ["5m", "90m"] {
             let q = format!(r#"{f}(bucketd_reading{{sensor=~"day|night"}}[{r}])"#);
             assert!(same(&prom, &ours, &q, &offset, 1e-9).await > 0, "{q}");
         }
     }
-    // Time and dates (issue 77): scalars that vary with time, and vectors of them.
+    // Time and dates: scalars that vary with time, and vectors of them.
     for q in [
         "time()",
         "time() - 3600",
@@ -378,7 +377,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
         r#"label_replace(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "metric", "", "sensor", "night")"#,
         r#"label_replace(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "x", "${1}!", "series", "(d.)y/.*")"#,
         r#"label_join(max_over_time(bucketd_reading{sensor=~"day|night"}[1h]), "both", "-", "sensor", "metric")"#,
-        // Many to one (issue 77): an info-series join, and its mirror.
+        // Many to one: an info-series join, and its mirror.
         r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) * on (metric) group_left (sensor) max_over_time(bucketd_reading{sensor="day"}[1h])"#,
         r#"max_over_time(bucketd_reading{sensor="night"}[1h]) - on (metric) group_right max_over_time(bucketd_reading{sensor=~"day|night"}[1h])"#,
         r#"max_over_time(bucketd_reading{sensor=~"day|night"}[1h]) > ignoring (sensor, series) group_left min_over_time(bucketd_reading{sensor="night"}[1h])"#,
@@ -403,7 +402,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
     ] {
         assert!(same(&prom, &ours, q, &offset, 1e-9).await > 0, "{q}");
     }
-    // timestamp(), sort and sort_desc, `@` and subqueries (issue 77).
+    // timestamp(), sort and sort_desc, `@` and subqueries.
     let minutes = [
         ("start", t(hour(8))),
         ("end", t(hour(10))),
@@ -514,7 +513,7 @@ async fn bucketd_answers_as_prometheus_does_on_the_same_readings() {
     d.stop().await.unwrap();
 }
 
-/// Issue 77: where no raw reading is kept (`store_raw = false`, as past `store.raw_retention`),
+/// Where no raw reading is kept (`store_raw = false`, as past `store.raw_retention`),
 /// `rate`, `increase` and `delta` over windows of whole buckets are answered from what each
 /// bucket keeps (its first and last readings, its count and its counter increase with resets,
 /// joined bucket to bucket) as Prometheus answers them from the readings: `h` resets every few

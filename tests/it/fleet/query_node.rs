@@ -413,7 +413,7 @@ async fn gateway_labels(
         "{refused}"
     );
     // A counter function needs raw readings, which stay on the gateways: no point, and the
-    // answer's warnings say where to ask (issue 77); a gauge function over whole buckets is
+    // answer's warnings say where to ask; a gauge function over whole buckets is
     // answered from them.
     let q = r#"rate(bucketd_reading{gateway="qn-b", sensor="boiler"}[30m])"#;
     let answer = get(addr, &range(q), 200).await;

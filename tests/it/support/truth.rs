@@ -163,7 +163,7 @@ fn check_truth(docs: &[BucketDoc], truth: &BTreeMap<TruthKey, Truth>, quantiles:
         assert_extremes_exact(&got, want, &ctx);
         assert!(close(got.total(), want.sum, 1e-9), "sum {ctx}");
         assert!(close(got.mean, want.mean, 1e-9), "mean {ctx}");
-        // Issue 77: a bucket's counter increase, where it knows one, is the readings' (it may
+        // A bucket's counter increase, where it knows one, is the readings' (it may
         // not know: readings merged out of time order).
         if let (Some(inc), Some(truth)) = (got.inc, want.increase) {
             let scale = truth.abs() + want.count as f64 * want.min.abs().max(want.max.abs());
