@@ -403,6 +403,8 @@ struct Chosen {
     name: String,
     fields: Vec<Field>,
     readings: bool,
+    /// Whether they name its readings by their Prometheus name (`energy_kwh{site="north"}`).
+    native: bool,
 }
 
 async fn selected(
@@ -427,18 +429,23 @@ async fn selected(
                 .iter()
                 .filter(|sel| sel.matches_series(labels))
                 .collect();
-            let (fields, readings): (BTreeSet<Field>, bool) = if selectors.is_empty() {
-                (Field::ALL.into_iter().collect(), true)
+            let (fields, readings, native): (BTreeSet<Field>, bool, bool) = if selectors.is_empty()
+            {
+                (Field::ALL.into_iter().collect(), true, true)
             } else {
                 (
                     matching.iter().flat_map(|sel| sel.fields()).collect(),
-                    matching.iter().any(|sel| sel.selects_readings()),
+                    matching
+                        .iter()
+                        .any(|sel| sel.selects_readings() && !sel.native()),
+                    matching.iter().any(|sel| sel.native()),
                 )
             };
-            (!fields.is_empty() || readings).then(|| Chosen {
+            (!fields.is_empty() || readings || native).then(|| Chosen {
                 name: labels.series.to_owned(),
                 fields: fields.into_iter().collect(),
                 readings,
+                native,
             })
         })
         .collect();
@@ -480,18 +487,20 @@ fn limit(p: &Params) -> Result<usize, PromError> {
 }
 
 async fn labels(s: &PromState, p: &Params) -> Result<Value, PromError> {
-    let any = !selected(s, p, p.matches()?).await?.is_empty();
-    let gateway = s.source.fleet().then_some(promql::GATEWAY);
-    let mut names: Vec<&str> = if any {
-        std::iter::once("__name__")
-            .chain(promql::LABELS)
-            .chain(gateway)
-            .collect()
-    } else {
-        Vec::new()
-    };
-    names.sort_unstable(); // Prometheus lists them sorted
-    names.truncate(limit(p)?);
+    let selected = selected(s, p, p.matches()?).await?;
+    let fleet = s.source.fleet();
+    let mut names: BTreeSet<String> = BTreeSet::new();
+    for c in &selected {
+        let labels = SeriesLabels::of(&c.name, fleet);
+        names.insert("__name__".to_owned());
+        if c.readings || !c.fields.is_empty() {
+            names.extend(promql::LABELS.iter().map(|l| (*l).to_owned()));
+        }
+        names.extend(labels.gateway.map(|_| promql::GATEWAY.to_owned()));
+        names.extend(labels.tags().map(|(k, _)| k.to_owned()));
+    }
+    // Prometheus lists them sorted.
+    let names: Vec<String> = names.into_iter().take(limit(p)?).collect();
     Ok(json!(names))
 }
 
@@ -503,20 +512,23 @@ async fn label_values(s: &PromState, name: &str, p: &Params) -> Result<Value, Pr
         .iter()
         .flat_map(|c| {
             let labels = SeriesLabels::of(&c.name, fleet);
+            let own = c.readings || !c.fields.is_empty();
             let one = match name {
-                "series" => Some(labels.series),
-                "sensor" => Some(labels.sensor),
-                "metric" => Some(labels.metric),
+                "series" if own => Some(labels.series),
+                "sensor" if own => Some(labels.sensor),
+                "metric" if own => Some(labels.metric),
                 promql::GATEWAY => labels.gateway,
-                _ => None,
+                _ => labels.tags().find(|(k, _)| *k == name).map(|(_, v)| v),
             };
             let names = c
                 .fields
                 .iter()
                 .map(|f| f.metric_name())
                 .chain(c.readings.then_some(promql::READINGS))
+                .map(str::to_owned)
+                .chain(c.native.then(|| labels.native_name()))
                 .filter(|_| name == "__name__");
-            one.into_iter().chain(names).map(str::to_owned)
+            one.map(str::to_owned).into_iter().chain(names)
         })
         .collect();
     let values: Vec<String> = values.into_iter().take(limit(p)?).collect();
@@ -531,7 +543,7 @@ async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
     let selected = selected(s, p, selectors).await?;
     let total: u64 = selected
         .iter()
-        .map(|c| c.fields.len() as u64 + u64::from(c.readings))
+        .map(|c| c.fields.len() as u64 + u64::from(c.readings) + u64::from(c.native))
         .sum();
     if total > s.max_points {
         return Err(PromError::bad(format!(
@@ -545,13 +557,13 @@ async fn series(s: &PromState, p: &Params) -> Result<Value, PromError> {
         .iter()
         .flat_map(|c| {
             let labels = SeriesLabels::of(&c.name, fleet);
-            let mut readings = labels.with_name(Field::Count);
-            readings.insert("__name__".to_owned(), promql::READINGS.to_owned());
-            let readings = c.readings.then(|| json!(readings));
+            let readings = c.readings.then(|| json!(labels.named(promql::READINGS)));
+            let native = c.native.then(|| json!(labels.native_labels()));
             c.fields
                 .iter()
                 .map(move |f| json!(labels.with_name(*f)))
                 .chain(readings)
+                .chain(native)
                 .collect::<Vec<_>>()
         })
         .take(limit(p)?)

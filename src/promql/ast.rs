@@ -196,14 +196,71 @@ impl<'a> SeriesLabels<'a> {
             "metric" => self.metric,
             GATEWAY => self.gateway.unwrap_or(""),
             // Prometheus: a label a series does not have has the empty value.
-            _ => "",
+            _ => self
+                .tags()
+                .find(|(k, _)| *k == label)
+                .map_or("", |(_, v)| v),
         }
+    }
+
+    /// The sensor's tags as labels: a sensor named as an `InfluxDB` series key,
+    /// `measurement,key=value,...` (what the line protocol decoder names it), has a label per
+    /// tag whose key is a label name that is not one of bucketd's own ([`LABELS`],
+    /// [`GATEWAY`], `__`-prefixed); the first of a repeated key. None unless every part after
+    /// the measurement is `key=value`.
+    pub fn tags(&self) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        let parts = tag_parts(self.sensor);
+        let mut seen: Vec<&'a str> = Vec::new();
+        parts.into_iter().flatten().filter(move |(k, _)| {
+            let fresh = !seen.contains(k) && !reserved_label(k);
+            seen.push(k);
+            fresh
+        })
+    }
+
+    /// The Prometheus name of the series' readings, as Telegraf's Prometheus serializer names
+    /// a line protocol field: `<measurement>_<field>`, the field alone for the measurement
+    /// `prometheus` (Telegraf's Prometheus input), characters a metric name cannot hold as
+    /// `_`. A sensor that is no series key is its own measurement.
+    pub fn native_name(&self) -> String {
+        let measurement = match tag_parts(self.sensor) {
+            Some(_) => self.sensor.split(',').next().unwrap_or(self.sensor),
+            None => self.sensor,
+        };
+        if measurement == "prometheus" {
+            metric_name_of(self.metric)
+        } else {
+            metric_name_of(&format!("{measurement}_{}", self.metric))
+        }
+    }
+
+    /// The labels of the readings named by [`SeriesLabels::native_name`]: the tags, and the
+    /// gateway on a query node; as the series would be in a Prometheus that scraped them.
+    pub fn native_labels(&self) -> BTreeMap<String, String> {
+        let mut labels: BTreeMap<String, String> = self
+            .tags()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        labels.insert("__name__".to_owned(), self.native_name());
+        if let Some(gateway) = self.gateway {
+            labels.insert(GATEWAY.to_owned(), gateway.to_owned());
+        }
+        labels
     }
 
     /// All labels of the metric `field` of this series.
     pub fn with_name(&self, field: Field) -> BTreeMap<String, String> {
-        let mut labels = BTreeMap::from([
-            ("__name__".to_owned(), field.metric_name().to_owned()),
+        self.named(field.metric_name())
+    }
+
+    /// All labels of this series as `name`: bucketd's own, and the tags.
+    pub fn named(&self, name: &str) -> BTreeMap<String, String> {
+        let mut labels: BTreeMap<String, String> = self
+            .tags()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        labels.extend([
+            ("__name__".to_owned(), name.to_owned()),
             ("metric".to_owned(), self.metric.to_owned()),
             ("sensor".to_owned(), self.sensor.to_owned()),
             ("series".to_owned(), self.series.to_owned()),
@@ -213,6 +270,51 @@ impl<'a> SeriesLabels<'a> {
         }
         labels
     }
+}
+
+/// The `key=value` parts of a sensor named `measurement,key=value,...`; `None` when it has
+/// none or one part is not a label name, `=` and a value.
+fn tag_parts(sensor: &str) -> Option<impl Iterator<Item = (&str, &str)>> {
+    let (_, tags) = sensor.split_once(',')?;
+    let valid = tags.split(',').all(|part| {
+        part.split_once('=')
+            .is_some_and(|(k, v)| is_label_name(k) && !v.is_empty())
+    });
+    valid.then(|| tags.split(',').filter_map(|part| part.split_once('=')))
+}
+
+/// Whether `name` is one of the labels bucketd gives every series (a tag may not stand for it).
+fn reserved_label(name: &str) -> bool {
+    name.starts_with("__") || LABELS.contains(&name) || name == GATEWAY
+}
+
+/// Prometheus's label names: `[a-zA-Z_][a-zA-Z0-9_]*`.
+pub fn is_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A metric name made of `name` as Telegraf sanitizes one: a first character a name cannot
+/// start with left out, any other character outside `[a-zA-Z0-9_:]` as `_`, then `_` trimmed
+/// at both ends.
+fn metric_name_of(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for (i, c) in name.chars().enumerate() {
+        let first = c.is_ascii_alphabetic() || c == '_' || c == ':';
+        if i == 0 {
+            if first {
+                out.push(c);
+            }
+        } else if first || c.is_ascii_digit() {
+            out.push(c);
+        } else {
+            out.push('_');
+        }
+    }
+    out.trim_matches('_').to_owned()
 }
 
 /// The metric whose samples are the readings themselves: inside a range function the buckets
@@ -225,12 +327,39 @@ pub const READINGS: &str = "bucketd_reading";
 pub const LOOKBACK_MS: i64 = 5 * 60 * 1000;
 
 impl Selector {
-    /// Whether the `__name__` matchers accept [`READINGS`].
+    /// Whether the `__name__` matchers accept [`READINGS`], or it names readings by their
+    /// Prometheus names ([`Selector::native`]).
     pub fn selects_readings(&self) -> bool {
+        self.accepts_name(READINGS) || self.native()
+    }
+
+    /// Whether every `__name__` matcher accepts `name`.
+    fn accepts_name(&self, name: &str) -> bool {
         self.matchers
             .iter()
             .filter(|m| m.label == "__name__")
-            .all(|m| m.matches(READINGS))
+            .all(|m| m.matches(name))
+    }
+
+    /// Whether it names the readings by their Prometheus names
+    /// ([`SeriesLabels::native_name`], `energy_kwh{site="north"}`): it has a `__name__`
+    /// matcher, which takes neither [`READINGS`] nor a bucket field.
+    pub fn native(&self) -> bool {
+        self.matchers.iter().any(|m| m.label == "__name__")
+            && !self.accepts_name(READINGS)
+            && !Field::ALL
+                .iter()
+                .any(|f| self.accepts_name(f.metric_name()))
+    }
+
+    /// The labels of the readings of a series it selects: by their Prometheus name when it
+    /// names them so, else as [`READINGS`].
+    pub fn reading_labels(&self, series: &SeriesLabels) -> BTreeMap<String, String> {
+        if self.native() {
+            series.native_labels()
+        } else {
+            series.named(READINGS)
+        }
     }
 
     /// Whether its `__name__` matchers name [`READINGS`] (there is at least one, and all
@@ -270,12 +399,22 @@ impl Selector {
     /// must be named as well (`gateway="*"`, or `series="*:boiler/temp"`): selected by any
     /// selector, it would count its gateways' readings a second time in every aggregation.
     pub fn matches_series(&self, labels: &SeriesLabels) -> bool {
-        (!labels.fleet_wide() || self.names_fleet_wide(labels))
-            && self
-                .matchers
-                .iter()
-                .filter(|m| m.label != "__name__")
-                .all(|m| m.matches(labels.get(&m.label)))
+        if !labels.fleet_wide() || self.names_fleet_wide(labels) {
+            // Named by their Prometheus name, the readings have its labels alone.
+            let native = self.native();
+            let get = |label: &str| match label {
+                "series" | "sensor" | "metric" if native => "",
+                _ => labels.get(label),
+            };
+            (!native || self.accepts_name(&labels.native_name()))
+                && self
+                    .matchers
+                    .iter()
+                    .filter(|m| m.label != "__name__")
+                    .all(|m| m.matches(get(&m.label)))
+        } else {
+            false
+        }
     }
 
     pub(super) fn names_fleet_wide(&self, labels: &SeriesLabels) -> bool {

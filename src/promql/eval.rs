@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    At, Expr, Field, Func, LOOKBACK_MS, POINTS_PER_SERIES_MAX, READINGS, SUBQUERY_STEP_MS, Select,
+    At, Expr, Field, Func, LOOKBACK_MS, POINTS_PER_SERIES_MAX, SUBQUERY_STEP_MS, Select,
     SeriesLabels, Subquery,
 };
 use crate::doc::BucketDoc;
@@ -1181,9 +1181,10 @@ impl<'a> Ctx<'a> {
                     (ts >= after).then_some((t, value))
                 })
                 .collect();
-            let mut labels = labels.with_name(Field::Count);
-            labels.insert("__name__".to_owned(), READINGS.to_owned());
-            out.push(Series { labels, points });
+            out.push(Series {
+                labels: s.selector.reading_labels(labels),
+                points,
+            });
         }
         out
     }
@@ -1250,10 +1251,8 @@ impl<'a> Ctx<'a> {
                         Some((t, value?))
                     })
                     .collect();
-                let mut named = labels.with_name(Field::Count);
-                named.insert("__name__".to_owned(), READINGS.to_owned());
                 out.push(Series {
-                    labels: range_function_labels(func, named),
+                    labels: range_function_labels(func, s.selector.reading_labels(labels)),
                     points,
                 });
             }
@@ -1376,10 +1375,12 @@ impl<'a> Ctx<'a> {
         };
         Ok(match arg {
             Expr::Select(s) if s.selector.names_readings() => {
-                let fields = self
-                    .plain(s)
-                    .into_iter()
-                    .filter(|f| f.labels.get("__name__").map(String::as_str) != Some(READINGS));
+                let fields = self.plain(s).into_iter().filter(|f| {
+                    let name = f.labels.get("__name__").map(String::as_str);
+                    Field::ALL
+                        .iter()
+                        .any(|field| name == Some(field.metric_name()))
+                });
                 let readings = self.last_readings(s, true).into_iter().map(|r| Series {
                     labels: unnamed(r.labels),
                     ..r

@@ -1655,3 +1655,79 @@ fn a_counter_from_buckets_visits_its_windows_within_the_work_bound() {
         "{said:?}"
     );
 }
+
+/// A sensor named as a line protocol series key gives its tags as labels; its readings also
+/// answer to the name Telegraf's Prometheus serializer gives them, with the tags alone.
+#[test]
+fn tags_are_labels_and_readings_answer_to_their_prometheus_names() {
+    let l = SeriesLabels::of("weather,site=north,zone=2/temperature", false);
+    assert_eq!(l.get("site"), "north");
+    assert_eq!(l.get("zone"), "2");
+    assert_eq!(l.native_name(), "weather_temperature");
+    let p = SeriesLabels::of("prometheus,instance=h:9100,job=node/node_load1", false);
+    assert_eq!(p.native_name(), "node_load1");
+    assert_eq!(p.get("instance"), "h:9100");
+    // Not a series key, or a tag that would stand for bucketd's own labels: no tag labels.
+    for (series, name) in [
+        ("boiler/temp", "boiler_temp"),
+        ("a,b/t", "a_b_t"),
+        ("a,1x=2/t", "a_1x_2_t"),
+        ("9dev-1/t", "dev_1_t"),
+    ] {
+        let l = SeriesLabels::of(series, false);
+        assert_eq!(l.tags().count(), 0, "{series}");
+        assert_eq!(l.native_name(), name, "{series}");
+    }
+    let r = SeriesLabels::of("m,sensor=x,series=y,__name__=z,k=1,k=2/t", false);
+    assert_eq!(r.tags().collect::<Vec<_>>(), [("k", "1")]);
+    assert_eq!(
+        r.named(READINGS)["sensor"],
+        "m,sensor=x,series=y,__name__=z,k=1,k=2"
+    );
+
+    let docs: Vec<BucketDoc> = [
+        "weather,site=north/temperature",
+        "weather,site=south/temperature",
+        "weather,site=north/humidity",
+    ]
+    .iter()
+    .map(|s| doc(s, DAY0, &[1.0, 3.0]))
+    .collect();
+    let grid = Grid::instant((DAY0 + 1800) * 1000);
+    let out = eval(
+        r#"max_over_time(weather_temperature{site="north"}[1h])"#,
+        &docs,
+        grid,
+    );
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].labels,
+        BTreeMap::from([("site".into(), "north".into())])
+    );
+    let out = eval(
+        r#"last_over_time({__name__=~"weather_.+"}[1h])"#,
+        &docs,
+        grid,
+    );
+    let names: Vec<&str> = out.iter().map(|s| s.labels["__name__"].as_str()).collect();
+    assert_eq!(names.len(), 3, "{out:?}");
+    assert!(names.contains(&"weather_humidity"));
+    // bucketd's own names keep their labels, the tags added; `by` a tag groups.
+    let out = eval(
+        r#"sum by (site) (count_over_time(bucketd_reading{metric="temperature"}[1h]))"#,
+        &docs,
+        grid,
+    );
+    let sites: Vec<&str> = out.iter().map(|s| s.labels["site"].as_str()).collect();
+    assert_eq!(sites, ["north", "south"]);
+    // A matcher on bucketd's own labels does not reach a series named natively.
+    assert!(
+        eval(
+            r#"max_over_time(weather_temperature{sensor!=""}[1h])"#,
+            &docs,
+            grid
+        )
+        .is_empty()
+    );
+    assert!(eval("max_over_time(nonexistent[1h])", &docs, grid).is_empty());
+}
