@@ -38,6 +38,9 @@ mod layers;
 /// The Prometheus API (`/prom`) through promtool and Grafana's requests.
 #[cfg(feature = "ui")]
 mod prom_api;
+/// Prometheus's compliance query set, bucketd against Prometheus on the same readings.
+#[cfg(feature = "ui")]
+mod prom_compliance;
 /// The same readings and requests to bucketd and to a real Prometheus, answers compared.
 #[cfg(feature = "ui")]
 mod prom_diff;

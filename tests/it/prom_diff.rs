@@ -23,9 +23,9 @@ use crate::support::Workload;
 use crate::support::{WAIT, eventually_async, http};
 
 /// A Prometheus serving a TSDB backfilled from `OpenMetrics` text.
-struct Prometheus {
+pub struct Prometheus {
     child: Child,
-    port: u16,
+    pub port: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -38,7 +38,7 @@ impl Drop for Prometheus {
 
 impl Prometheus {
     /// `None` (the test passes, saying so) outside CI when Prometheus is not installed.
-    async fn start(openmetrics: &str) -> Option<Prometheus> {
+    pub async fn start(openmetrics: &str) -> Option<Prometheus> {
         let dir = tempfile::tempdir().unwrap();
         let input = dir.path().join("readings.om");
         std::fs::write(&input, openmetrics).unwrap();
