@@ -185,7 +185,8 @@ fn line_protocol(topic: &str, scrapes: &[Scrape]) -> Vec<(String, Vec<u8>)> {
 
 /// The scrapes as `OpenMetrics`, a family's samples together, each series' in time order.
 fn openmetrics(scrapes: &[Scrape]) -> String {
-    let mut families: BTreeMap<&str, BTreeMap<String, Vec<(i64, f64)>>> = BTreeMap::new();
+    type Points = Vec<(i64, f64)>;
+    let mut families: BTreeMap<&str, BTreeMap<String, Points>> = BTreeMap::new();
     for s in scrapes {
         for (name, labels, v) in &s.samples {
             let labels: Vec<String> = labels_of(s.instance, labels)
@@ -538,7 +539,7 @@ const OWN: [&str; 25] = [
     "sum without (type) (demo_memory_usage_bytes)",
     "count by (job) (demo_memory_usage_bytes)",
     "max without (instance, mode) (rate(demo_cpu_usage_seconds_total[2m]))",
-    r#"sum by (mode) (increase(demo_cpu_usage_seconds_total[7m]))"#,
+    "sum by (mode) (increase(demo_cpu_usage_seconds_total[7m]))",
     "resets(demo_cpu_usage_seconds_total[50m])",
     "deriv(demo_disk_usage_bytes[3m]) > 100",
     "predict_linear(demo_disk_usage_bytes[20m], 3600)",
