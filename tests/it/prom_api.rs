@@ -395,7 +395,14 @@ async fn grafanas_requests_get_prometheus_answers() {
     let labels = ok(grafana(&d, "POST", "/api/v1/labels", &range).await);
     assert_eq!(labels, json!(["__name__", "metric", "sensor", "series"]));
     let names = ok(grafana(&d, "GET", "/api/v1/label/__name__/values", &range).await);
-    assert_eq!(names.as_array().unwrap().len(), 10, "{names}");
+    // bucketd's ten names, and each series' Prometheus name (`<sensor>_<metric>`).
+    assert_eq!(names.as_array().unwrap().len(), 10 + 4, "{names}");
+    for native in ["day_h", "day_t", "night_h", "night_t"] {
+        assert!(
+            names.as_array().unwrap().contains(&json!(native)),
+            "{names}"
+        );
+    }
     assert!(
         names
             .as_array()
