@@ -118,6 +118,13 @@ pub const SPARKPLUG_NODES_MAX: usize = 1_000;
 /// Sparkplug B: the metric names (and as many aliases) kept from births, all edge nodes
 /// together: at most ~4 MiB (a name is at most `reading::NAME_BYTES_MAX` bytes).
 pub const SPARKPLUG_NAMES_MAX: usize = 20_000;
+/// Sparkplug B: the names and aliases one edge node's births may keep (its devices' too), so
+/// that one node leaves room for the others.
+pub const SPARKPLUG_NODE_NAMES_MAX: usize = 4_000;
+/// Sparkplug B: rebirth requests sent at once at most, all nodes together, and how many more
+/// each second allows (each node is asked at most once per `rebirth_interval`).
+pub const SPARKPLUG_REBIRTHS_BURST: u32 = 100;
+pub const SPARKPLUG_REBIRTHS_PER_SEC: u32 = 10;
 
 /// Deepest nesting of documents and arrays in a delta message, checked on the raw bytes before
 /// anything is deserialised (bson's deserialiser recurses once per level with no limit of its

@@ -88,11 +88,28 @@ pub enum DecodeError {
          only numbers and booleans are readings"
     )]
     NotNumeric,
+    #[error(
+        "a Sparkplug DBIRTH (or NBIRTH) gives an alias that already names another metric of \
+         its edge node (aliases are unique across a node and its devices); the birth's metrics \
+         are refused, and bucketd asks for a rebirth when its DATA names them"
+    )]
+    AliasConflict,
+    #[error(
+        "a Sparkplug metric named by an alias whose birth did not fit: the edge node's share \
+         of the birth store (limits: 4,000 names and aliases a node, 20,000 and 1,000 nodes in \
+         all) is used; the node's other metrics and every other node's are read"
+    )]
+    BirthStoreFull,
+    #[error(
+        "a Sparkplug NDEATH whose bdSeq is not the edge node's current NBIRTH's (an old \
+         session's death certificate, delivered late): ignored, the node stays online"
+    )]
+    StaleDeath,
 }
 
 impl DecodeError {
     /// Every variant, in a fixed order (the index of a variant is its counter slot).
-    pub const ALL: [DecodeError; 24] = [
+    pub const ALL: [DecodeError; 27] = [
         DecodeError::EmptyPayload,
         DecodeError::PayloadTooLarge,
         DecodeError::TopicMismatch,
@@ -117,6 +134,9 @@ impl DecodeError {
         DecodeError::InvalidSparkplug,
         DecodeError::UnknownAlias,
         DecodeError::NotNumeric,
+        DecodeError::AliasConflict,
+        DecodeError::BirthStoreFull,
+        DecodeError::StaleDeath,
     ];
 
     /// The metric label value.
@@ -146,6 +166,9 @@ impl DecodeError {
             DecodeError::InvalidSparkplug => "invalid_sparkplug",
             DecodeError::UnknownAlias => "unknown_alias",
             DecodeError::NotNumeric => "not_numeric",
+            DecodeError::AliasConflict => "alias_conflict",
+            DecodeError::BirthStoreFull => "birth_store_full",
+            DecodeError::StaleDeath => "stale_death",
         }
     }
 

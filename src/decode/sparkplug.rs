@@ -98,30 +98,88 @@ enum Kind {
     DeviceBirth,
     NodeData,
     DeviceData,
-    /// NDEATH, DDEATH, NCMD, DCMD, STATE: no readings.
-    Control {
-        node_death: bool,
-    },
+    NodeDeath,
+    DeviceDeath,
+    /// NCMD, DCMD, STATE: no readings.
+    Control,
 }
 
-/// What the BIRTH messages said, per edge node: each alias's name and each name's datatype.
-/// Bounded: at most `limits::SPARKPLUG_NODES_MAX` edge nodes and `limits::SPARKPLUG_NAMES_MAX`
-/// names and as many aliases in all, each name at most `reading::NAME_BYTES_MAX` bytes (a
-/// longer one could name no series). Past a bound a birth's metrics are still read; what
-/// they would have taught is not kept, and its DATA by alias is counted as unknown.
+/// What the BIRTH messages said, per edge node, and what bucketd asked of each. Bounded, and
+/// fair to every node: at most `limits::SPARKPLUG_NODES_MAX` nodes (an entry that holds no
+/// births, left by a death or by a DATA that named no birth, gives its place to a new node,
+/// least recently used first) and `limits::SPARKPLUG_NAMES_MAX` names and aliases in all, at
+/// most `limits::SPARKPLUG_NODE_NAMES_MAX` of them one node's; a node past its share keeps
+/// what fit and its DATA by the rest is refused (`birth_store_full`), no other node's births
+/// touched. Rebirth requests are limited per node (the time asked survives its deaths and
+/// births) and in all (`limits::SPARKPLUG_REBIRTHS_BURST`, refilled at
+/// `limits::SPARKPLUG_REBIRTHS_PER_SEC`).
 #[derive(Debug, Default)]
 pub struct Births {
     nodes: HashMap<(Box<str>, Box<str>), Node>,
     /// Names and aliases kept, all nodes together.
     kept: usize,
+    /// A counter for least-recently-used order.
+    clock: u64,
+    /// Rebirth requests that may be sent now, all nodes together, and when it was refilled.
+    tokens: u32,
+    refilled: Option<Timestamp>,
 }
 
 #[derive(Debug, Default)]
 struct Node {
-    aliases: HashMap<u64, Arc<str>>,
-    datatypes: HashMap<Arc<str>, u32>,
+    /// The metrics its births named: alias -> (device, name), and per device (`""`: the node
+    /// itself) name -> datatype.
+    aliases: HashMap<u64, (Arc<str>, Arc<str>)>,
+    names: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
+    /// Aliases and names kept.
+    entries: usize,
+    /// The session an NBIRTH began: its `bdSeq` (a death of another session is stale), and
+    /// the `seq` of the session's last message.
+    session: Option<Session>,
+    /// A birth of this node did not fit its share: DATA by an alias it lacks is refused.
+    overfull: bool,
     /// When bucketd last asked this node for a rebirth.
     asked: Option<Timestamp>,
+    used: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    bd_seq: Option<u64>,
+    seq: Option<u64>,
+}
+
+impl Node {
+    fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// The devices its births named.
+    fn devices(&self) -> Vec<Arc<str>> {
+        let mut out: Vec<Arc<str>> = self
+            .names
+            .keys()
+            .filter(|d| !d.is_empty())
+            .cloned()
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// The datatype its births gave the device's (`""`: the node's) metric `name`.
+    fn datatype(&self, device: &str, name: &str) -> Option<u32> {
+        self.names.get(device)?.get(name).copied()
+    }
+}
+
+/// What a birth metric could not be kept as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// The node's share or the store is full.
+    Full,
+    /// Its alias names another metric of the node (aliases are unique across an edge node and
+    /// its devices: Sparkplug 3.0, tck-id-payloads-alias-uniqueness).
+    Conflict,
 }
 
 impl Births {
@@ -129,53 +187,162 @@ impl Births {
         (Box::from(group), Box::from(node))
     }
 
-    /// Forgets what a node's births said (its death, or a new NBIRTH).
-    fn forget(&mut self, group: &str, node: &str) {
-        if let Some(gone) = self.nodes.remove(&Births::key(group, node)) {
-            self.kept -= gone.aliases.len() + gone.datatypes.len();
+    /// The node's entry, made if there is a place (taking that of the least recently used
+    /// entry that holds no births when all are used); `None` when every place holds births.
+    fn node(&mut self, group: &str, node: &str) -> Option<&mut Node> {
+        self.clock += 1;
+        let key = Births::key(group, node);
+        if !self.nodes.contains_key(&key) && self.nodes.len() >= limits::SPARKPLUG_NODES_MAX {
+            let idle = self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.entries() == 0 && n.session.is_none())
+                .min_by_key(|(_, n)| n.used)
+                .map(|(k, _)| k.clone())?;
+            self.nodes.remove(&idle);
+        }
+        let clock = self.clock;
+        let n = self.nodes.entry(key).or_default();
+        n.used = clock;
+        Some(n)
+    }
+
+    /// Forgets what the node's births said (keeping when it was asked for a rebirth).
+    fn clear(&mut self, group: &str, node: &str) {
+        if let Some(n) = self.nodes.get_mut(&Births::key(group, node)) {
+            self.kept -= n.entries;
+            n.entries = 0;
+            n.aliases = HashMap::new();
+            n.names = HashMap::new();
+            n.overfull = false;
         }
     }
 
-    /// Records that `node`'s metric `name` has `alias` and `datatype`, within the bounds.
+    /// An NBIRTH: a new session of the node, whose births replace the old ones.
+    fn node_birth(&mut self, group: &str, node: &str, bd_seq: Option<u64>, seq: Option<u64>) {
+        self.clear(group, node);
+        if let Some(n) = self.node(group, node) {
+            n.session = Some(Session { bd_seq, seq });
+        }
+    }
+
+    /// An NDEATH: honoured (the node's births forgotten, its devices returned) only when its
+    /// `bdSeq` is its current session's, as Sparkplug 3.0 has a host do (a broker may deliver
+    /// an old session's Will after the node came back).
+    fn node_death(
+        &mut self,
+        group: &str,
+        node: &str,
+        bd_seq: Option<u64>,
+    ) -> Option<Vec<Arc<str>>> {
+        let n = self.nodes.get_mut(&Births::key(group, node))?;
+        if n.session?.bd_seq != bd_seq {
+            return None;
+        }
+        n.session = None;
+        let devices = n.devices();
+        self.clear(group, node);
+        Some(devices)
+    }
+
+    /// Whether a DBIRTH's aliases conflict with the node's other metrics'.
+    fn conflicts(&self, group: &str, node: &str, device: &str, metrics: &[Metric]) -> bool {
+        let Some(n) = self.nodes.get(&Births::key(group, node)) else {
+            return false;
+        };
+        metrics.iter().any(|m| {
+            m.alias
+                .is_some_and(|a| n.aliases.get(&a).is_some_and(|(d, _)| &**d != device))
+        })
+    }
+
+    /// Forgets a device's aliases and names (its new DBIRTH replaces them).
+    fn forget_device(&mut self, group: &str, node: &str, device: &str) {
+        let Some(n) = self.nodes.get_mut(&Births::key(group, node)) else {
+            return;
+        };
+        let before = n.aliases.len();
+        n.aliases.retain(|_, (d, _)| &**d != device);
+        let gone = before - n.aliases.len() + n.names.remove(device).map_or(0, |m| m.len());
+        n.entries -= gone;
+        self.kept -= gone;
+    }
+
+    /// Records that the node's (or its `device`'s) metric `name` has `alias` and `datatype`,
+    /// within the bounds.
     fn learn(
         &mut self,
         group: &str,
         node: &str,
-        name: &str,
-        alias: Option<u64>,
-        datatype: Option<u32>,
-    ) {
+        device: Option<&str>,
+        m: &Metric,
+    ) -> Result<(), Refused> {
+        let Some(name) = m.name.as_deref() else {
+            return Ok(());
+        };
         if name.len() > crate::reading::NAME_BYTES_MAX {
-            return;
-        }
-        let key = Births::key(group, node);
-        if !self.nodes.contains_key(&key) && self.nodes.len() >= limits::SPARKPLUG_NODES_MAX {
-            return;
+            return Ok(()); // no series could have it
         }
         let room = limits::SPARKPLUG_NAMES_MAX.saturating_sub(self.kept);
-        let n = self.nodes.entry(key).or_default();
-        let new_name = !n.datatypes.contains_key(name);
-        let new_alias = alias.is_some_and(|a| !n.aliases.contains_key(&a));
-        if usize::from(new_name) + usize::from(new_alias) > room {
-            return;
+        let Some(n) = self.node(group, node) else {
+            return Err(Refused::Full);
+        };
+        let device = device.unwrap_or("");
+        if let Some(alias) = m.alias
+            && n.aliases
+                .get(&alias)
+                .is_some_and(|(d, was)| &**d != device || &**was != name)
+        {
+            return Err(Refused::Conflict);
         }
-        let name: Arc<str> = match n.datatypes.get_key_value(name) {
+        let new_name = n.datatype(device, name).is_none();
+        let new_alias = m.alias.is_some_and(|a| !n.aliases.contains_key(&a));
+        let adds = usize::from(new_name) + usize::from(new_alias);
+        let share = limits::SPARKPLUG_NODE_NAMES_MAX.saturating_sub(n.entries);
+        if adds > room.min(share) {
+            n.overfull = true;
+            return Err(Refused::Full);
+        }
+        let device: Arc<str> = match n.names.get_key_value(device) {
+            Some((d, _)) => d.clone(),
+            None => Arc::from(device),
+        };
+        let names = n.names.entry(device.clone()).or_default();
+        let name: Arc<str> = match names.get_key_value(name) {
             Some((k, _)) => k.clone(),
             None => Arc::from(name),
         };
-        let datatype = datatype
-            .or_else(|| n.datatypes.get(&name).copied())
+        let datatype = m
+            .datatype
+            .or_else(|| names.get(&name).copied())
             .unwrap_or(0);
-        n.datatypes.insert(name.clone(), datatype);
-        if let Some(alias) = alias {
-            n.aliases.insert(alias, name);
+        names.insert(name.clone(), datatype);
+        if let Some(alias) = m.alias {
+            n.aliases.insert(alias, (device, name));
         }
-        self.kept += usize::from(new_name) + usize::from(new_alias);
+        n.entries += adds;
+        self.kept += adds;
+        Ok(())
     }
 
-    /// The rebirth request for a node that sent an alias no birth named: at most once per
-    /// `interval` (`None`: never). The node is kept, empty if need be, to remember when it was
-    /// asked.
+    /// Notes a message's `seq` in the node's session; whether one was missed (the node's
+    /// messages are numbered 0..=255 in turn from its NBIRTH's, Sparkplug 3.0
+    /// tck-id-payloads-ndata-seq-inc). A node without a session has nothing to miss.
+    fn next_seq(&mut self, group: &str, node: &str, seq: Option<u64>) -> bool {
+        let Some(n) = self.nodes.get_mut(&Births::key(group, node)) else {
+            return false;
+        };
+        let Some(session) = &mut n.session else {
+            return false;
+        };
+        let missed = matches!((session.seq, seq), (Some(was), Some(now)) if now != (was + 1) % 256);
+        session.seq = seq.or(session.seq);
+        missed
+    }
+
+    /// The rebirth request for a node whose DATA bucketd cannot read (an alias no birth named,
+    /// a missed message): at most once per `interval` per node (`None`: never), and within the
+    /// requests all nodes together may have.
     fn ask_rebirth(
         &mut self,
         group: &str,
@@ -184,21 +351,49 @@ impl Births {
         interval: Option<std::time::Duration>,
     ) -> Option<(String, Vec<u8>)> {
         let interval = i64::try_from(interval?.as_nanos()).unwrap_or(i64::MAX);
-        let key = Births::key(group, node);
-        if !self.nodes.contains_key(&key) && self.nodes.len() >= limits::SPARKPLUG_NODES_MAX {
+        let since = |at: Timestamp| now.as_nanos().saturating_sub(at.as_nanos());
+        // Refill the requests all nodes may have.
+        let refill = match self.refilled {
+            None => u64::from(limits::SPARKPLUG_REBIRTHS_BURST),
+            Some(at) => {
+                u64::try_from(since(at) / 1_000_000_000).unwrap_or(0)
+                    * u64::from(limits::SPARKPLUG_REBIRTHS_PER_SEC)
+            }
+        };
+        if refill > 0 {
+            let tokens =
+                (u64::from(self.tokens) + refill).min(u64::from(limits::SPARKPLUG_REBIRTHS_BURST));
+            self.tokens = u32::try_from(tokens).unwrap_or(0);
+            self.refilled = Some(now);
+        }
+        if self.tokens == 0 {
             return None;
         }
-        let state = self.nodes.entry(key).or_default();
-        let due = state
-            .asked
-            .is_none_or(|at| now.as_nanos().saturating_sub(at.as_nanos()) >= interval);
-        due.then(|| {
-            state.asked = Some(now);
-            rebirth_request(group, node, now)
-        })
+        let state = self.node(group, node)?;
+        if state.asked.is_some_and(|at| since(at) < interval) {
+            return None;
+        }
+        state.asked = Some(now);
+        self.tokens -= 1;
+        Some(rebirth_request(group, node, now))
     }
 
-    /// The edge nodes whose births are kept, and the names and aliases kept in all.
+    /// Whether DATA by an alias the node's births lack is refused for want of room (the node
+    /// past its share, or no place for it), not asked for again.
+    fn no_room_for(&self, group: &str, node: &str) -> bool {
+        match self.nodes.get(&Births::key(group, node)) {
+            Some(n) => n.overfull,
+            None => {
+                self.nodes.len() >= limits::SPARKPLUG_NODES_MAX
+                    && !self
+                        .nodes
+                        .values()
+                        .any(|n| n.entries() == 0 && n.session.is_none())
+            }
+        }
+    }
+
+    /// The edge nodes held, and the names and aliases kept in all.
     pub fn held(&self) -> (usize, usize) {
         (self.nodes.len(), self.kept)
     }
@@ -214,17 +409,15 @@ fn parse_topic(topic: &str) -> Option<(&str, Kind, &str, Option<&str>)> {
     if group == "STATE" {
         // spBv1.0/STATE/<host id>: a host application's state.
         let host = levels.next()?;
-        return levels.next().is_none().then_some((
-            group,
-            Kind::Control { node_death: false },
-            host,
-            None,
-        ));
+        return levels
+            .next()
+            .is_none()
+            .then_some((group, Kind::Control, host, None));
     }
     let kind = levels.next()?;
     let node = levels.next()?;
     let device = levels.next();
-    if levels.next().is_some() || group.is_empty() || node.is_empty() {
+    if levels.next().is_some() || group.is_empty() || node.is_empty() || device == Some("") {
         return None;
     }
     let kind = match (kind, device) {
@@ -232,8 +425,9 @@ fn parse_topic(topic: &str) -> Option<(&str, Kind, &str, Option<&str>)> {
         ("NDATA", None) => Kind::NodeData,
         ("DBIRTH", Some(_)) => Kind::DeviceBirth,
         ("DDATA", Some(_)) => Kind::DeviceData,
-        ("NDEATH", None) => Kind::Control { node_death: true },
-        ("DDEATH" | "DCMD", Some(_)) | ("NCMD", None) => Kind::Control { node_death: false },
+        ("NDEATH", None) => Kind::NodeDeath,
+        ("DDEATH", Some(_)) => Kind::DeviceDeath,
+        ("DCMD", Some(_)) | ("NCMD", None) => Kind::Control,
         _ => return None,
     };
     Some((group, kind, node, device))
@@ -300,6 +494,57 @@ fn protocol_metric(name: &str) -> bool {
     name == "bdSeq" || name.starts_with("Node Control/")
 }
 
+/// The metric that records a node's or device's births and deaths: 1 from a birth, 0 from a
+/// death (Sparkplug 3.0: a host marks them online and offline, their metrics stale).
+pub const ONLINE: &str = "sparkplug.online";
+
+/// An id in a sensor name: `:` (the separator) and `%` written as `%3A` and `%25`, so that
+/// group `a:b` node `c` and group `a` node `b:c` stay two sensors. An id without either is
+/// written as it is (the names of earlier releases).
+fn push_id(id: &str, sensor: &mut String) {
+    for c in id.chars() {
+        match c {
+            ':' => sensor.push_str("%3A"),
+            '%' => sensor.push_str("%25"),
+            c => sensor.push(c),
+        }
+    }
+}
+
+/// The sensor of a node (`<group>:<edge node>`) or of its device (`...:<device>`).
+fn sensor_of(group: &str, node: &str, device: Option<&str>) -> String {
+    let mut sensor = String::with_capacity(group.len() + node.len() + 2);
+    push_id(group, &mut sensor);
+    sensor.push(':');
+    push_id(node, &mut sensor);
+    if let Some(device) = device {
+        sensor.push(':');
+        push_id(device, &mut sensor);
+    }
+    sensor
+}
+
+/// The `bdSeq` metric of an NBIRTH or NDEATH.
+fn bd_seq(payload: &Payload) -> Option<u64> {
+    payload
+        .metrics
+        .iter()
+        .find(|m| m.name.as_deref() == Some("bdSeq"))
+        .and_then(|m| match m.value {
+            Some(Value::Long(v)) => Some(v),
+            Some(Value::Int(v)) => Some(u64::from(v)),
+            _ => None,
+        })
+}
+
+/// A time in milliseconds as a timestamp; `None` past what one holds.
+fn from_ms(ms: u64) -> Option<Timestamp> {
+    i64::try_from(ms)
+        .ok()
+        .and_then(|ms| ms.checked_mul(1_000_000))
+        .map(Timestamp::from_nanos)
+}
+
 /// Decodes a Sparkplug B message; `births` is what earlier BIRTH messages said.
 pub(super) fn decode(
     topic: &str,
@@ -310,11 +555,7 @@ pub(super) fn decode(
     out: &mut Decoded,
 ) -> Result<(), DecodeError> {
     let (group, kind, node, device) = parse_topic(topic).ok_or(DecodeError::TopicMismatch)?;
-    if let Kind::Control { node_death } = kind {
-        // A DEATH or command may carry a payload (bdSeq); it is read for what it means only.
-        if node_death {
-            births.forget(group, node);
-        }
+    if kind == Kind::Control {
         out.control = true;
         return Ok(());
     }
@@ -326,34 +567,114 @@ pub(super) fn decode(
     if payload.uuid.as_deref() == Some("SPBV1.0_COMPRESSED") {
         return Err(DecodeError::InvalidSparkplug); // compressed payloads are not read (README)
     }
-    let mut sensor = format!("{group}:{node}");
-    if let Some(device) = device {
-        sensor.push(':');
-        sensor.push_str(device);
+    let sensor = sensor_of(group, node, device);
+    let sent = payload.timestamp.and_then(from_ms).unwrap_or(ctx.received);
+    let mut missed = false;
+    match kind {
+        Kind::NodeDeath => {
+            // Offline at the host's time (tck-id-operational-behavior-edge-node-termination-
+            // host-action-ndeath-node-offline), the node's devices with it.
+            match births.node_death(group, node, bd_seq(&payload)) {
+                Some(devices) => {
+                    out.push(ctx, &sensor, ONLINE, ctx.received, 0.0);
+                    for d in devices {
+                        out.push(
+                            ctx,
+                            &sensor_of(group, node, Some(&d)),
+                            ONLINE,
+                            ctx.received,
+                            0.0,
+                        );
+                    }
+                }
+                None => out.rejected.push(DecodeError::StaleDeath),
+            }
+            return Ok(());
+        }
+        Kind::DeviceDeath => {
+            // Offline at the DDEATH's own time (...-ddeath-devices-offline).
+            missed = births.next_seq(group, node, payload.seq);
+            out.push(ctx, &sensor, ONLINE, sent, 0.0);
+        }
+        Kind::NodeBirth => {
+            births.node_birth(group, node, bd_seq(&payload), payload.seq);
+            out.push(ctx, &sensor, ONLINE, sent, 1.0);
+        }
+        Kind::DeviceBirth => {
+            let device = device.unwrap_or("");
+            if births.conflicts(group, node, device, &payload.metrics) {
+                // Refused whole: its aliases would re-map another metric of the node.
+                out.rejected
+                    .extend(payload.metrics.iter().map(|_| DecodeError::AliasConflict));
+                return Ok(());
+            }
+            missed = births.next_seq(group, node, payload.seq);
+            births.forget_device(group, node, device);
+            out.push(ctx, &sensor, ONLINE, sent, 1.0);
+        }
+        Kind::NodeData | Kind::DeviceData => missed = births.next_seq(group, node, payload.seq),
+        Kind::Control => {}
     }
     let birth = matches!(kind, Kind::NodeBirth | Kind::DeviceBirth);
-    if kind == Kind::NodeBirth {
-        // A new session of the edge node: its aliases may all have changed.
-        births.forget(group, node);
-    }
+    let mut conflicting: Vec<usize> = Vec::new();
     if birth {
-        for m in &payload.metrics {
-            if let Some(name) = &m.name {
-                births.learn(group, node, name, m.alias, m.datatype);
+        for (i, m) in payload.metrics.iter().enumerate() {
+            if births.learn(group, node, device, m) == Err(Refused::Conflict) {
+                conflicting.push(i);
             }
         }
     }
+    let unknown = readings(
+        &payload,
+        &sensor,
+        (births, group, node, device.unwrap_or("")),
+        &conflicting,
+        ctx,
+        out,
+    );
+    if unknown || missed {
+        out.rebirth = births.ask_rebirth(group, node, ctx.received, rebirth_interval);
+    }
+    if out.readings.is_empty() && out.rejected.is_empty() {
+        // A BIRTH of only strings and protocol metrics, or a DATA with no metrics: what it
+        // meant (names, aliases) is kept; it carries no readings.
+        out.control = true;
+    }
+    Ok(())
+}
+
+/// The payload's metrics as readings of `sensor`; whether one named an alias that no birth
+/// the node's births hold names (not one refused for want of room).
+fn readings(
+    payload: &Payload,
+    sensor: &str,
+    (births, group, node, device): (&Births, &str, &str, &str),
+    conflicting: &[usize],
+    ctx: &DecodeContext,
+    out: &mut Decoded,
+) -> bool {
     // The node's births, looked up once: nothing below changes them.
     let known = births.nodes.get(&Births::key(group, node));
     let mut name_buf = String::new();
     let mut unknown = false;
-    for m in &payload.metrics {
+    for (i, m) in payload.metrics.iter().enumerate() {
+        if conflicting.contains(&i) {
+            out.rejected.push(DecodeError::AliasConflict);
+            continue;
+        }
         let name: &str = match (&m.name, m.alias) {
             (Some(name), _) => name,
             (None, Some(alias)) => {
-                let Some(name) = known.and_then(|s| s.aliases.get(&alias)) else {
-                    unknown = true;
-                    out.rejected.push(DecodeError::UnknownAlias);
+                let found = known
+                    .and_then(|s| s.aliases.get(&alias))
+                    .filter(|(d, _)| &**d == device);
+                let Some((_, name)) = found else {
+                    if births.no_room_for(group, node) {
+                        out.rejected.push(DecodeError::BirthStoreFull);
+                    } else {
+                        unknown = true;
+                        out.rejected.push(DecodeError::UnknownAlias);
+                    }
                     continue;
                 };
                 name
@@ -368,7 +689,7 @@ pub(super) fn decode(
         }
         let datatype = m
             .datatype
-            .or_else(|| known.and_then(|s| s.datatypes.get(name).copied()))
+            .or_else(|| known.and_then(|s| s.datatype(device, name)))
             .unwrap_or(0);
         let value = match (m.is_null, m.value) {
             (Some(true), _) | (_, None) => None,
@@ -384,28 +705,17 @@ pub(super) fn decode(
                 ctx.received
             }
             Some(ms) => {
-                let ns = i64::try_from(ms)
-                    .ok()
-                    .and_then(|ms| ms.checked_mul(1_000_000));
-                let Some(ns) = ns else {
+                let Some(ts) = from_ms(ms) else {
                     out.rejected.push(DecodeError::InvalidTimestamp);
                     continue;
                 };
-                Timestamp::from_nanos(ns)
+                ts
             }
         };
         super::slashes_to_dots(name, &mut name_buf);
-        out.push(ctx, &sensor, &name_buf, ts, value);
+        out.push(ctx, sensor, &name_buf, ts, value);
     }
-    if unknown {
-        out.rebirth = births.ask_rebirth(group, node, ctx.received, rebirth_interval);
-    }
-    if out.readings.is_empty() && out.rejected.is_empty() {
-        // A BIRTH of only strings and protocol metrics, or a DATA with no metrics: what it
-        // meant (names, aliases) is kept; it carries no readings.
-        out.control = true;
-    }
-    Ok(())
+    unknown
 }
 
 /// The NCMD a host application sends to ask an edge node for its births again: topic and

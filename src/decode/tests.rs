@@ -1735,7 +1735,8 @@ mod sparkplug_b {
         Payload {
             timestamp: ts_ms,
             metrics,
-            seq: Some(0),
+            // No seq: a test that numbers its messages sets them.
+            seq: None,
             uuid: None,
         }
         .encode_to_vec()
@@ -1815,6 +1816,7 @@ mod sparkplug_b {
         assert_eq!(
             got(&d),
             [
+                (format!("{s}/sparkplug.online"), ns, 1.0),
                 (format!("{s}/Inputs.Temp"), ns, 21.5),
                 (format!("{s}/i8"), ns, -1.0),
                 (format!("{s}/i16"), ns, -2.0),
@@ -1866,7 +1868,13 @@ mod sparkplug_b {
             NOW_S,
         )
         .unwrap();
-        assert_eq!(got(&d), [("plant:edge1:pump/rpm".to_owned(), ns, 900.0)]);
+        assert_eq!(
+            got(&d),
+            [
+                ("plant:edge1:pump/sparkplug.online".to_owned(), ns, 1.0),
+                ("plant:edge1:pump/rpm".to_owned(), ns, 900.0)
+            ]
+        );
         let ddata = payload(
             Some(MS),
             vec![metric(None, Some(20), None, Some(Value::Int(950)))],
@@ -1935,8 +1943,6 @@ mod sparkplug_b {
             1
         );
         for topic in [
-            "spBv1.0/g/NDEATH/n",
-            "spBv1.0/g/DDEATH/n/d",
             "spBv1.0/g/NCMD/n",
             "spBv1.0/g/DCMD/n/d",
             "spBv1.0/STATE/host1",
@@ -1944,6 +1950,21 @@ mod sparkplug_b {
             let d = at(&mut births, topic, b"", NOW_S).unwrap();
             assert!(d.control && d.readings().len() == 0, "{topic}");
         }
+        // A device's death and the node's: offline, as a reading of `sparkplug.online`.
+        let d = at(&mut births, "spBv1.0/g/DDEATH/n/d", b"", NOW_S).unwrap();
+        assert_eq!(
+            got(&d),
+            [("g:n:d/sparkplug.online".to_owned(), NOW_NS, 0.0)]
+        );
+        let d = at(&mut births, "spBv1.0/g/NDEATH/n", b"", NOW_S + 1).unwrap();
+        assert_eq!(
+            got(&d),
+            [(
+                "g:n/sparkplug.online".to_owned(),
+                NOW_NS + 1_000_000_000,
+                0.0
+            )]
+        );
         let d = at(&mut births, "spBv1.0/g/NDATA/n", &data, NOW_S + 600).unwrap();
         assert_eq!(
             d.rejected,
@@ -2045,52 +2066,105 @@ mod sparkplug_b {
         );
     }
 
-    /// What births teach is bounded in all: a flood of device births with fresh aliases (and
-    /// of edge nodes) keeps at most `SPARKPLUG_NAMES_MAX` names and aliases and
-    /// `SPARKPLUG_NODES_MAX` nodes; their readings still count; a death gives the room back.
-    #[test]
-    fn what_births_teach_is_bounded() {
-        use crate::limits::{SPARKPLUG_NAMES_MAX, SPARKPLUG_NODES_MAX};
-        let mut births = Births::default();
+    /// An NBIRTH of `n` Double metrics `m0..` with aliases from `first`, and `bdSeq`.
+    fn big_birth(n: u64, first: u64, bd_seq: u64) -> Vec<u8> {
+        let mut metrics = vec![metric(
+            Some("bdSeq"),
+            None,
+            Some(8),
+            Some(Value::Long(bd_seq)),
+        )];
+        metrics.extend((0..n).map(|i| {
+            metric(
+                Some(&format!("m{i}")),
+                Some(first + i),
+                Some(10),
+                Some(Value::Double(1.0)),
+            )
+        }));
+        payload(Some(MS), metrics)
+    }
+
+    fn big_ctx() -> DecodeContext {
         let mut c = ctx();
         c.max_payload_bytes = 1 << 20;
-        let mut alias = 0u64;
-        for device in 0..6 {
-            let metrics = (0..5000)
-                .map(|i| {
-                    alias += 1;
-                    metric(
-                        Some(&format!("m{i}")),
-                        Some(alias),
-                        Some(10),
-                        Some(Value::Double(1.0)),
-                    )
-                })
-                .collect();
-            let topic = format!("spBv1.0/g/DBIRTH/n/d{device}");
-            let mut out = Decoded::default();
-            decode_with(
-                &sub(),
-                topic.as_bytes(),
-                &payload(Some(MS), metrics),
-                &c,
+        c
+    }
+
+    fn decode_big(births: &mut Births, topic: &str, body: &[u8]) -> Decoded {
+        let mut out = Decoded::default();
+        decode_with(&sub(), topic.as_bytes(), body, &big_ctx(), births, &mut out).unwrap();
+        out
+    }
+
+    /// DATA of aliases `aliases` (Double 2.0).
+    fn data_of(aliases: impl IntoIterator<Item = u64>) -> Vec<u8> {
+        payload(
+            Some(MS),
+            aliases
+                .into_iter()
+                .map(|a| metric(None, Some(a), None, Some(Value::Double(2.0))))
+                .collect(),
+        )
+    }
+
+    /// What births teach is bounded per node and in all: a node's births past its share keep
+    /// what fit and its DATA by the rest is refused (`birth_store_full`), its readings by name
+    /// still kept; four nodes of 3,000 aliased metrics (the attack) leave a fifth node room for
+    /// all it names; a death gives the room back.
+    #[test]
+    fn what_births_teach_is_bounded_per_node_and_in_all() {
+        use crate::limits::{SPARKPLUG_NAMES_MAX, SPARKPLUG_NODE_NAMES_MAX};
+        let mut births = Births::default();
+        for hog in 0..4 {
+            let out = decode_big(
                 &mut births,
-                &mut out,
-            )
-            .unwrap();
+                &format!("spBv1.0/g/NBIRTH/hog{hog}"),
+                &big_birth(3000, 1, 0),
+            );
             assert_eq!(
                 out.readings().len(),
-                5000,
-                "the readings count past the bound"
+                3001,
+                "a birth's readings count past the bound"
+            );
+            let refused = decode_big(
+                &mut births,
+                &format!("spBv1.0/g/NDATA/hog{hog}"),
+                &data_of([2999]),
+            );
+            assert_eq!(
+                refused.rejected,
+                [DecodeError::BirthStoreFull],
+                "refused alone, counted"
+            );
+            assert!(
+                refused.rebirth.is_none(),
+                "not asked again: it would not fit again"
             );
         }
-        let (nodes, kept) = births.held();
-        assert_eq!(nodes, 1);
-        assert!(kept <= SPARKPLUG_NAMES_MAX, "{kept}");
-        assert!(kept >= SPARKPLUG_NAMES_MAX - 1, "filled: {kept}");
+        let (_, kept) = births.held();
+        // Each its share (a name and an alias a metric: the last pair may not fit).
+        assert!(
+            (4 * (SPARKPLUG_NODE_NAMES_MAX - 1)..=4 * SPARKPLUG_NODE_NAMES_MAX).contains(&kept)
+        );
+        assert!(kept < SPARKPLUG_NAMES_MAX);
+        // A new, honest node: all 20 readings by alias kept.
+        decode_big(&mut births, "spBv1.0/g/NBIRTH/honest", &big_birth(20, 1, 0));
+        let d = decode_big(&mut births, "spBv1.0/g/NDATA/honest", &data_of(1..=20));
+        assert_eq!(d.readings().len(), 20);
+        assert!(d.rejected.is_empty());
+        // A death (of the current session) gives the room back.
+        let death = payload(
+            None,
+            vec![metric(Some("bdSeq"), None, Some(8), Some(Value::Long(0)))],
+        );
+        decode_big(&mut births, "spBv1.0/g/NDEATH/hog0", &death);
+        assert_eq!(
+            births.held().1,
+            kept + 41 - kept / 4,
+            "the node's share back"
+        );
         let long = "x".repeat(crate::reading::NAME_BYTES_MAX + 1);
-        at(&mut births, "spBv1.0/g/NDEATH/n", b"", NOW_S).unwrap();
-        assert_eq!(births.held(), (0, 0), "a death gives the room back");
         let too_long = payload(
             Some(MS),
             vec![metric(
@@ -2100,31 +2174,235 @@ mod sparkplug_b {
                 Some(Value::Double(1.0)),
             )],
         );
-        at(&mut births, "spBv1.0/g/NBIRTH/n", &too_long, NOW_S).unwrap();
+        let before = births.held().1;
+        at(&mut births, "spBv1.0/g/NBIRTH/long", &too_long, NOW_S).unwrap();
         assert_eq!(
             births.held().1,
-            0,
+            before,
             "a name no series could have is not kept"
         );
+    }
+
+    /// Edge node places: entries that hold no births (left by DATA that named none: the
+    /// invented-node attack) give way to a new node, least recently used first; when every
+    /// place holds births, a new node's DATA is refused and counted, not asked again.
+    #[test]
+    fn invented_nodes_do_not_keep_a_real_one_out() {
+        use crate::limits::SPARKPLUG_NODES_MAX;
+        let mut births = Births::default();
+        // Ten a second: within the rebirth requests all nodes may have, so each is asked and
+        // leaves an entry.
         for node in 0..SPARKPLUG_NODES_MAX + 10 {
-            let birth = payload(
-                Some(MS),
-                vec![metric(
-                    Some("x"),
-                    Some(1),
-                    Some(10),
-                    Some(Value::Double(1.0)),
-                )],
-            );
+            let t = NOW_S + node as i64 / 10;
+            let d = at(
+                &mut births,
+                &format!("spBv1.0/g/NDATA/fake{node}"),
+                &data_of([7]),
+                t,
+            )
+            .unwrap();
+            assert_eq!(d.rejected, [DecodeError::UnknownAlias]);
+            assert!(d.rebirth.is_some());
+        }
+        assert_eq!(births.held().0, SPARKPLUG_NODES_MAX);
+        at(
+            &mut births,
+            "spBv1.0/g/NBIRTH/real",
+            &big_birth(20, 1, 0),
+            NOW_S,
+        )
+        .unwrap();
+        let d = at(&mut births, "spBv1.0/g/NDATA/real", &data_of(1..=20), NOW_S).unwrap();
+        assert_eq!(d.readings().len(), 20, "{:?}", d.rejected);
+        // Every place holding births: the next new node is refused, counted.
+        for node in 0..SPARKPLUG_NODES_MAX {
             at(
                 &mut births,
-                &format!("spBv1.0/g/NBIRTH/e{node}"),
-                &birth,
+                &format!("spBv1.0/g/NBIRTH/b{node}"),
+                &big_birth(1, 1, 0),
                 NOW_S,
             )
             .unwrap();
         }
         assert_eq!(births.held().0, SPARKPLUG_NODES_MAX);
+        let d = at(&mut births, "spBv1.0/g/NDATA/late", &data_of([1]), NOW_S).unwrap();
+        assert_eq!(d.rejected, [DecodeError::BirthStoreFull]);
+        assert!(d.rebirth.is_none());
+    }
+
+    /// The rebirth limit holds across deaths and births: 200 spoofed NDEATH + unknown-alias
+    /// NDATA pairs, or an honest node whose every NBIRTH lacks an alias it sends, get one
+    /// request per interval; requests to all nodes together are bounded too.
+    #[test]
+    fn the_rebirth_limit_survives_deaths_and_births() {
+        use crate::limits::{SPARKPLUG_REBIRTHS_BURST, SPARKPLUG_REBIRTHS_PER_SEC};
+        let mut births = Births::default();
+        at(
+            &mut births,
+            "spBv1.0/g/NBIRTH/n",
+            &big_birth(2, 1, 3),
+            NOW_S,
+        )
+        .unwrap();
+        let death = payload(
+            None,
+            vec![metric(Some("bdSeq"), None, Some(8), Some(Value::Long(3)))],
+        );
+        let mut asked = 0;
+        for i in 0..200 {
+            at(&mut births, "spBv1.0/g/NDEATH/n", &death, NOW_S + i / 100).unwrap();
+            let d = at(
+                &mut births,
+                "spBv1.0/g/NDATA/n",
+                &data_of([9]),
+                NOW_S + i / 100,
+            )
+            .unwrap();
+            asked += usize::from(d.rebirth.is_some());
+            // The node answers with its NBIRTH, which lacks alias 9.
+            at(
+                &mut births,
+                "spBv1.0/g/NBIRTH/n",
+                &big_birth(2, 1, 3),
+                NOW_S + i / 100,
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            asked, 1,
+            "once per rebirth_interval, deaths and births notwithstanding"
+        );
+        let d = at(&mut births, "spBv1.0/g/NDATA/n", &data_of([9]), NOW_S + 60).unwrap();
+        assert!(d.rebirth.is_some(), "again after the interval");
+        // 3,000 invented nodes within two seconds: the burst and two seconds' refill at most.
+        let mut sent = 0;
+        for node in 0..3000 {
+            let t = NOW_S + 100 + node / 1500;
+            let d = at(
+                &mut births,
+                &format!("spBv1.0/g/NDATA/x{node}"),
+                &data_of([1]),
+                t,
+            )
+            .unwrap();
+            sent += u32::from(d.rebirth.is_some());
+        }
+        assert!(
+            sent <= SPARKPLUG_REBIRTHS_BURST + SPARKPLUG_REBIRTHS_PER_SEC,
+            "{sent}"
+        );
+        assert!(sent >= SPARKPLUG_REBIRTHS_BURST, "{sent}");
+    }
+
+    /// A death certificate is honoured only for the session it names (bdSeq); a DBIRTH whose
+    /// alias names another metric of the node is refused, the node's readings unchanged; a
+    /// missed `seq` asks for a rebirth.
+    #[test]
+    fn control_messages_change_only_the_state_they_name() {
+        let mut births = Births::default();
+        at(
+            &mut births,
+            "spBv1.0/g/NBIRTH/n",
+            &big_birth(5, 1, 5),
+            NOW_S,
+        )
+        .unwrap();
+        let stale = payload(
+            None,
+            vec![metric(Some("bdSeq"), None, Some(8), Some(Value::Long(4)))],
+        );
+        let d = at(&mut births, "spBv1.0/g/NDEATH/n", &stale, NOW_S).unwrap();
+        assert_eq!(d.rejected, [DecodeError::StaleDeath]);
+        assert_eq!(d.readings().len(), 0, "no offline mark");
+        let d = at(&mut births, "spBv1.0/g/NDATA/n", &data_of(1..=5), NOW_S).unwrap();
+        assert_eq!(d.readings().len(), 5, "the live session's aliases kept");
+        // A device birth reusing the node's alias 1: refused whole, alias 1 still the node's.
+        let dbirth = payload(
+            Some(MS),
+            vec![
+                metric(Some("other"), Some(1), Some(10), Some(Value::Double(7.0))),
+                metric(Some("fine"), Some(77), Some(10), Some(Value::Double(7.0))),
+            ],
+        );
+        let d = at(&mut births, "spBv1.0/g/DBIRTH/n/dev", &dbirth, NOW_S).unwrap();
+        assert_eq!(d.rejected, [DecodeError::AliasConflict; 2]);
+        assert_eq!(d.readings().len(), 0);
+        let d = at(&mut births, "spBv1.0/g/NDATA/n", &data_of([1]), NOW_S).unwrap();
+        assert_eq!(got(&d)[0].0, "g:n/m0");
+        // A device's DATA cannot borrow the node's alias either.
+        let d = at(&mut births, "spBv1.0/g/DDATA/n/dev", &data_of([1]), NOW_S).unwrap();
+        assert_eq!(d.rejected, [DecodeError::UnknownAlias]);
+        // seq: the NBIRTH's 0, then 1, then 3: one missed, a rebirth asked (the interval's
+        // first: the DDATA above asked already, so move past it).
+        let mut births = Births::default();
+        let with_seq = |seq: u64, body: Vec<u8>| {
+            let mut p = Payload::decode(&body[..]).unwrap();
+            p.seq = Some(seq);
+            p.encode_to_vec()
+        };
+        at(
+            &mut births,
+            "spBv1.0/g/NBIRTH/s",
+            &with_seq(0, big_birth(1, 1, 0)),
+            NOW_S,
+        )
+        .unwrap();
+        let d = at(
+            &mut births,
+            "spBv1.0/g/NDATA/s",
+            &with_seq(1, data_of([1])),
+            NOW_S,
+        )
+        .unwrap();
+        assert!(d.rebirth.is_none());
+        let d = at(
+            &mut births,
+            "spBv1.0/g/NDATA/s",
+            &with_seq(3, data_of([1])),
+            NOW_S,
+        )
+        .unwrap();
+        assert!(d.rebirth.is_some(), "seq 2 missed");
+        assert_eq!(d.readings().len(), 1, "the message itself is read");
+        let d = at(
+            &mut births,
+            "spBv1.0/g/NDATA/s",
+            &with_seq(4, data_of([1])),
+            NOW_S,
+        )
+        .unwrap();
+        assert!(d.rebirth.is_none());
+        let d = at(
+            &mut births,
+            "spBv1.0/g/NDATA/s",
+            &with_seq(0, data_of([1])),
+            NOW_S + 61,
+        )
+        .unwrap();
+        assert!(d.rebirth.is_some(), "4 then 0 misses 5..=255");
+    }
+
+    /// Ids holding the separator stay apart: `:` and `%` are escaped in the sensor, ids
+    /// without them named as before.
+    #[test]
+    fn ids_with_the_separator_do_not_collide() {
+        let mut births = Births::default();
+        let one = |births: &mut Births, topic: &str| {
+            got(&at(births, topic, &birth_of("v"), NOW_S).unwrap())
+                .into_iter()
+                .map(|r| r.0)
+                .filter(|s| s.ends_with("/v"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(one(&mut births, "spBv1.0/c9:b/NBIRTH/c"), ["c9%3Ab:c/v"]);
+        assert_eq!(one(&mut births, "spBv1.0/c9/NBIRTH/b:c"), ["c9:b%3Ac/v"]);
+        assert_eq!(one(&mut births, "spBv1.0/g/NBIRTH/N17:D"), ["g:N17%3AD/v"]);
+        assert_eq!(one(&mut births, "spBv1.0/g/DBIRTH/N17/D"), ["g:N17:D/v"]);
+        assert_eq!(one(&mut births, "spBv1.0/g/NBIRTH/50%"), ["g:50%25/v"]);
+        assert_eq!(
+            one(&mut births, "spBv1.0/plant/NBIRTH/edge-1"),
+            ["plant:edge-1/v"]
+        );
     }
 
     proptest! {

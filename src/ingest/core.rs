@@ -137,6 +137,9 @@ pub struct Core<R> {
     ready: bool,
     /// When a refusal of a gateway's delta message was last logged, per reason.
     gateway_warned: [Option<Instant>; DecodeError::ALL.len()],
+    /// When a Sparkplug rebirth request was last logged, and the requests sent since: a line
+    /// a minute at most, whatever edge nodes (or a publisher inventing them) cause.
+    rebirths_logged: (Option<Instant>, u64),
 }
 
 impl<R> Core<R> {
@@ -160,6 +163,7 @@ impl<R> Core<R> {
             flush_waiters: Vec::new(),
             ready: false,
             gateway_warned: [None; DecodeError::ALL.len()],
+            rebirths_logged: (None, 0),
         }
     }
 
@@ -627,11 +631,17 @@ impl<R> Core<R> {
             }
         } else {
             if let Some((topic, payload)) = admitted.rebirth.take() {
-                info!(
-                    session = id,
-                    topic,
-                    "Asked a Sparkplug edge node for its births again (a DATA message named an alias no BIRTH defined)."
-                );
+                let (last, since) = &mut self.rebirths_logged;
+                *since += 1;
+                if last.is_none_or(|at| now.at.duration_since(at) >= Duration::from_mins(1)) {
+                    info!(
+                        session = id,
+                        topic,
+                        requests = *since,
+                        "Asked Sparkplug edge nodes for their births again (DATA named an alias no BIRTH defined, or a message was missed); requests since the last such line: {since}; at most one line a minute.",
+                    );
+                    (*last, *since) = (Some(now.at), 0);
+                }
                 out.push(Action::Publish(session, topic, payload));
             }
             let urgent = apply(

@@ -63,6 +63,9 @@ function births() {
     timestamp: ts,
     metrics: deviceMetrics.map(([name, alias, type, f]) => ({ name, alias, type, value: f(i), timestamp: ts })),
   });
+  // Each birth marks its node or device online (bucketd's `sparkplug.online`).
+  record(nodeSensor, "sparkplug.online", ts, 1);
+  record(deviceSensor, "sparkplug.online", ts, 1);
   for (const [name, , type, f] of nodeMetrics) {
     if (type === "String") out({ rejected: "not_numeric" });
     else record(nodeSensor, name.replace(/\//g, "."), ts, numeric(type, f(i)));
