@@ -131,6 +131,18 @@ fn start_over(
         };
         tasks.spawn(forwarder.run(cancel.clone()));
     }
+    if let Some(host_id) = &config.mqtt.sparkplug_host_id {
+        // Without the `tls` feature the TLS settings are an (empty) Copy type.
+        #[allow(clippy::clone_on_copy)]
+        let state = crate::ingest::host_state::HostState {
+            mqtt: config.mqtt.clone(),
+            host_id: host_id.clone(),
+            password: secrets.mqtt_password.clone(),
+            tls: secrets.mqtt_tls.clone(),
+            stats: stats.clone(),
+        };
+        tasks.spawn(state.run(cancel.clone()));
+    }
     let (writer, writer_thread) = crate::writer::spawn(
         store,
         stats.clone(),

@@ -180,6 +180,9 @@ pub struct MqttConfig {
     pub reconnect_delay_min: Duration,
     pub reconnect_delay_max: Duration,
     pub connect_timeout: Duration,
+    /// The Sparkplug host id bucketd publishes its STATE as (`mqtt.sparkplug_host_id`), when
+    /// it is a primary host for edge nodes that wait for one.
+    pub sparkplug_host_id: Option<String>,
     /// TLS to the broker, when `mqtt.tls.enabled`.
     pub tls: Option<TlsFiles>,
 }

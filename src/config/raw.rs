@@ -123,6 +123,7 @@ pub struct RawMqtt {
     pub reconnect_delay_max: Duration,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    pub sparkplug_host_id: String,
     pub tls: RawTls,
 }
 

@@ -461,6 +461,17 @@ pub(super) fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
     if raw.connect_timeout.is_zero() {
         return Err(invalid("mqtt.connect_timeout", "must be greater than 0"));
     }
+    let host_id = &raw.sparkplug_host_id;
+    if host_id.len() > 64
+        || host_id.contains(['/', '+', '#'])
+        || host_id.chars().any(char::is_control)
+    {
+        return Err(invalid(
+            "mqtt.sparkplug_host_id",
+            "must be at most 64 bytes without '/', '+', '#' or control characters: it is a topic \
+             level (spBv1.0/STATE/<host id>); empty publishes no STATE",
+        ));
+    }
     if u32::try_from(raw.session_expiry.as_secs()).is_err() {
         return Err(invalid("mqtt.session_expiry", "must fit in 2^32 seconds"));
     }
@@ -506,6 +517,7 @@ pub(super) fn validate_mqtt(raw: &RawMqtt) -> Result<MqttConfig, ConfigError> {
         reconnect_delay_min: raw.reconnect_delay_min,
         reconnect_delay_max: raw.reconnect_delay_max,
         connect_timeout: raw.connect_timeout,
+        sparkplug_host_id: (!host_id.is_empty()).then(|| host_id.clone()),
     })
 }
 

@@ -24,6 +24,7 @@
 //! the core asks.
 
 pub mod core;
+pub mod host_state;
 mod lag;
 
 use std::sync::atomic::Ordering;

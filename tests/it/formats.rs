@@ -25,8 +25,8 @@ use bucketd::store::StoreReader;
 
 use crate::on_every_broker;
 use crate::support::{
-    Broker, Expected, Topics, WAIT, assert_matches_truth, config, publish_all, raw_config, truth,
-    unique, wait_ingested, wait_subscribed,
+    Broker, Daemon, Expected, Topics, WAIT, assert_matches_truth, config, publish_all, raw_config,
+    truth, unique, wait_ingested, wait_subscribed, write_config,
 };
 
 /// Where `.ci/producers` put the producer libraries; `None` (the test passes, saying so)
@@ -451,3 +451,124 @@ async fn sparkplug_b_from_eclipse_tahu_with_a_rebirth_after_restart(
     assert_matches_truth(&docs, &truth(&all.readings, 3600));
 }
 on_every_broker!(sparkplug_b_from_eclipse_tahu_with_a_rebirth_after_restart);
+
+/// A client watching `topic`: each message's retain flag and JSON payload, once subscribed.
+async fn watch(
+    broker: &Broker,
+    topic: &str,
+) -> tokio::sync::mpsc::UnboundedReceiver<(bool, serde_json::Value)> {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let o = MqttOptions::new(unique("watch"), &broker.host, broker.port(Protocol::V311));
+    let (client, mut events) = AsyncClient::new(o, 10);
+    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (subscribed, acked) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _client = client; // dropped with the task
+        let mut subscribed = Some(subscribed);
+        while let Ok(event) = events.poll().await {
+            match event {
+                Event::Incoming(Packet::SubAck(_)) => {
+                    if let Some(s) = subscribed.take() {
+                        let _ = s.send(());
+                    }
+                }
+                Event::Incoming(Packet::Publish(p)) => {
+                    let v = serde_json::from_slice(&p.payload).unwrap_or(serde_json::Value::Null);
+                    if tx.send((p.retain, v)).is_err() {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    acked.await.unwrap();
+    rx
+}
+
+async fn next_state(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(bool, serde_json::Value)>,
+) -> (bool, serde_json::Value) {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("a STATE message in time")
+        .expect("the watcher runs")
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Sparkplug 3.0's host STATE (`mqtt.sparkplug_host_id`): a retained birth
+/// `{"online":true,"timestamp":T}` after connecting, a late subscriber gets it retained, an
+/// offline STATE delivered on its topic is answered with the birth again, a clean stop
+/// publishes a death, and a kill leaves the Will, `{"online":false,"timestamp":T}` with the
+/// birth's own T (tck-id-host-topic-phid-*).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_host_publishes_its_state_birth_will_and_death() {
+    use rumqttc::{AsyncClient, MqttOptions, QoS};
+    let broker = Broker::hermetic();
+    let host_id = unique("host");
+    let topic = format!("spBv1.0/STATE/{host_id}");
+    let mut watcher = watch(&broker, &topic).await;
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    // The STATE connection speaks MQTT 3.1.1 on mqtt.port (rumqttd listens for each version
+    // on a port of its own).
+    let mut raw = raw_config(&broker, Protocol::V311, &dir.path().join("b.redb"), &topics);
+    raw.mqtt.sparkplug_host_id = host_id.clone();
+    let before = now_ms();
+    let d = daemon::start(&config(&raw)).unwrap();
+    let (_, birth) = next_state(&mut watcher).await;
+    assert_eq!(birth["online"], true, "{birth}");
+    let t = birth["timestamp"].as_u64().expect("a numeric timestamp");
+    assert!(
+        (before..=now_ms()).contains(&t),
+        "{t} is the connect's time"
+    );
+    let mut late = watch(&broker, &topic).await;
+    assert_eq!(
+        next_state(&mut late).await,
+        (true, birth.clone()),
+        "retained"
+    );
+
+    // An offline STATE on its topic (a late Will, another host): the birth again.
+    let o = MqttOptions::new(unique("other"), &broker.host, broker.port(Protocol::V311));
+    let (other, mut events) = AsyncClient::new(o, 10);
+    tokio::spawn(async move { while events.poll().await.is_ok() {} });
+    let stale = format!("{{\"online\":false,\"timestamp\":{}}}", t - 1);
+    other
+        .publish(&topic, QoS::AtLeastOnce, true, stale)
+        .await
+        .unwrap();
+    assert_eq!(next_state(&mut watcher).await.1["online"], false);
+    assert_eq!(next_state(&mut watcher).await.1, birth, "published again");
+
+    // A clean stop: the death, at the stop's time.
+    d.stop().await.unwrap();
+    let (_, death) = next_state(&mut watcher).await;
+    assert_eq!(death["online"], false, "{death}");
+    assert!(death["timestamp"].as_u64().unwrap() >= t);
+
+    // Killed: the broker publishes the Will, the birth's own timestamp.
+    let path = write_config(dir.path(), &raw);
+    let child = Daemon::start(&path);
+    let (_, birth) = next_state(&mut watcher).await;
+    assert_eq!(birth["online"], true, "{birth}");
+    child.kill();
+    // (The retained death of the stop above, delivered to the new connection, has it publish
+    // the birth once more: the specification's answer to an offline STATE of its own.)
+    let will = loop {
+        let (_, next) = next_state(&mut watcher).await;
+        if next != birth {
+            break next;
+        }
+    };
+    assert_eq!(will["online"], false, "{will}");
+    assert_eq!(will["timestamp"], birth["timestamp"]);
+}
