@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -418,6 +418,9 @@ struct Guard {
 /// read it started in the blocking pool has ended: a few large answers and reads at a time,
 /// whatever the number of clients. The request runs as a task of its own, so a client that
 /// hangs up does not end it early: its turn is given back only when its work is done.
+/// Queries being answered, all servers of the process together.
+static QUERIES_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
 async fn take_turn(
     State(slots): State<Arc<tokio::sync::Semaphore>>,
     mut request: Request,
@@ -427,6 +430,7 @@ async fn take_turn(
         return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "bucketd is shutting down")
             .into_response();
     };
+    QUERIES_IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
     // The work runs in a task of its own (the turn is held until it ends); this future is what
     // the server drops when the client hangs up, and the flag it then sets stops the query.
     let hangup = crate::source::Hangup::default();
@@ -435,6 +439,16 @@ async fn take_turn(
     let work = tokio::spawn(async move {
         let response = next.run(request).await;
         drop(turn);
+        // The last query of a burst gives its memory back (the answer's body is mapped on its
+        // own and freed once sent: `metrics::tune_allocator`).
+        if QUERIES_IN_FLIGHT.fetch_sub(1, Ordering::AcqRel) == 1 {
+            tokio::spawn(async {
+                tokio::time::sleep(crate::metrics::TRIM_AFTER_QUERIES).await;
+                if QUERIES_IN_FLIGHT.load(Ordering::Acquire) == 0 {
+                    tokio::task::spawn_blocking(crate::metrics::release_free_memory);
+                }
+            });
+        }
         response
     });
     work.await

@@ -152,6 +152,7 @@ fn parse_time(s: &str) -> Result<Timestamp, String> {
 }
 
 fn main() -> ExitCode {
+    bucketd::metrics::tune_allocator();
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run { config: None }) {
         Command::Run { config } => run(config.or(cli.config).as_deref()),
@@ -348,6 +349,10 @@ fn serve(
     init_logging(&config);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
+        // A query's blocking-pool thread ends a second after its last work (not ten), taking
+        // its allocator cache back to the heap before the trim that follows a burst of
+        // queries (`metrics::release_free_memory`).
+        .thread_keep_alive(bucketd::metrics::BLOCKING_KEEP_ALIVE)
         .enable_all()
         .build()
         .expect("building the Tokio runtime");

@@ -377,6 +377,41 @@ fn age_secs(ns: i64) -> f64 {
     (now.saturating_sub(ns)).max(0) as f64 / 1e9
 }
 
+/// How long an idle thread of tokio's blocking pool (where queries read) lives.
+pub const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long after the last query of a burst its memory is trimmed: once the blocking-pool
+/// threads that ran it have ended ([`BLOCKING_KEEP_ALIVE`]) and their allocator caches (glibc's
+/// per-thread tcache, whose chunks pin the pages they lie in) are back in the heap.
+pub const TRIM_AFTER_QUERIES: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Returns the allocator's free pages to the system (glibc's `malloc_trim`): called when the
+/// last query in flight has finished, so that memory a burst of queries used comes back.
+pub fn release_free_memory() {
+    #[cfg(all(any(target_os = "linux", target_os = "android"), target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Sets glibc's allocator up for a small gateway whose query bursts must not keep their memory
+/// (call before any thread starts): two arenas, not eight per core (each thread of tokio's
+/// blocking pool, where queries run, would otherwise keep one, and what a query freed stays in
+/// it); blocks from 64 KiB up mapped on their own, so a query's large vectors go back to the
+/// system when freed (a fixed threshold: glibc otherwise raises it to 32 MiB after the first
+/// large free, and the next query's vectors stay in the heap); the heap's free top returned
+/// past 128 KiB. Measured in docs/PERFORMANCE.md ("Memory after a query storm").
+pub fn tune_allocator() {
+    #[cfg(all(any(target_os = "linux", target_os = "android"), target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; called before other threads exist.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 * 1024);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -572,3 +572,172 @@ async fn a_primary_host_publishes_its_state_birth_will_and_death() {
     assert_eq!(will["online"], false, "{will}");
     assert_eq!(will["timestamp"], birth["timestamp"]);
 }
+
+/// A Sparkplug payload of `metrics` (name, alias, Double value), at `ts_ms`.
+fn spb(ts_ms: u64, metrics: &[(Option<String>, Option<u64>, f64)]) -> Vec<u8> {
+    use bucketd::decode::sparkplug::{Metric, Payload, Value};
+    use prost::Message;
+    Payload {
+        timestamp: Some(ts_ms),
+        metrics: metrics
+            .iter()
+            .map(|(name, alias, v)| Metric {
+                name: name.clone(),
+                alias: *alias,
+                datatype: Some(10),
+                value: Some(Value::Double(*v)),
+                ..Metric::default()
+            })
+            .collect(),
+        seq: None,
+        uuid: None,
+    }
+    .encode_to_vec()
+}
+
+/// An NBIRTH or NDEATH's `bdSeq` metric (`UInt64`).
+fn bd_seq_metric(ts_ms: u64, bd_seq: u64, more: &[(Option<String>, Option<u64>, f64)]) -> Vec<u8> {
+    use bucketd::decode::sparkplug::{Metric, Payload, Value};
+    use prost::Message;
+    let mut p = Payload::decode(&spb(ts_ms, more)[..]).unwrap();
+    p.metrics.insert(
+        0,
+        Metric {
+            name: Some("bdSeq".into()),
+            datatype: Some(8),
+            value: Some(Value::Long(bd_seq)),
+            ..Metric::default()
+        },
+    );
+    p.encode_to_vec()
+}
+
+/// A scripted hostile publisher on the plant's network, through the broker, against a real
+/// node: 200 spoofed pairs of a stale NDEATH and an unknown-alias NDATA, four nodes whose
+/// births of 3,000 aliased metrics each overrun their share, 1,500 invented nodes, and two
+/// pairs of ids that joined with `:` would be one sensor. The real node is asked for a rebirth
+/// once and loses nothing; a node born after the hogs has every reading; the invented nodes
+/// get no more requests than the global bound; every refusal is counted by its reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_sparkplug_publisher_takes_no_node_s_place() {
+    let broker = Broker::hermetic();
+    let dir = tempfile::tempdir().unwrap();
+    let topics = Topics::new();
+    let group = format!("plant{}", topics.prefix.replace(['/', '-'], ""));
+    let mut raw = raw_config(&broker, Protocol::V5, &dir.path().join("b.redb"), &topics);
+    raw.subscriptions = vec![RawSubscription {
+        rebirth_interval: Some(Duration::from_mins(1)),
+        ..subscription(format!("spBv1.0/{group}/#"), None, Format::SparkplugB)
+    }];
+    for c9 in [format!("c9{group}"), format!("c9{group}:b")] {
+        raw.subscriptions.push(subscription(
+            format!("spBv1.0/{c9}/#"),
+            None,
+            Format::SparkplugB,
+        ));
+    }
+    raw.limits.max_series = 100_000;
+    raw.limits.max_series_per_sensor = 10_000;
+    raw.limits.max_payload_bytes = bytesize::ByteSize::mib(1);
+    raw.mqtt.max_packet_size = bytesize::ByteSize::mib(2);
+    raw.mqtt.max_packet_size_to_drop = bytesize::ByteSize::mib(2);
+    let mut ncmd = watch(&broker, &format!("spBv1.0/{group}/NCMD/#")).await;
+    let mut to_real = watch(&broker, &format!("spBv1.0/{group}/NCMD/real")).await;
+    let d = daemon::start(&config(&raw)).unwrap();
+    wait_subscribed(&d).await;
+    let started = std::time::Instant::now();
+    let ms = now_ms() - 60_000;
+    let t = |s: &str| format!("spBv1.0/{group}/{s}");
+    let named = |n: u64, first: u64| -> Vec<(Option<String>, Option<u64>, f64)> {
+        (0..n)
+            .map(|i| (Some(format!("m{i}")), Some(first + i), i as f64))
+            .collect()
+    };
+    let by_alias = |aliases: std::ops::RangeInclusive<u64>, v: f64| -> Vec<_> {
+        aliases.map(|a| (None, Some(a), v)).collect()
+    };
+    let mut messages = vec![(t("NBIRTH/real"), bd_seq_metric(ms, 5, &named(20, 1)))];
+    for i in 0..200 {
+        messages.push((t("NDEATH/real"), bd_seq_metric(ms + i, 4, &[])));
+        messages.push((t("NDATA/real"), spb(ms + i, &by_alias(99..=99, i as f64))));
+    }
+    messages.push((t("NDATA/real"), spb(ms + 500, &by_alias(1..=20, 1.0))));
+    for hog in 0..4 {
+        messages.push((
+            t(&format!("NBIRTH/hog{hog}")),
+            bd_seq_metric(ms, 0, &named(3000, 1)),
+        ));
+        messages.push((
+            t(&format!("NDATA/hog{hog}")),
+            spb(ms + 1, &by_alias(2999..=2999, 1.0)),
+        ));
+    }
+    messages.push((t("NBIRTH/late"), bd_seq_metric(ms, 0, &named(20, 1))));
+    messages.push((t("NDATA/late"), spb(ms + 1, &by_alias(1..=20, 2.0))));
+    for n in 0..1500 {
+        messages.push((t(&format!("NDATA/x{n}")), spb(ms, &by_alias(1..=1, 1.0))));
+    }
+    // Ids holding the separator: group c9:b node c, and group c9 node b:c.
+    let c9 = format!("c9{group}");
+    messages.push((
+        format!("spBv1.0/{c9}:b/NBIRTH/c"),
+        bd_seq_metric(ms, 0, &named(1, 1)),
+    ));
+    messages.push((
+        format!("spBv1.0/{c9}/NBIRTH/b:c"),
+        bd_seq_metric(ms, 0, &named(1, 1)),
+    ));
+    publish_all(&broker, &messages, 1).await;
+    // Readings: real 21 + 20, hogs 4 x 3,001, late 21 + 20, the two c9 nodes 2 each.
+    // Refused: 200 stale_death, 200 + 1,500 unknown_alias, 4 birth_store_full.
+    let (readings, rejected) = (21 + 20 + 4 * 3001 + 21 + 20 + 2 + 2, 200 + 200 + 1500 + 4);
+    wait_ingested(&d, readings, rejected).await;
+    let by_reason = rejected_by_reason(&d.stats);
+    assert_eq!(by_reason.get("stale_death"), Some(&200));
+    assert_eq!(by_reason.get("unknown_alias"), Some(&1700));
+    assert_eq!(by_reason.get("birth_store_full"), Some(&4));
+    let elapsed = started.elapsed().as_secs();
+    d.stop().await.unwrap();
+    let docs = StoreReader::open(&dir.path().join("b.redb"))
+        .unwrap()
+        .buckets(None, i64::MIN, i64::MAX)
+        .unwrap();
+    let count = |series: &str| -> i64 {
+        docs.iter()
+            .filter(|d| d.series == series)
+            .map(|d| d.count)
+            .sum()
+    };
+    assert_eq!(
+        count(&format!("{group}:real/m0")),
+        2,
+        "the live session's aliases kept"
+    );
+    assert_eq!(
+        count(&format!("{group}:late/m19")),
+        2,
+        "a node born after the hogs: all of it"
+    );
+    assert_eq!(count(&format!("{c9}%3Ab:c/m0")), 1);
+    assert_eq!(count(&format!("{c9}:b%3Ac/m0")), 1);
+    // The requests that reached the broker: the real node once; all nodes within the bound.
+    next_state(&mut to_real).await;
+    let drain = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<(bool, serde_json::Value)>| {
+        let mut n = 0;
+        while rx.try_recv().is_ok() {
+            n += 1;
+        }
+        n
+    };
+    assert_eq!(
+        drain(&mut to_real),
+        0,
+        "asked once, 200 deaths and births notwithstanding"
+    );
+    let all = drain(&mut ncmd);
+    let bound = 100 + 10 * (elapsed + 1);
+    assert!(
+        (1..=bound).contains(&all),
+        "{all} rebirth requests, bound {bound}"
+    );
+}
