@@ -2085,6 +2085,19 @@ mod sparkplug_b {
         payload(Some(MS), metrics)
     }
 
+    /// An NDEATH of the session `bd_seq`.
+    fn death(bd_seq: u64) -> Vec<u8> {
+        payload(
+            None,
+            vec![metric(
+                Some("bdSeq"),
+                None,
+                Some(8),
+                Some(Value::Long(bd_seq)),
+            )],
+        )
+    }
+
     fn big_ctx() -> DecodeContext {
         let mut c = ctx();
         c.max_payload_bytes = 1 << 20;
@@ -2154,10 +2167,7 @@ mod sparkplug_b {
         assert_eq!(d.readings().len(), 20);
         assert!(d.rejected.is_empty());
         // A death (of the current session) gives the room back.
-        let death = payload(
-            None,
-            vec![metric(Some("bdSeq"), None, Some(8), Some(Value::Long(0)))],
-        );
+        let death = death(0);
         decode_big(&mut births, "spBv1.0/g/NDEATH/hog0", &death);
         assert_eq!(
             births.held().1,
@@ -2244,10 +2254,7 @@ mod sparkplug_b {
             NOW_S,
         )
         .unwrap();
-        let death = payload(
-            None,
-            vec![metric(Some("bdSeq"), None, Some(8), Some(Value::Long(3)))],
-        );
+        let death = death(3);
         let mut asked = 0;
         for i in 0..200 {
             at(&mut births, "spBv1.0/g/NDEATH/n", &death, NOW_S + i / 100).unwrap();
@@ -2307,10 +2314,7 @@ mod sparkplug_b {
             NOW_S,
         )
         .unwrap();
-        let stale = payload(
-            None,
-            vec![metric(Some("bdSeq"), None, Some(8), Some(Value::Long(4)))],
-        );
+        let stale = death(4);
         let d = at(&mut births, "spBv1.0/g/NDEATH/n", &stale, NOW_S).unwrap();
         assert_eq!(d.rejected, [DecodeError::StaleDeath]);
         assert_eq!(d.readings().len(), 0, "no offline mark");
