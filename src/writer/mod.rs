@@ -346,14 +346,10 @@ fn run_checkpoint(store: &mut Store, stats: &Stats, metrics: &Metrics) -> Fold {
                 more = c.more,
                 "Checkpoint: folded the commit log into the bucket documents."
             );
-            if c.more {
-                Fold::More
-            } else {
-                // What the fold's transactions held (every folded bucket's document, redb's
-                // dirty pages) goes back to the system, not to a heap that keeps it.
-                crate::metrics::release_free_memory();
-                Fold::Done
-            }
+            // What the part's transaction held (its buckets' documents, redb's dirty pages)
+            // goes back to the system, not to a heap that keeps it for the next part.
+            crate::metrics::release_free_memory();
+            if c.more { Fold::More } else { Fold::Done }
         }
         Err(e) if e.is_damage() => {
             error!(
