@@ -414,13 +414,13 @@ struct Guard {
     allowed_hosts: Arc<[String]>,
 }
 
+/// Queries being answered, all servers of the process together.
+static QUERIES_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
 /// Runs the request once one of `slots` is free, holding it until the answer is ready and any
 /// read it started in the blocking pool has ended: a few large answers and reads at a time,
 /// whatever the number of clients. The request runs as a task of its own, so a client that
 /// hangs up does not end it early: its turn is given back only when its work is done.
-/// Queries being answered, all servers of the process together.
-static QUERIES_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-
 async fn take_turn(
     State(slots): State<Arc<tokio::sync::Semaphore>>,
     mut request: Request,

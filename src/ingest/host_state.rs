@@ -64,7 +64,8 @@ pub struct HostState {
 /// How a connection ended.
 enum Ended {
     Stopping(AsyncClient, Box<rumqttc::EventLoop>),
-    Lost(rumqttc::ConnectionError),
+    /// The connection failed; whether it had been accepted (the backoff starts again).
+    Lost(rumqttc::ConnectionError, bool),
 }
 
 impl HostState {
@@ -115,7 +116,10 @@ impl HostState {
                     self.die(client, events).await;
                     return;
                 }
-                Ended::Lost(e) => {
+                Ended::Lost(e, connected) => {
+                    if connected {
+                        delay = self.mqtt.reconnect_delay_min;
+                    }
                     warn!(
                         error = %e,
                         "The Sparkplug host STATE connection failed; edge nodes waiting for this host see it offline until it reconnects."
@@ -138,15 +142,16 @@ impl HostState {
         cancel: &CancellationToken,
     ) -> Ended {
         let topic = topic(&self.host_id);
-        let mut born = false;
+        let (mut born, mut connected) = (false, false);
         loop {
             let event = tokio::select! {
                 () = cancel.cancelled() => return Ended::Stopping(client, Box::new(events)),
                 event = events.poll() => event,
             };
             let birth = match event {
-                Err(e) => return Ended::Lost(e),
+                Err(e) => return Ended::Lost(e, connected),
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    connected = true;
                     // Subscribe to its own STATE first (tck-id-host-topic-phid-birth-sub-required).
                     let _ = client.try_subscribe(&topic, QoS::AtLeastOnce);
                     false
